@@ -1,0 +1,1 @@
+"""fedadapt's method-agnostic ClientApp, its offline tasks (data + models)."""

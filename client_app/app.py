@@ -1,0 +1,77 @@
+"""Method-agnostic ClientApp: trains with whatever local optimizer the round's config names.
+
+The same code serves simulation and deployment: the node's data partition comes from the node config
+(``partition-id``, ``num-partitions``), the task settings from the run-config, and every method
+hyper-parameter from the server's ConfigRecord.  Persistent client state lives in ``context.state``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flower_strategies import records as R
+from flower_strategies.client import train_reply
+from flower_strategies.hparams import FederationConfig
+
+from .task import TASK_SPECS, build_model, evaluate, load_client_data
+
+app = ClientApp()
+
+
+def federation_config(run_config: Mapping[str, Any]) -> FederationConfig:
+    known = FederationConfig.keys(None)
+    return FederationConfig.from_run_config({k: v for k, v in run_config.items() if k in known}, None)
+
+
+def node_partition(context: Context) -> tuple[int, int]:
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as err:
+        raise ValueError(
+            f"node config lacks {err}; start the SuperNode with "
+            '--node-config "partition-id=<i> num-partitions=<n>"'
+        ) from None
+
+
+def client_data(context: Context):
+    fed = federation_config(context.run_config)
+    pid, n = node_partition(context)
+    x, y = load_client_data(
+        fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
+        classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
+        synthetic_heterogeneity=fed.synthetic_heterogeneity,
+    )
+    return fed, pid, x, y
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    fed, pid, x, y = client_data(context)
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim)
+    content = train_reply(
+        model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
+        state=context.state, seed=fed.seed, client_key=pid,
+    )
+    content[R.METRICS]["partition-id"] = pid
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_local(msg: Message, context: Context) -> Message:
+    """Evaluate the received global model on this node's own data."""
+    fed, _, x, y = client_data(context)
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim)
+    model.load_state_dict(msg.content[R.MODEL].to_torch_state_dict())
+    metrics = evaluate(model, x, y, fed.task)
+    return Message(content=RecordDict({R.METRICS: MetricRecord({**metrics, R.NUM_EXAMPLES: len(x)})}), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Report this node's partition id (the server orders nodes by it for reproducible sampling)."""
+    pid, n = node_partition(context)
+    return Message(content=RecordDict({R.METRICS: MetricRecord({"partition-id": pid, "num-partitions": n})}), reply_to=msg)

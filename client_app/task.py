@@ -1,0 +1,213 @@
+"""Offline tasks: data sets, partitions and models.
+
+* ``digits-mlp`` / ``digits-cnn`` — scikit-learn's bundled 8×8 handwritten digits (1,797 real images, no
+  download).  A stratified, seeded 20 % test split is held out for central evaluation; the training split is
+  divided among clients with a flwr-datasets partitioner (IID, Dirichlet(α) label skew, or k classes per client)
+  on a locally built ``datasets.Dataset``.
+* ``synthetic-linear`` — heterogeneous least squares: client ``i`` has ``A_i ∈ R^{n_i×d}``, its own optimum
+  ``w_i* = w* + h·ξ_i`` and ``y_i = A_i w_i* + 0.01·noise``; loss ``½·mean (a·w − y)²``.  Deterministic from the seed;
+  a full batch is the exact local objective.
+
+Everything is seeded by the run-config ``seed``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+# ------------------------------------------------------------------------------------------ models
+class DigitsMLP(nn.Module):
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, hidden)
+        self.fc2 = nn.Linear(hidden, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class DigitsCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = nn.Linear(32 * 2 * 2, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.view(-1, 1, 8, 8)
+        h = torch.max_pool2d(torch.relu(self.conv1(h)), 2)
+        h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
+        return self.fc(h.flatten(1))
+
+
+class LinearModel(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.w = nn.Linear(dim, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w(x)
+
+
+def half_mse(pred: Tensor, target: Tensor) -> Tensor:
+    return 0.5 * torch.mean((pred - target) ** 2)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    classification: bool
+
+    def loss_fn(self):
+        return nn.functional.cross_entropy if self.classification else half_mse
+
+
+TASK_SPECS = {
+    "digits-mlp": TaskSpec("digits-mlp", True),
+    "digits-cnn": TaskSpec("digits-cnn", True),
+    "synthetic-linear": TaskSpec("synthetic-linear", False),
+}
+
+
+def build_model(task: str, seed: int, synthetic_dim: int = 10) -> nn.Module:
+    """The task's model, initialised deterministically from ``seed``."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        if task == "digits-mlp":
+            return DigitsMLP()
+        if task == "digits-cnn":
+            return DigitsCNN()
+        if task == "synthetic-linear":
+            model = LinearModel(synthetic_dim)
+            nn.init.zeros_(model.w.weight)
+            return model
+    finally:
+        torch.random.set_rng_state(gen_state)
+    raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
+
+
+# ------------------------------------------------------------------------------------------ digits
+@lru_cache(maxsize=4)
+def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x_train, y_train, x_test, y_test)``: pixels scaled to [0, 1], stratified 80/20 split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32)
+    y = d.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+    return x_tr, y_tr, x_te, y_te
+
+
+def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0.3, classes_per_client: int = 2):
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner
+
+    if kind == "iid":
+        return IidPartitioner(num_partitions=num_partitions)
+    if kind == "dirichlet":
+        return DirichletPartitioner(
+            num_partitions=num_partitions, partition_by="label", alpha=alpha,
+            min_partition_size=5, self_balancing=True, seed=seed,
+        )
+    if kind == "classes":
+        return PathologicalPartitioner(
+            num_partitions=num_partitions, partition_by="label",
+            num_classes_per_partition=classes_per_client, class_assignment_mode="first-deterministic", seed=seed,
+        )
+    raise ValueError(f"unknown partitioner {kind!r}; valid: iid, dirichlet, classes")
+
+
+@lru_cache(maxsize=8)
+def _digits_partitioner(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int):
+    import warnings
+
+    from datasets import Dataset
+
+    x_tr, y_tr, _, _ = digits_split(seed)
+    ds = Dataset.from_dict({"x": x_tr, "label": y_tr})
+    part = make_partitioner(kind, num_partitions, seed, alpha, classes_per_client)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        part.dataset = ds
+        for i in range(num_partitions):  # materialise once (the partitioners are lazy)
+            part.load_partition(i)
+    return part
+
+
+def digits_partition(
+    partition_id: int, num_partitions: int, *, partitioner: str = "dirichlet", seed: int = 0,
+    alpha: float = 0.3, classes_per_client: int = 2,
+) -> tuple[Tensor, Tensor]:
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    part = _digits_partitioner(partitioner, num_partitions, seed, alpha, classes_per_client)
+    rows = part.load_partition(partition_id).with_format("numpy")[:]
+    return torch.from_numpy(np.asarray(rows["x"], dtype=np.float32)), torch.from_numpy(np.asarray(rows["label"], dtype=np.int64))
+
+
+# ------------------------------------------------------------------------------------------ synthetic
+@lru_cache(maxsize=64)
+def synthetic_client(i: int, dim: int, heterogeneity: float, seed: int) -> tuple[np.ndarray, ...]:
+    """``(A_train, y_train, A_test, y_test)`` of synthetic client ``i`` (float32, y of shape (n, 1))."""
+    w_star = np.random.default_rng([seed, 0]).normal(size=dim)
+    rng = np.random.default_rng([seed, 1, i])
+    n = 40 + 8 * (i % 5)
+    scale = 0.5 + (i % 3) * 0.5  # heterogeneous curvature
+    a = rng.normal(size=(n, dim)) * scale
+    w_i = w_star + heterogeneity * rng.normal(size=dim)
+    y = a @ w_i + 0.01 * rng.normal(size=n)
+    n_tr = int(0.8 * n)
+    f = lambda v: np.asarray(v, dtype=np.float32)  # noqa: E731
+    return f(a[:n_tr]), f(y[:n_tr, None]), f(a[n_tr:]), f(y[n_tr:, None])
+
+
+# ------------------------------------------------------------------------------------------ entry points
+def load_client_data(
+    task: str, partition_id: int, num_partitions: int, *, partitioner: str, seed: int, alpha: float,
+    classes_per_client: int, synthetic_dim: int = 10, synthetic_heterogeneity: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    if task.startswith("digits"):
+        return digits_partition(
+            partition_id, num_partitions, partitioner=partitioner, seed=seed, alpha=alpha,
+            classes_per_client=classes_per_client,
+        )
+    if task == "synthetic-linear":
+        a, y, _, _ = synthetic_client(partition_id, synthetic_dim, synthetic_heterogeneity, seed)
+        return torch.from_numpy(a), torch.from_numpy(y)
+    raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
+
+
+def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim: int = 10,
+                   synthetic_heterogeneity: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The central held-out test set."""
+    if task.startswith("digits"):
+        _, _, x_te, y_te = digits_split(seed)
+        return torch.from_numpy(x_te), torch.from_numpy(y_te)
+    if task == "synthetic-linear":
+        parts = [synthetic_client(i, synthetic_dim, synthetic_heterogeneity, seed) for i in range(num_clients)]
+        return torch.from_numpy(np.concatenate([p[2] for p in parts])), torch.from_numpy(np.concatenate([p[3] for p in parts]))
+    raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: Tensor, y: Tensor, task: str) -> dict[str, float]:
+    spec = TASK_SPECS[task]
+    model.eval()
+    out = model(x)
+    loss = float(spec.loss_fn()(out, y))
+    metrics = {"loss": loss}
+    if spec.classification:
+        metrics["accuracy"] = float((out.argmax(1) == y).float().mean())
+    return metrics

@@ -1,0 +1,113 @@
+"""Pure NumPy kernels shared by the server side of every method.
+
+Nothing in this module imports Flower or torch: the functions operate on ``dict[str, np.ndarray]``
+("named arrays", one entry per model tensor) so that they can be unit-tested in isolation and reused
+by both the Message-API strategies and the legacy wrappers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+NamedArrays = dict[str, np.ndarray]
+
+#: Aggregation rules understood by :class:`StreamingAggregator`.
+AGGREGATION_RULES = ("wmean", "umean", "max", "sum")
+
+
+def is_float(arr: np.ndarray) -> bool:
+    """True for floating-point arrays (the only ones adaptive server math touches)."""
+    return np.issubdtype(arr.dtype, np.floating)
+
+
+class StreamingAggregator:
+    """Fold named arrays into a running aggregate, one reply at a time.
+
+    Memory is O(model): one float64 accumulator per key, whatever the number of replies.
+
+    Rules
+    -----
+    ``wmean``  ``Σ w_i a_i / Σ w_i`` (``w_i`` = the weight passed to :meth:`add`)
+    ``umean``  ``(1/n) Σ a_i`` (weights ignored)
+    ``max``    elementwise ``max_i a_i``
+    ``sum``    ``Σ a_i``
+
+    The result is cast back to each key's reference dtype (the dtype of the first array folded in).
+    """
+
+    def __init__(self, rule: str) -> None:
+        if rule not in AGGREGATION_RULES:
+            raise ValueError(f"unknown aggregation rule {rule!r}; valid: {', '.join(AGGREGATION_RULES)}")
+        self.rule = rule
+        self._acc: NamedArrays = {}
+        self._dtypes: dict[str, np.dtype] = {}
+        self._total_weight = 0.0
+        self.count = 0
+
+    def add(self, arrays: Mapping[str, np.ndarray], weight: float = 1.0) -> None:
+        if self.rule == "wmean" and not weight > 0:
+            raise ValueError(f"wmean needs a positive weight, got {weight}")
+        w = weight if self.rule == "wmean" else 1.0
+        for key, value in arrays.items():
+            arr = np.asarray(value)
+            acc = self._acc.get(key)
+            if acc is None:
+                self._dtypes[key] = arr.dtype
+                if self.rule == "max":
+                    self._acc[key] = arr.astype(np.float64, copy=True)
+                else:
+                    self._acc[key] = arr.astype(np.float64) * w
+            elif self.rule == "max":
+                np.maximum(acc, arr, out=acc)
+            elif w == 1.0:
+                acc += arr
+            else:
+                acc += w * arr.astype(np.float64, copy=False)
+        self._total_weight += w
+        self.count += 1
+
+    def result(self) -> NamedArrays:
+        if self.count == 0:
+            raise ValueError("no arrays were folded into the aggregator")
+        out: NamedArrays = {}
+        for key, acc in self._acc.items():
+            if self.rule in ("wmean", "umean"):
+                acc = acc / self._total_weight
+            out[key] = acc.astype(self._dtypes[key], copy=False)
+        return out
+
+
+def aggregate(items: Iterable[tuple[Mapping[str, np.ndarray], float]], rule: str) -> NamedArrays:
+    """Aggregate ``(arrays, weight)`` pairs with ``rule`` (see :class:`StreamingAggregator`)."""
+    agg = StreamingAggregator(rule)
+    for arrays, weight in items:
+        agg.add(arrays, weight)
+    return agg.result()
+
+
+def safe_divide(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """Elementwise ``num / den`` with 0 where ``den == 0`` (TensorFlow's ``divide_no_nan``)."""
+    out = np.zeros(np.broadcast(num, den).shape, dtype=np.result_type(num, den))
+    np.divide(num, den, out=out, where=den != 0)
+    return out
+
+
+def tree_map(fn, *trees: Mapping[str, np.ndarray]) -> NamedArrays:
+    """Apply ``fn`` key by key over one or more named-array dicts with identical keys."""
+    first = trees[0]
+    return {k: fn(*(t[k] for t in trees)) for k in first}
+
+
+def all_finite(arrays: Mapping[str, np.ndarray]) -> str | None:
+    """Return the first key holding a NaN/Inf (floating arrays only), or None."""
+    for key, arr in arrays.items():
+        a = np.asarray(arr)
+        if is_float(a) and not np.isfinite(a).all():
+            return key
+    return None
+
+
+def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
+    return int(sum(np.asarray(a).nbytes for a in arrays.values()))

@@ -1,0 +1,53 @@
+"""Wire protocol: record names, config keys and ArrayRecord ⇄ named-array conversion.
+
+A train message (server → client) is a ``RecordDict``::
+
+    "arrays"          ArrayRecord   the global model x_t (state_dict keys)
+    "<extra>"         ArrayRecord   zero or more named downlink extras (e.g. "momentum", "v_hat")
+    "config"          ConfigRecord  server-round, method, client-lr, local-steps/epochs, batch-size, method keys
+
+A train reply (client → server)::
+
+    "arrays"          ArrayRecord   the local model x_{i,K} (unless the method replaces it)
+    "<extra>"         ArrayRecord   the method's named uplink arrays
+    "metrics"         MetricRecord  num-examples, num-steps, train-loss, train-loss-before
+
+Records are addressed by name, never by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+MODEL = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+
+# Metric keys every train reply carries.
+NUM_EXAMPLES = "num-examples"
+NUM_STEPS = "num-steps"
+TRAIN_LOSS = "train-loss"
+TRAIN_LOSS_BEFORE = "train-loss-before"
+
+# Config keys every train message carries.
+SERVER_ROUND = "server-round"
+METHOD = "method"
+CLIENT_LR = "client-lr"
+LOCAL_STEPS = "local-steps"
+LOCAL_EPOCHS = "local-epochs"
+BATCH_SIZE = "batch-size"
+FULL_BATCH = "full-batch"
+
+# Prefix of client persistent state in ``Context.state``.
+STATE_PREFIX = "fedadapt."
+
+
+def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})

@@ -1,0 +1,122 @@
+"""Server optimizers of the FedOpt family as pure functions on named arrays.
+
+Reddi et al., *Adaptive Federated Optimization* (ICLR 2021), with the conventions of ALGORITHMS.md §6.
+The input is the aggregated **descent-positive** pseudo-gradient ``D̄ = x_t − mean_i x_i`` (so plain SGD
+with ``lr = 1`` and the example-weighted mean is FedAvg).
+
+Update rules (elementwise, ``s`` = number of server steps taken so far, starting at 1)::
+
+    sgd      x ← x − lr·D̄
+    sgdm     u ← β1·u + D̄ ;            x ← x − lr·u                 (heavy ball, FedAvgM; u₀ = 0)
+    adagrad  m ← β1·m + (1−β1)·D̄ ;     v ← v + D̄²
+    adam     m ← β1·m + (1−β1)·D̄ ;     v ← β2·v + (1−β2)·D̄²
+    yogi     m ← β1·m + (1−β1)·D̄ ;     v ← v − (1−β2)·D̄²·sign(v − D̄²)
+             x ← x − lr_s · m / (√v + τ)       (adaptive three)
+
+Flags (each ambiguity of the sources is explicit):
+
+``initial_v``        ``v₀``; ``None`` means ``τ²`` (Reddi et al.: ``v_{−1} ≥ τ²``). Flower's built-ins use 0.
+``bias_correction``  ``"none"`` (Reddi et al.; default) → ``lr_s = lr``;
+                     ``"adam"`` → ``lr_s = lr·√(1−β2^s)/(1−β1^s)`` (Keras form, paper 000);
+                     ``"flower"`` → the same with exponent ``server_round + 1`` (what Flower 1.42's FedAdam does).
+``m₀ = 0`` always.
+
+All state is kept in float64; the new parameters are cast back to each array's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ops import NamedArrays
+
+SERVER_OPTIMIZERS = ("sgd", "sgdm", "adagrad", "adam", "yogi")
+BIAS_CORRECTIONS = ("none", "adam", "flower")
+
+ServerState = dict[str, NamedArrays]
+
+
+@dataclass(frozen=True)
+class ServerOptimizer:
+    """A FedOpt server optimizer: ``init`` then ``step`` (both pure)."""
+
+    kind: str = "sgd"
+    lr: float = 1.0
+    beta1: float = 0.0
+    beta2: float = 0.99
+    tau: float = 1e-3
+    initial_v: float | None = None
+    bias_correction: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.kind not in SERVER_OPTIMIZERS:
+            raise ValueError(f"unknown server optimizer {self.kind!r}; valid: {', '.join(SERVER_OPTIMIZERS)}")
+        if self.bias_correction not in BIAS_CORRECTIONS:
+            raise ValueError(
+                f"unknown bias_correction {self.bias_correction!r}; valid: {', '.join(BIAS_CORRECTIONS)}"
+            )
+
+    @property
+    def adaptive(self) -> bool:
+        return self.kind in ("adagrad", "adam", "yogi")
+
+    @property
+    def v0(self) -> float:
+        return self.tau**2 if self.initial_v is None else float(self.initial_v)
+
+    def init(self, params: Mapping[str, np.ndarray]) -> ServerState:
+        """Zero momentum (``m_t``) and ``v_t = v₀`` for every key of ``params``."""
+        state: ServerState = {}
+        if self.kind == "sgd":
+            return state
+        state["m_t"] = {k: np.zeros(np.shape(p), dtype=np.float64) for k, p in params.items()}
+        if self.adaptive:
+            state["v_t"] = {k: np.full(np.shape(p), self.v0, dtype=np.float64) for k, p in params.items()}
+        return state
+
+    def effective_lr(self, step: int, server_round: int) -> float:
+        if self.bias_correction == "none" or not self.adaptive:
+            return self.lr
+        s = float(step) if self.bias_correction == "adam" else float(server_round) + 1.0
+        return self.lr * np.sqrt(1.0 - self.beta2**s) / (1.0 - self.beta1**s)
+
+    def step(
+        self,
+        params: Mapping[str, np.ndarray],
+        pseudo_grad: Mapping[str, np.ndarray],
+        state: ServerState,
+        *,
+        step: int,
+        server_round: int,
+    ) -> tuple[NamedArrays, ServerState]:
+        """Return ``(new_params, new_state)``; inputs are not modified."""
+        new_params: NamedArrays = {}
+        new_state: ServerState = {name: {} for name in state}
+        lr_s = self.effective_lr(step, server_round)
+        for k, x in params.items():
+            d = np.asarray(pseudo_grad[k], dtype=np.float64)
+            x64 = np.asarray(x, dtype=np.float64)
+            if self.kind == "sgd":
+                upd = d
+            elif self.kind == "sgdm":
+                u = self.beta1 * state["m_t"][k] + d
+                new_state["m_t"][k] = u
+                upd = u
+            else:
+                m = self.beta1 * state["m_t"][k] + (1.0 - self.beta1) * d
+                v = state["v_t"][k]
+                d2 = d * d
+                if self.kind == "adagrad":
+                    v = v + d2
+                elif self.kind == "adam":
+                    v = self.beta2 * v + (1.0 - self.beta2) * d2
+                else:  # yogi
+                    v = v - (1.0 - self.beta2) * d2 * np.sign(v - d2)
+                new_state["m_t"][k] = m
+                new_state["v_t"][k] = v
+                upd = m / (np.sqrt(v) + self.tau)
+            new_params[k] = (x64 - lr_s * upd).astype(np.asarray(x).dtype, copy=False)
+        return new_params, new_state

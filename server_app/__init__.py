@@ -1,0 +1,1 @@
+"""fedadapt's method-agnostic ServerApp: run-config → strategy, central evaluation, metrics, final model."""

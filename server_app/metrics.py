@@ -1,0 +1,52 @@
+"""Per-round metrics: ``metrics.jsonl`` (appended as rounds finish) and ``metrics.csv`` (rewritten)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+COLUMNS = [
+    "round", "test-loss", "test-accuracy", "train-loss", "train-loss-before", "replies-used",
+    "replies-rejected", "bytes-down", "bytes-up", "seconds",
+]
+
+
+class MetricsWriter:
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = out_dir / "metrics.jsonl"
+        self.csv = out_dir / "metrics.csv"
+        self.jsonl.write_text("")
+        self.rows: list[dict[str, Any]] = []
+        self._t = time.monotonic()
+
+    def add(self, row: dict[str, Any]) -> dict[str, Any]:
+        now = time.monotonic()
+        row = {**row, "seconds": round(now - self._t, 4)}
+        self._t = now
+        self.rows.append(row)
+        with self.jsonl.open("a") as fh:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+        cols = COLUMNS + sorted({k for r in self.rows for k in r} - set(COLUMNS))
+        with self.csv.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols)
+            w.writeheader()
+            w.writerows(self.rows)
+        return row
+
+
+def progress_line(row: dict[str, Any], num_rounds: int) -> str:
+    def f(key: str, fmt: str) -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    return (
+        f"[fedadapt] round {row['round']:>3}/{num_rounds} | test loss {f('test-loss', '.4f')} "
+        f"acc {f('test-accuracy', '.4f')} | train loss {f('train-loss', '.4f')} | replies "
+        f"{row.get('replies-used', '-')} ok / {row.get('replies-rejected', '-')} rejected | "
+        f"{row.get('bytes-up', 0) / 1e6:.2f} MB up | {row['seconds']:.1f}s"
+    )

@@ -1,0 +1,1 @@
+"""Launchers (Ray simulation, local deployment), the in-process engine, presets and benchmarks."""
