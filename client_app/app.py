@@ -43,7 +43,7 @@ def client_data(context: Context):
     x, y = load_client_data(
         fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
         classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
-        synthetic_heterogeneity=fed.synthetic_heterogeneity,
+        synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision,
     )
     return fed, pid, x, y
 
@@ -51,7 +51,7 @@ def client_data(context: Context):
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     fed, pid, x, y = client_data(context)
-    model = build_model(fed.task, fed.seed, fed.synthetic_dim)
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     content = train_reply(
         model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
         state=context.state, seed=fed.seed, client_key=pid,
@@ -64,7 +64,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on this node's own data."""
     fed, _, x, y = client_data(context)
-    model = build_model(fed.task, fed.seed, fed.synthetic_dim)
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     model.load_state_dict(msg.content[R.MODEL].to_torch_state_dict())
     metrics = evaluate(model, x, y, fed.task)
     return Message(content=RecordDict({R.METRICS: MetricRecord({**metrics, R.NUM_EXAMPLES: len(x)})}), reply_to=msg)

@@ -79,22 +79,24 @@ TASK_SPECS = {
 }
 
 
-def build_model(task: str, seed: int, synthetic_dim: int = 10) -> nn.Module:
-    """The task's model, initialised deterministically from ``seed``."""
+def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = "float32") -> nn.Module:
+    """The task's model, initialised deterministically from ``seed`` (``precision``: float32 | float64)."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
+        model: nn.Module
         if task == "digits-mlp":
-            return DigitsMLP()
-        if task == "digits-cnn":
-            return DigitsCNN()
-        if task == "synthetic-linear":
+            model = DigitsMLP()
+        elif task == "digits-cnn":
+            model = DigitsCNN()
+        elif task == "synthetic-linear":
             model = LinearModel(synthetic_dim)
             nn.init.zeros_(model.w.weight)
-            return model
+        else:
+            raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
     finally:
         torch.random.set_rng_state(gen_state)
-    raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
+    return model.double() if precision == "float64" else model
 
 
 # ------------------------------------------------------------------------------------------ digits
@@ -174,30 +176,39 @@ def synthetic_client(i: int, dim: int, heterogeneity: float, seed: int) -> tuple
 
 
 # ------------------------------------------------------------------------------------------ entry points
+def _cast(x: Tensor, y: Tensor, precision: str) -> tuple[Tensor, Tensor]:
+    if precision == "float64":
+        return x.double(), (y.double() if y.is_floating_point() else y)
+    return x, y
+
+
 def load_client_data(
     task: str, partition_id: int, num_partitions: int, *, partitioner: str, seed: int, alpha: float,
     classes_per_client: int, synthetic_dim: int = 10, synthetic_heterogeneity: float = 1.0,
+    precision: str = "float32",
 ) -> tuple[Tensor, Tensor]:
     if task.startswith("digits"):
-        return digits_partition(
+        x, y = digits_partition(
             partition_id, num_partitions, partitioner=partitioner, seed=seed, alpha=alpha,
             classes_per_client=classes_per_client,
         )
+        return _cast(x, y, precision)
     if task == "synthetic-linear":
-        a, y, _, _ = synthetic_client(partition_id, synthetic_dim, synthetic_heterogeneity, seed)
-        return torch.from_numpy(a), torch.from_numpy(y)
+        a, t, _, _ = synthetic_client(partition_id, synthetic_dim, synthetic_heterogeneity, seed)
+        return _cast(torch.from_numpy(a), torch.from_numpy(t), precision)
     raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
 
 
 def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim: int = 10,
-                   synthetic_heterogeneity: float = 1.0) -> tuple[Tensor, Tensor]:
+                   synthetic_heterogeneity: float = 1.0, precision: str = "float32") -> tuple[Tensor, Tensor]:
     """The central held-out test set."""
     if task.startswith("digits"):
         _, _, x_te, y_te = digits_split(seed)
-        return torch.from_numpy(x_te), torch.from_numpy(y_te)
+        return _cast(torch.from_numpy(x_te), torch.from_numpy(y_te), precision)
     if task == "synthetic-linear":
         parts = [synthetic_client(i, synthetic_dim, synthetic_heterogeneity, seed) for i in range(num_clients)]
-        return torch.from_numpy(np.concatenate([p[2] for p in parts])), torch.from_numpy(np.concatenate([p[3] for p in parts]))
+        x = torch.from_numpy(np.concatenate([p[2] for p in parts]))
+        return _cast(x, torch.from_numpy(np.concatenate([p[3] for p in parts])), precision)
     raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
 
 

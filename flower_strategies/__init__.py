@@ -3,6 +3,7 @@
 Flat exports and the method registry (:data:`METHODS`).  See the README for the list of methods.
 """
 
+# Importing a method module registers its methods (each module ends with its register() calls).
 from .baselines import (
     FedAdagrad,
     FedAdagradHParams,
@@ -24,14 +25,6 @@ from .local import LocalOptimizer, SGDOptimizer
 from .registry import METHODS, MethodSpec, build_strategy, get_method, parse_run_config, register, run_config_defaults
 from .server_opt import ServerOptimizer
 from .strategy import FedAdaptStrategy, RecordSpec, RoundLog
-
-_REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021"
-register(FedAvg, SGDOptimizer, paper="McMahan et al., AISTATS 2017", summary="local SGD + (weighted) model averaging")
-register(FedAvgM, SGDOptimizer, paper="Hsu et al., 2019", summary="FedAvg + server heavy-ball momentum")
-register(FedAdagrad, SGDOptimizer, paper=_REDDI, summary="local SGD + server AdaGrad")
-register(FedAdam, SGDOptimizer, paper=_REDDI, summary="local SGD + server Adam")
-register(FedYogi, SGDOptimizer, paper=_REDDI, summary="local SGD + server Yogi")
-register(FedProx, SGDOptimizer, paper="Li et al., MLSys 2020", summary="local SGD with proximal term + FedAvg")
 
 __all__ = [
     "METHODS", "ConfigError", "FedAdaptStrategy", "FedAdagrad", "FedAdagradHParams", "FedAdam", "FedAdamHParams",

@@ -31,6 +31,8 @@ from typing import ClassVar
 from .hparams import HParams, param
 from .ops import NamedArrays
 from .server_opt import BIAS_CORRECTIONS, ServerOptimizer, ServerState
+from .local import SGDOptimizer
+from .registry import register
 from .strategy import FedAdaptStrategy
 
 
@@ -188,3 +190,12 @@ class FedProx(FedAvg):
         cfg = super().round_config(server_round)
         cfg["prox-mu"] = float(self.hparams.mu)
         return cfg
+
+
+_REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021"
+register(FedAvg, SGDOptimizer, paper="McMahan et al., AISTATS 2017", summary="local SGD + (weighted) model averaging")
+register(FedAvgM, SGDOptimizer, paper="Hsu et al., 2019", summary="FedAvg + server heavy-ball momentum")
+register(FedAdagrad, SGDOptimizer, paper=_REDDI, summary="local SGD + server AdaGrad")
+register(FedAdam, SGDOptimizer, paper=_REDDI, summary="local SGD + server Adam")
+register(FedYogi, SGDOptimizer, paper=_REDDI, summary="local SGD + server Yogi")
+register(FedProx, SGDOptimizer, paper="Li et al., MLSys 2020", summary="local SGD with proximal term + FedAvg")

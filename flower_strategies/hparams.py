@@ -158,4 +158,5 @@ class FederationConfig(HParams):
     synthetic_clients: int = param(10, lo=1, help="clients of the synthetic task (partitions)")
     synthetic_dim: int = param(10, lo=1, help="dimension of the synthetic least-squares task")
     synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")
+    precision: str = param("float32", choices=("float32", "float64"), help="model/data dtype (float64 for exactness checks)")
     round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")

@@ -57,12 +57,12 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
     # Validate before anything is sent.
     probe_fed = FederationConfig.from_run_config({k: v for k, v in run_config.items() if k in FederationConfig.keys(None)}, None)
-    model = build_model(probe_fed.task, probe_fed.seed, probe_fed.synthetic_dim)
+    model = build_model(probe_fed.task, probe_fed.seed, probe_fed.synthetic_dim, probe_fed.precision)
     trainable = [name for name, _ in model.named_parameters()]
     strategy, fed = build_strategy(run_config, trainable_keys=trainable)
     x_test, y_test = load_test_data(
         fed.task, seed=fed.seed, num_clients=fed.synthetic_clients, synthetic_dim=fed.synthetic_dim,
-        synthetic_heterogeneity=fed.synthetic_heterogeneity,
+        synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision,
     )
     out = run_dir(fed)
     writer = MetricsWriter(out)
