@@ -320,7 +320,7 @@ class FedDA(FedAdaptStrategy):
         mode = getattr(self.hparams, "bias_correction", "none")
         if mode == "none":
             return None
-        return self.num_updates if mode == "updates" else server_round
+        return server_round + 1
 
     def server_update(self, server_round: int, current: NamedArrays, aggregates: Mapping[str, NamedArrays]) -> NamedArrays:
         hp = self.hparams

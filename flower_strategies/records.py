@@ -50,4 +50,4 @@ def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})

@@ -37,6 +37,10 @@ from .hparams import HParams
 from .ops import NamedArrays, StreamingAggregator, all_finite, is_float, nbytes
 
 
+#: Reply metrics that are identifiers or weights, not quantities to average.
+_NOT_AVERAGED = frozenset({R.NUM_EXAMPLES, "partition-id", "num-partitions", "node-id"})
+
+
 @dataclass(frozen=True)
 class RecordSpec:
     """An uplink record a method expects in every train reply.
@@ -322,7 +326,7 @@ class FedAdaptStrategy(Strategy):
             for spec in specs:
                 aggs[spec.name].add(R.to_numpy(msg.content.array_records[spec.name]), n)
             for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != R.NUM_EXAMPLES:
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in _NOT_AVERAGED:
                     metric_sums[key] = metric_sums.get(key, 0.0) + n * float(value)
             total_n += n
             rlog.replies_used += 1
@@ -379,7 +383,7 @@ class FedAdaptStrategy(Strategy):
             if n <= 0:
                 continue
             for k, v in m.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != R.NUM_EXAMPLES:
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in _NOT_AVERAGED:
                     sums[k] = sums.get(k, 0.0) + n * float(v)
             total += n
         if not total:

@@ -1,0 +1,78 @@
+"""Test helpers: mocked Flower messages and a node-only grid (no runtime needed)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+
+def set_task_identity() -> None:
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+
+
+def metadata(src: int, dst: int = 0, message_type: str = MessageType.TRAIN) -> Metadata:
+    return Metadata(
+        run_id=1, message_id=uuid.uuid4().hex, src_node_id=src, dst_node_id=dst, reply_to_message_id="",
+        group_id="", created_at=time.time(), ttl=3600.0, message_type=message_type,
+    )
+
+
+def record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
+
+
+def reply(src: int, records: Mapping[str, Mapping[str, np.ndarray]], num_examples: float | None = 10,
+          **metrics: float) -> Message:
+    content = RecordDict({name: record(a) for name, a in records.items()})
+    m = dict(metrics)
+    if num_examples is not None:
+        m["num-examples"] = num_examples
+    content["metrics"] = MetricRecord(m)
+    return Message(content=content, metadata=metadata(src))
+
+
+def error_reply(src: int, reason: str = "boom") -> Message:
+    return Message(error=Error(code=1, reason=reason), metadata=metadata(src))
+
+
+def train_message(content: RecordDict, dst: int = 1) -> Message:
+    return Message(content=content, metadata=metadata(0, dst))
+
+
+class NodesGrid(Grid):
+    """A grid that only knows node ids (for configure_* calls with mocked replies)."""
+
+    def __init__(self, node_ids) -> None:
+        set_task_identity()
+        self.ids = list(node_ids)
+
+    def set_run(self, run) -> None: ...
+
+    @property
+    def run(self):  # type: ignore[override]
+        return None
+
+    def create_message(self, *a, **k):  # type: ignore[override]
+        raise NotImplementedError
+
+    def get_node_ids(self):
+        return list(self.ids)
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise NotImplementedError
+
+
+def config(**kv) -> ConfigRecord:
+    return ConfigRecord(kv)

@@ -1,0 +1,376 @@
+"""FedLADA / LocalAdam (paper 002): exactness against the float64 transcription of Algorithm 3, the §3.7 special
+cases, unit tests of the client step and of the server math, and mocked-reply protocol tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+
+import flower_strategies  # noqa: F401  (core registrations first)
+import flower_strategies.fedlada  # noqa: F401  (registers fedlada, localadam)
+from client_app.task import build_model
+from flower_strategies.baselines import FedAvg, FedAvgHParams
+from flower_strategies.fedlada import (
+    DIRECTION_SUM, GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer, LocalAdam, LocalAdamHParams,
+    fedlada_server_step,
+)
+from flower_strategies.hparams import ConfigError
+from flower_strategies.registry import METHODS, parse_run_config
+from simulations.engine import simulate
+from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada
+
+DIM = 5
+NODES = 10
+RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": DIM}
+X0 = np.array([[0.3, -0.2, 0.1, 0.5, -0.4]])
+CLIENTS = load_clients(range(NODES), DIM, seed=0)
+
+
+# ------------------------------------------------------------------------------------------ harness
+def initial_arrays() -> ArrayRecord:
+    model = build_model("synthetic-linear", 0, DIM, "float64")
+    with torch.no_grad():
+        model.w.weight.copy_(torch.from_numpy(X0))
+    return ArrayRecord(model.state_dict())
+
+
+def run_engine(cls, hp, rounds, *, fraction=0.5, client_lr=0.01, local_steps=5, local_epochs=1, batch_size=8,
+               weighting=None, **kwargs):
+    """Real strategy + real ClientApp; returns (weights per round, sampled pids per round, per-round states, strategy)."""
+    schedule: list[list[int]] = []
+    states: list[dict] = []
+
+    class Recording(cls):
+        def configure_train(self, server_round, arrays, config, grid):
+            msgs = list(super().configure_train(server_round, arrays, config, grid))
+            schedule.append([m.metadata.dst_node_id - 1 for m in msgs])
+            return msgs
+
+        def server_update(self, server_round, current, aggregates):
+            out = super().server_update(server_round, current, aggregates)
+            states.append({
+                "vhat": self.vhat["w.weight"].copy(), "offset": self.offset["w.weight"].copy(),
+                "dir_sum": None if self.last_direction_sum is None else self.last_direction_sum["w.weight"].copy(),
+            })
+            return out
+
+    strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs, batch_size=batch_size,
+                      fraction_train=fraction, weighting=weighting, seed=0, **kwargs)
+    snaps, _ = simulate(strat, initial_arrays(), rounds, NODES, RC)
+    return [s["w.weight"] for s in snaps], schedule, states, strat
+
+
+def ref_config(hp, *, client_lr, local_steps, local_epochs, batch_size, weighting, amend_weight=None) -> LadaConfig:
+    fields = {f.name for f in dataclasses.fields(LadaConfig)}
+    cfg = {k: v for k, v in dataclasses.asdict(hp).items() if k in fields}
+    if amend_weight is not None:
+        cfg["amend_weight"] = amend_weight
+    return LadaConfig(**cfg, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs,
+                      batch_size=batch_size, weighting=weighting)
+
+
+VARIANTS = {
+    "paper-defaults": (FedLADAHParams(), {}),
+    "examples-unequal-K": (FedLADAHParams(amend_weight=0.3), {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+    "server-v-eps-outside-consuming": (
+        FedLADAHParams(v_init="server", eps_placement="outside", eps=1e-3, offset_lr="consuming", server_lr=0.7), {}),
+    "eps-inside-precond-decoupled-initial": (
+        FedLADAHParams(eps_placement="inside", eps=1e-4, precondition_offset=True, decoupled_wd=True,
+                       offset_lr="initial", client_lr_decay=0.9), {}),
+    "K-minus-1-vhat-1e-8": (FedLADAHParams(local_updates="K-1", initial_vhat=1e-8, weight_decay=0.0), {}),
+    "adam-no-max": (FedLADAHParams(second_moment="adam", v_init="server", initial_vhat=1e-4, beta1=0.5), {}),
+    "sgd-base": (FedLADAHParams(second_moment="sgd", beta1=0.5, amend_weight=0.5), {"client_lr": 0.05}),
+}
+
+
+# ------------------------------------------------------------------------------------------ equivalence
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_engine_matches_algorithm3_reference(name):
+    hp, over = VARIANTS[name]
+    setup = {"client_lr": 0.01, "local_steps": 5, "local_epochs": 1, "batch_size": 8, "weighting": "uniform", **over}
+    xs, schedule, states, strat = run_engine(FedLADA, hp, 12, **setup)
+    assert len(xs) == 13 and all(len(s) == 5 for s in schedule)
+    assert len({tuple(s) for s in schedule}) > 1  # partial participation really varies
+    ref = run_fedlada(X0, CLIENTS, schedule, ref_config(hp, **setup))
+    for t in range(1, 13):
+        np.testing.assert_allclose(xs[t], ref.xs[t], rtol=0, atol=1e-6, err_msg=f"x after round {t}")
+        np.testing.assert_allclose(states[t - 1]["offset"], ref.offsets[t], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(states[t - 1]["vhat"], ref.vsrv[t], rtol=1e-6, atol=1e-15)
+    assert np.abs(xs[-1] - X0).max() > 0.02  # the model moved: the comparison is not vacuous
+
+
+def test_localadam_is_fedlada_with_amend_weight_one():
+    """§3.7 case 1: α = 1 ⇒ local AMSGrad (restarted m, v̂ seeded with the averaged v̂) + averaging."""
+    setup = {"client_lr": 0.01, "local_steps": 5, "local_epochs": 1, "batch_size": 8}
+    xs_la, sched_la, st_la, strat = run_engine(LocalAdam, LocalAdamHParams(), 10, **setup)
+    xs_fl, sched_fl, st_fl, _ = run_engine(FedLADA, FedLADAHParams(amend_weight=1.0), 10, **setup)
+    assert sched_la == sched_fl
+    for a, b in zip(xs_la, xs_fl):
+        np.testing.assert_array_equal(a, b)
+    ref = run_fedlada(X0, CLIENTS, sched_la, ref_config(LocalAdamHParams(), weighting="uniform", amend_weight=1.0, **setup))
+    for t in range(1, 11):
+        np.testing.assert_allclose(xs_la[t], ref.xs[t], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(st_la[t - 1]["vhat"], ref.vsrv[t], rtol=1e-6, atol=1e-15)
+    # LocalAdam sends no global offset: download 2× (x, v̄) and upload 2× (x_i, v̂_i) the model's bytes
+    model_bytes = X0.size * 8
+    h = strat.history[0]
+    assert h.bytes_down == 2 * model_bytes * h.sampled and h.bytes_up == 2 * model_bytes * h.replies_used
+    assert GLOBAL_OFFSET not in strat.downlink(2)
+
+
+def test_amend_weight_one_ignores_the_offset():
+    torch.manual_seed(0)
+    outs = []
+    for offset in (torch.zeros(1, 4, dtype=torch.float64), torch.randn(1, 4, dtype=torch.float64) * 10):
+        p = torch.nn.Parameter(torch.tensor([[0.5, -1.0, 2.0, 0.0]], dtype=torch.float64))
+        opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0)
+        opt.num_steps = 3
+        opt.begin_round({VHAT: {"w": torch.full((1, 4), 1e-3, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": offset}})
+        for k in range(3):
+            p.grad = torch.tensor([[1.0, -2.0, 0.5, 0.1]], dtype=torch.float64) * (k + 1)
+            opt.step()
+        outs.append(p.detach().clone())
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------ special cases
+def test_amend_weight_zero_extrapolates_the_offset():
+    """§3.7 case 2: α = 0 ⇒ x_K = x_t − η_l·K·g_a whatever the data; the server then reproduces g_a."""
+    torch.manual_seed(1)
+    g_a = torch.randn(2, 3, dtype=torch.float64)
+    x_t = torch.randn(2, 3, dtype=torch.float64)
+    lr, K = 0.05, 7
+    finals = []
+    for client in range(3):
+        p = torch.nn.Parameter(x_t.clone())
+        opt = FedLADAOptimizer([("w", p)], lr=lr, amend_weight=0.0, weight_decay=0.01)
+        opt.num_steps = K
+        opt.begin_round({VHAT: {"w": torch.full((2, 3), 1e-16, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": g_a}})
+        for _ in range(K):
+            p.grad = torch.randn(2, 3, dtype=torch.float64) * (client + 1)
+            opt.step()
+        torch.testing.assert_close(p.detach(), x_t - lr * K * g_a, rtol=0, atol=1e-14)
+        finals.append(p.detach().numpy().copy())
+    cur = {"w": x_t.numpy()}
+    mean = {"w": np.mean(finals, axis=0)}
+    _, _, new_offset = fedlada_server_step(cur, mean, {"w": np.ones((2, 3))}, ["w"], server_lr=1.0,
+                                           offset_client_lr=lr, mean_steps=K)
+    np.testing.assert_allclose(new_offset["w"], g_a.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("decay", [0.998, 0.9])
+def test_offset_recursion_eq4(decay):
+    """§3.7 case 3 / Eq. (4): g_a^{t+1} = α·mean_i (1/K)Σ_τ m⊙ϑ + (1−α)·g_a^t (equal K; lr of the producing round)."""
+    hp = FedLADAHParams(amend_weight=0.2, client_lr_decay=decay)
+    xs, _, states, _ = run_engine(FedLADA, hp, 10, local_steps=6, debug_direction_sum=True)
+    prev = np.zeros_like(X0)
+    for st in states:
+        expected = 0.2 * st["dir_sum"] / 6 + 0.8 * prev
+        np.testing.assert_allclose(st["offset"], expected, rtol=1e-9, atol=1e-12)
+        prev = st["offset"]
+    assert np.abs(prev).max() > 1e-3
+
+
+def test_lemma_b8_z_sequence():
+    """§3.7 case 4 (constant η_l): z^t = x^t/α − (1−α)/α·x^{t−1} obeys z^{t+1} = z^t − η_g·η_l·mean_i Σ_τ m⊙ϑ."""
+    a, eta_g, eta_l = 0.3, 0.7, 0.01
+    hp = FedLADAHParams(amend_weight=a, client_lr_decay=1.0, server_lr=eta_g)
+    xs, _, states, _ = run_engine(FedLADA, hp, 10, client_lr=eta_l, local_steps=4, debug_direction_sum=True)
+    xs = [xs[0]] + xs  # x^{-1} := x^0 matches g_a^0 = 0
+    z = [xs[t + 1] / a - (1 - a) / a * xs[t] for t in range(len(xs) - 1)]
+    for t, st in enumerate(states):
+        np.testing.assert_allclose(z[t + 1], z[t] - eta_g * eta_l * st["dir_sum"], rtol=1e-9, atol=1e-12)
+
+
+def test_vhat_never_decreases():
+    """§3.7 case 6 and §3.4 Eq. (5): v̂ is non-decreasing within a round and across rounds, and ≥ ε_v²."""
+    hp = FedLADAHParams()
+    xs, schedule, states, _ = run_engine(FedLADA, hp, 10, local_steps=6)
+    prev = np.full_like(X0, hp.initial_vhat)
+    for st in states:
+        assert (st["vhat"] >= prev).all() and (st["vhat"] >= hp.initial_vhat).all()
+        prev = st["vhat"]
+    assert (prev > 10 * hp.initial_vhat).all()
+    ref = run_fedlada(X0, CLIENTS, schedule, ref_config(hp, client_lr=0.01, local_steps=6, local_epochs=1, batch_size=8,
+                                                        weighting="uniform"))
+    for t, per_client in enumerate(ref.client_vhats):
+        for steps in per_client:
+            seq = [ref.vsrv[t]] + steps
+            assert all((b >= a).all() for a, b in zip(seq, seq[1:]))
+    # the real client optimizer, step by step
+    p = torch.nn.Parameter(torch.zeros(1, 3, dtype=torch.float64))
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.5)
+    opt.num_steps = 20
+    opt.begin_round({VHAT: {"w": torch.tensor([[1e-16, 0.5, 2.0]], dtype=torch.float64)},
+                     GLOBAL_OFFSET: {"w": torch.zeros(1, 3, dtype=torch.float64)}})
+    last = opt.state[p]["vhat"].clone()
+    torch.manual_seed(2)
+    for _ in range(20):
+        p.grad = torch.randn(1, 3, dtype=torch.float64) * torch.rand(1)
+        opt.step()
+        cur = opt.state[p]["vhat"].clone()
+        assert (cur >= last).all()
+        last = cur
+
+
+# ------------------------------------------------------------------------------------------ unit: client step
+def test_client_step_by_hand():
+    """One step with β1 = 0.9, β2 = 0.99: g = (2, 0.5) ⇒ m = (0.2, 0.05), v = (0.04, 0.0025); seed v̂ = 0.01 ⇒
+    v̂ = (0.04, 0.01), m⊙ϑ = (1, 0.5); α = 0.25, g_a = (4, −2), lr = 0.1 ⇒ x −= 0.1·(0.25 + 3, 0.125 − 1.5)."""
+    p = torch.nn.Parameter(torch.tensor([1.0, 1.0], dtype=torch.float64))
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.25)
+    opt.num_steps = 1
+    opt.begin_round({VHAT: {"w": torch.tensor([0.01, 0.01], dtype=torch.float64)},
+                     GLOBAL_OFFSET: {"w": torch.tensor([4.0, -2.0], dtype=torch.float64)}})
+    p.grad = torch.tensor([2.0, 0.5], dtype=torch.float64)
+    opt.step()
+    torch.testing.assert_close(p.detach(), torch.tensor([1.0 - 0.325, 1.0 + 0.1375], dtype=torch.float64), rtol=0, atol=1e-15)
+    up = opt.end_round()
+    torch.testing.assert_close(up[VHAT]["w"], torch.tensor([0.04, 0.01], dtype=torch.float64), rtol=0, atol=1e-15)
+
+
+def test_client_coupled_weight_decay_and_restart():
+    """Coupled L2: g ← g + λx enters the moments; a new optimizer (next round) restarts m at 0."""
+    p = torch.nn.Parameter(torch.tensor([2.0], dtype=torch.float64))
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0, weight_decay=0.5, beta1=0.0, beta2=0.0)
+    opt.num_steps = 1
+    opt.begin_round({VHAT: {"w": torch.tensor([1e-16], dtype=torch.float64)}})
+    p.grad = torch.tensor([1.0], dtype=torch.float64)  # g + λx = 2 ⇒ m = 2, v = 4 ⇒ m/√v̂ = 1
+    opt.step()
+    torch.testing.assert_close(p.detach(), torch.tensor([1.9], dtype=torch.float64))
+    opt2 = FedLADAOptimizer([("w", p)], lr=0.1)
+    opt2.begin_round({VHAT: {"w": torch.tensor([1.0], dtype=torch.float64)}, GLOBAL_OFFSET: {"w": torch.zeros(1, dtype=torch.float64)}})
+    assert float(opt2.state[p]["m"]) == 0.0 and float(opt2.state[p]["vhat"]) == 1.0 and float(opt2.state[p]["v"]) == 0.0
+
+
+def test_client_requires_offset_when_amended():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = FedLADAOptimizer([("w", p)], amend_weight=0.5)
+    with pytest.raises(ValueError, match=GLOBAL_OFFSET):
+        opt.begin_round({VHAT: {"w": torch.ones(2)}})
+
+
+# ------------------------------------------------------------------------------------------ unit: server math
+def test_server_step_by_hand():
+    cur = {"w": np.array([1.0, 2.0]), "b": np.array([0.0])}
+    mean = {"w": np.array([0.5, 2.5]), "b": np.array([1.0])}
+    vhat = {"w": np.array([0.3, 0.4])}
+    new, v, g_a = fedlada_server_step(cur, mean, vhat, ["w"], server_lr=2.0, offset_client_lr=0.1, mean_steps=5)
+    np.testing.assert_allclose(new["w"], [0.0, 3.0])              # x − 2·(x − mean)
+    np.testing.assert_allclose(v["w"], [0.3, 0.4])
+    np.testing.assert_allclose(g_a["w"], [1.0, -1.0])             # (x_t − x_{t+1})/(η_g·η_l·K) = Δ̄/(0.1·5)
+    assert set(new) == {"w"}
+
+
+def test_client_lr_schedule_and_offset_lr():
+    s = FedLADA(FedLADAHParams(client_lr_decay=0.5), client_lr=0.8)
+    assert [s.client_lr_at(r) for r in (1, 2, 3)] == [0.8, 0.4, 0.2]
+    assert s.offset_lr(2) == 0.4
+    assert FedLADA(FedLADAHParams(client_lr_decay=0.5, offset_lr="consuming"), client_lr=0.8).offset_lr(2) == 0.2
+    assert FedLADA(FedLADAHParams(client_lr_decay=0.5, offset_lr="initial"), client_lr=0.8).offset_lr(2) == 0.8
+
+
+# ------------------------------------------------------------------------------------------ protocol (mocked replies)
+class FakeGrid:
+    def get_node_ids(self):
+        return [1, 2, 3]
+
+
+def _reply(node: int, model: np.ndarray, vhat: np.ndarray, n: int, steps: int, extra: dict | None = None) -> Message:
+    md = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0, reply_to_message_id="q",
+                  group_id="1", created_at=time.time(), ttl=3600.0, message_type=MessageType.TRAIN)
+    content = RecordDict({"arrays": ArrayRecord({"w": _arr(model)}), "metrics": MetricRecord({"num-examples": n, "num-steps": steps})})
+    if vhat is not None:
+        content[VHAT] = ArrayRecord({"w": _arr(vhat)})
+    for name, arr in (extra or {}).items():
+        content[name] = ArrayRecord({"w": _arr(arr)})
+    return Message(content=content, metadata=md)
+
+
+def _arr(a):
+    from flwr.app import Array
+    return Array(np.asarray(a, dtype=np.float64))
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "examples"])
+def test_protocol_records_and_aggregation(weighting):
+    s = FedLADA(FedLADAHParams(client_lr_decay=0.5), client_lr=0.1, local_steps=4, weighting=weighting,
+                min_available_nodes=3, min_train_nodes=3)
+    x = np.array([1.0, -1.0])
+    msgs = list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), ConfigRecord(), FakeGrid()))
+    assert len(msgs) == 3
+    c = msgs[0].content
+    assert set(c.array_records) == {"arrays", VHAT, GLOBAL_OFFSET}
+    np.testing.assert_array_equal(c[VHAT]["w"].numpy(), [1e-16, 1e-16])
+    np.testing.assert_array_equal(c[GLOBAL_OFFSET]["w"].numpy(), [0.0, 0.0])
+    cfg = c["config"]
+    assert cfg["method"] == "fedlada" and cfg["amend-weight"] == 0.1 and cfg["client-lr"] == 0.1
+    assert cfg["weight-decay"] == 0.01 and cfg["beta2"] == 0.99 and cfg["second-moment"] == "amsgrad"
+    replies = [
+        _reply(1, [0.8, -0.6], [0.2, 0.1], 10, 4),
+        _reply(2, [0.6, -1.0], [0.4, 0.3], 30, 4),
+        _reply(3, [9.0, 9.0], None, 10, 4),           # missing v-hat → rejected
+    ]
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert metrics["replies-rejected"] == 1 and metrics["replies-used"] == 2
+    w = np.array([0.5, 0.5]) if weighting == "uniform" else np.array([0.25, 0.75])
+    mean = w[0] * np.array([0.8, -0.6]) + w[1] * np.array([0.6, -1.0])
+    np.testing.assert_allclose(arrays["w"].numpy(), mean)
+    np.testing.assert_allclose(s.vhat["w"], w[0] * np.array([0.2, 0.1]) + w[1] * np.array([0.4, 0.3]))
+    np.testing.assert_allclose(s.offset["w"], (x - mean) / (0.1 * 4))
+    # round 2: the decayed lr and the new v̄ / g_a go down
+    msgs = list(s.configure_train(2, arrays, ConfigRecord(), FakeGrid()))
+    c = msgs[0].content
+    assert c["config"]["client-lr"] == pytest.approx(0.05)
+    np.testing.assert_allclose(c[GLOBAL_OFFSET]["w"].numpy(), s.offset["w"])
+    np.testing.assert_allclose(c[VHAT]["w"].numpy(), s.vhat["w"])
+
+
+def test_protocol_debug_record_and_unequal_steps():
+    s = FedLADA(FedLADAHParams(), client_lr=0.1, debug_direction_sum=True, min_available_nodes=2, min_train_nodes=3)
+    x = np.array([1.0, -1.0])
+    list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), ConfigRecord(), FakeGrid()))
+    replies = [
+        _reply(1, [0.8, -0.6], [0.2, 0.1], 10, 2, {DIRECTION_SUM: [1.0, 2.0]}),
+        _reply(2, [0.6, -1.0], [0.4, 0.3], 30, 6, {DIRECTION_SUM: [3.0, 4.0]}),
+        _reply(3, [0.6, -1.0], [0.4, 0.3], 30, 6),     # missing the debug record → rejected
+    ]
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert metrics["replies-used"] == 2
+    mean = np.array([0.7, -0.8])
+    # K̄ = uniform mean of (2, 6) = 4
+    np.testing.assert_allclose(s.offset["w"], (x - mean) / (0.1 * 4))
+    np.testing.assert_allclose(s.last_direction_sum["w"], [2.0, 3.0])
+
+
+# ------------------------------------------------------------------------------------------ config and communication
+def test_run_config_keys_and_validation():
+    for name in ("fedlada", "localadam"):
+        assert name in METHODS
+    _, spec, hp = parse_run_config({"method": "fedlada", "fedlada.amend-weight": 0.05, "fedlada.offset-lr": "initial"})
+    assert spec.strategy is FedLADA and hp.amend_weight == 0.05 and hp.offset_lr == "initial"
+    _, spec, hp = parse_run_config({"method": "localadam", "localadam.beta2": 0.999})
+    assert spec.strategy is LocalAdam and hp.beta2 == 0.999 and not hasattr(hp, "amend_weight")
+    with pytest.raises(ConfigError, match="fedlada.amend-weight"):
+        parse_run_config({"method": "fedlada", "fedlada.amend-weight": 1.5})
+    with pytest.raises(ConfigError, match="eps-placement"):
+        parse_run_config({"method": "fedlada", "fedlada.second-moment": "adam"})
+    with pytest.raises(ConfigError, match="initial-vhat"):
+        parse_run_config({"method": "fedlada", "fedlada.initial-vhat": 0.0})
+    assert FedLADAHParams(initial_vhat=0.0, eps_placement="outside").initial_vhat == 0.0
+
+
+def test_communication_per_round():
+    """FedLADA: download x, v̄, g_a (3× FedAvg), upload x_i, v̂_i (2×)."""
+    _, _, _, lada = run_engine(FedLADA, FedLADAHParams(), 2)
+    avg = FedAvg(FedAvgHParams(), client_lr=0.01, local_steps=5, batch_size=8, fraction_train=0.5, seed=0)
+    simulate(avg, initial_arrays(), 2, NODES, RC)
+    for h_l, h_a in zip(lada.history, avg.history):
+        assert h_l.sampled == h_a.sampled == 5
+        assert h_l.bytes_down == 3 * h_a.bytes_down
+        assert h_l.bytes_up == 2 * h_a.bytes_up
