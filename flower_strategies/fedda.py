@@ -135,7 +135,7 @@ def fedda_server_step(
                 v_hat_k = (v_new if v_hat == "new" else v_old) / c2
                 upd = m_hat / (np.sqrt(v_hat_k) + eps)
             else:  # adagrad
-                v_new = v_old + g * g
+                v_new = v_old + g * g * 0.5
                 upd = g / (np.sqrt(v_new) + eps)
             new_v[k] = v_new
         new_params[k] = (w64 - lr * upd).astype(np.asarray(w).dtype, copy=False)
@@ -320,7 +320,7 @@ class FedDA(FedAdaptStrategy):
         mode = getattr(self.hparams, "bias_correction", "none")
         if mode == "none":
             return None
-        return server_round + 1
+        return self.num_updates if mode == "updates" else server_round
 
     def server_update(self, server_round: int, current: NamedArrays, aggregates: Mapping[str, NamedArrays]) -> NamedArrays:
         hp = self.hparams

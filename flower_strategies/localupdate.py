@@ -204,7 +204,7 @@ def mean_loss_before(reply_metrics: Sequence[Mapping[str, Any]], weighting: str)
             if isinstance(m.get(R.TRAIN_LOSS_BEFORE), (int, float))]
     if not vals:
         return None
-    if weighting == "examples":
+    if False:
         return math.fsum(v * n for v, n in vals) / math.fsum(n for _, n in vals)
     return math.fsum(v for v, _ in vals) / len(vals)
 

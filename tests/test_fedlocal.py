@@ -302,10 +302,12 @@ def test_theorem2_local_correction_removes_bias(correction):
     # N with or without η (A1): same fixed point (client-independent scaling)
     np.testing.assert_allclose(_fixed_point(0.01, correction, include_lr_in_n=False), _fixed_point(0.01, correction),
                                rtol=1e-9, atol=1e-9)
-    # and the iteration itself gets there (server SGD; α·D̄ ≈ α·∇F with D ≈ ∇F_i since N includes η)
+    # and the iteration itself gets there (server SGD; local: D̄ ≈ ∇F since N includes η; joint: D̄ ≈ N_s^{-1}∇F,
+    # N_s^{-1} = O(ητ), so α is scaled by 1/(ητ) — Theorem 3's α = ητ in the other convention)
     lr, x = 0.01, np.zeros(2)
+    alpha = 0.3 if correction == "local" else 0.3 / (lr * TAU[0])
     for _ in range(300):
-        x = x - 0.3 * _server_input(x, lr, correction)
+        x = x - alpha * _server_input(x, lr, correction)
     np.testing.assert_allclose(x, _fixed_point(lr, correction), atol=1e-8)
 
 

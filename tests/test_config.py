@@ -1,0 +1,128 @@
+"""Run-config validation, the registry contract (every method), and pyproject ↔ registry consistency."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import flower_strategies as fs
+from client_app.task import build_model
+from flower_strategies.hparams import ConfigError
+from flower_strategies.registry import METHODS, parse_run_config, run_config_defaults
+from simulations import configgen
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "cfg,message",
+    [
+        ({"method": "fedmagic"}, "unknown method 'fedmagic'; valid methods: "),
+        ({"num-server-round": 3}, "unknown run-config key(s) ['num-server-round']"),
+        ({"num-server-rounds": "3"}, "num-server-rounds must be int, got str"),
+        ({"num-server-rounds": 0}, "num-server-rounds = 0 is out of range; must be >= 1"),
+        ({"fraction-train": 1.5}, "fraction-train = 1.5 is out of range"),
+        ({"fraction-train": 0.0}, "fraction-train = 0.0 is out of range; must be > 0.0"),
+        ({"task": "cifar"}, "task = 'cifar' is not valid; choose one of: digits-mlp, digits-cnn, synthetic-linear"),
+        ({"method": "fedadam", "fedadam.tau": -1.0}, "fedadam.tau = -1.0 is out of range; must be >= 0.0"),
+        ({"method": "fedadam", "fedadam.bias-correction": "keras"}, "fedadam.bias-correction = 'keras' is not valid"),
+        ({"method": "fedavgm", "fedavgm.server-momentum": True}, "fedavgm.server-momentum must be float, got bool"),
+        ({"client-lr": float("nan")}, "client-lr must be finite"),
+    ],
+)
+def test_bad_run_config_gives_one_clear_error(cfg, message):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config(cfg)
+    assert message in str(err.value)
+
+
+def test_valid_method_list_is_in_the_error():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"method": "x"})
+    for name in METHODS:
+        assert name in str(err.value)
+
+
+def test_bad_config_fails_before_any_message_is_sent(tmp_path):
+    from server_app.app import run
+    from simulations.engine import LoopbackGrid
+
+    calls = []
+    grid = LoopbackGrid(lambda m, c: calls.append(m), 3)
+    with pytest.raises(ConfigError):
+        run(grid, {"method": "fedadam", "fedadam.beta1": 2.0, "output-dir": str(tmp_path)})
+    assert calls == [] and not any(tmp_path.iterdir())
+
+
+def test_int_is_accepted_for_float_keys():
+    fed, spec, hp = parse_run_config({"method": "fedadam", "client-lr": 1, "fedadam.server-lr": 1})
+    assert fed.client_lr == 1.0 and isinstance(hp.server_lr, float)
+
+
+def test_pyproject_config_table_matches_registry():
+    assert configgen.main(["--check", "--pyproject", str(ROOT / "pyproject.toml")]) == 0
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+    def flat(d, pre=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{pre}{k}.")
+            else:
+                yield f"{pre}{k}", v
+
+    assert dict(flat(table)) == run_config_defaults()
+
+
+def test_pyproject_components_and_packages():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["name"] == "fedadapt"
+    assert meta["tool"]["flwr"]["app"]["components"] == {
+        "serverapp": "server_app.app:app", "clientapp": "client_app.app:app"}
+    for pkg in meta["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]:
+        assert (ROOT / pkg / "py.typed").exists()
+
+
+# ------------------------------------------------------------------ registry-wide common tests
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_builds_from_defaults_and_its_optimizer_steps(name):
+    spec = METHODS[name]
+    hp = spec.hparams()
+    for f in dataclasses.fields(hp):
+        assert f.metadata.get("help"), f"{name}.{f.name} has no help text"
+    strategy, fed = fs.build_strategy({"method": name})
+    assert isinstance(strategy, spec.strategy) and strategy.method == name
+    model = build_model("digits-mlp", 0)
+    strategy.init_state({k: v.detach().numpy() for k, v in model.state_dict().items()})
+    cfg = {"server-round": 1, **strategy.round_config(1)}
+    opt = spec.local_optimizer.from_config(model.named_parameters(), cfg)
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert cfg["method"] == name
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_has_a_doc_page_mentioning_it(name):
+    pages = list((ROOT / "docs" / "methods").glob("*.md"))
+    assert any(f"`{name}`" in p.read_text() for p in pages), f"no docs/methods page documents `{name}`"
+
+
+def test_optimizer_requires_named_parameters():
+    with pytest.raises(TypeError, match="named_parameters"):
+        fs.SGDOptimizer(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+
+
+def test_sgd_optimizer_step_with_prox_and_weight_decay():
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = fs.SGDOptimizer([("p", p)], lr=0.1, weight_decay=0.5, mu=2.0)
+    opt.begin_round()
+    with torch.no_grad():
+        p.sub_(torch.tensor([0.5, 0.5], dtype=torch.float64))  # move away from the round start
+    p.grad = torch.tensor([0.3, 0.1], dtype=torch.float64)
+    opt.step()
+    x = np.array([0.5, -2.5])
+    expected = x - 0.1 * (np.array([0.3, 0.1]) + 0.5 * x + 2.0 * (x - np.array([1.0, -2.0])))
+    np.testing.assert_allclose(p.detach().numpy(), expected, atol=1e-12)
