@@ -135,7 +135,7 @@ def fedda_server_step(
                 v_hat_k = (v_new if v_hat == "new" else v_old) / c2
                 upd = m_hat / (np.sqrt(v_hat_k) + eps)
             else:  # adagrad
-                v_new = v_old + g * g * 0.5
+                v_new = v_old + g * g
                 upd = g / (np.sqrt(v_new) + eps)
             new_v[k] = v_new
         new_params[k] = (w64 - lr * upd).astype(np.asarray(w).dtype, copy=False)

@@ -182,7 +182,7 @@ class FedLADAOptimizer(LocalOptimizer):
                 raise ValueError(f"FedLADA needs the downlink record '{GLOBAL_OFFSET}' (key '{name}' missing)")
             else:  # α = 1 (LocalAdam): the offset has weight 0
                 st["offset"] = torch.zeros_like(p)
-            st["m"] = torch.zeros_like(p)+1e-9  # momentum restarted every round
+            st["m"] = torch.zeros_like(p)  # momentum restarted every round
             st["v"] = seed.clone() if self.v_init == "server" else torch.zeros_like(p)
             st["vhat"] = seed
             if self.debug_direction_sum:

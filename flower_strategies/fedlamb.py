@@ -173,7 +173,8 @@ class FedAMSHParams(HParams):
         super().__post_init__()
         parse_milestones(self.lr_milestones)
         if self.beta1 >= 1.0 or self.beta2 >= 1.0:
-            raise ConfigError(f"beta1 and beta2 must be < 1 (got {self.beta1}, {self.beta2})")
+            name = type(self).__name__
+            raise ConfigError(f"{name}.beta1 and {name}.beta2 must be < 1 (got {self.beta1}, {self.beta2})")
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,8 @@ class FedLAMBHParams(FedAMSHParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.phi_max > 0 and self.phi_min > self.phi_max:
-            raise ConfigError(f"phi-min ({self.phi_min}) must be <= phi-max ({self.phi_max})")
+            name = type(self).__name__
+            raise ConfigError(f"{name}.phi_min = {self.phi_min} must be <= {name}.phi_max = {self.phi_max}")
 
 
 @dataclass(frozen=True)
@@ -290,7 +292,8 @@ class FedLAMBOptimizer(LocalOptimizer):
                 st["exp_avg"] = torch.zeros_like(p)
             st["exp_avg_sq"] = v0
             st["max_exp_avg_sq"] = v0.clone()
-            st["server_v_hat"] = v0.clone()
+            if self.vhat_mode == "server_fixed":
+                st["server_v_hat"] = v0.clone()
         if restored == 0:  # nothing carried over: m starts at 0, so does its step count
             self.m_steps0 = 0
         self.t = 0

@@ -403,7 +403,7 @@ class FedLocalOptimizer(LocalOptimizer):
                 elif self.client_opt == "adam":
                     v.mul_(b2).add_(g2, alpha=1.0 - b2)
                 else:  # yogi
-                    v.add_((1.0 - b2) * torch.sign(v - g2) * g2)
+                    v.sub_((1.0 - b2) * torch.sign(v - g2) * g2)
                 precond = self._precondition(v)
             if self.fixed_preconditioner is not None:
                 precond = self.fixed_preconditioner[name].to(p)

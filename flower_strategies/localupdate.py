@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.common import log
@@ -204,7 +203,7 @@ def mean_loss_before(reply_metrics: Sequence[Mapping[str, Any]], weighting: str)
             if isinstance(m.get(R.TRAIN_LOSS_BEFORE), (int, float))]
     if not vals:
         return None
-    if False:
+    if weighting == "examples":
         return math.fsum(v * n for v, n in vals) / math.fsum(n for _, n in vals)
     return math.fsum(v for v, _ in vals) / len(vals)
 

@@ -91,14 +91,17 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         return MetricRecord({k: v for k, v in m.items()})
 
     t0 = time.monotonic()
+    initial = ArrayRecord(model.state_dict())
     result = strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
+        initial_arrays=initial,
         num_rounds=fed.num_server_rounds,
         timeout=fed.round_timeout,
         evaluate_fn=evaluate_fn,
     )
-    model.load_state_dict(result.arrays.to_torch_state_dict())
+    # Flower's Result keeps an empty ArrayRecord when no round ever updated the model.
+    final_arrays = result.arrays if len(result.arrays) else initial
+    model.load_state_dict(final_arrays.to_torch_state_dict())
     torch.save(model.state_dict(), out / "model.pt")
     final = writer.rows[-1] if writer.rows else {}
     summary = {

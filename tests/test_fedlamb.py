@@ -20,6 +20,8 @@ from flower_strategies.registry import get_method, parse_run_config
 from simulations.engine import simulate
 from tests.reference.fedlamb_ref import RefConfig, linear_grad, mlp_grad, run_reference
 
+torch.set_num_threads(1)  # tiny models: intra-op threads only contend on the shared CPUs
+
 NUM_NODES = 4
 ROUNDS = 12
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 import time
 
@@ -348,6 +347,8 @@ SPEC_SEQUENCES = [  # ALGORITHMS.md §4.7-10 (1-based decay rounds)
     ((10, 8, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6), dict(window=3, patience=2, cooldown=2, min_delta=0.5), [7, 11], [7, 10]),
     # hand-derived: W = 2, P = 1, C = 0, Δ = 0.1 (tff's +inf window fires in round 1)
     ((4, 2, 2, 2, 2, 2, 2), dict(window=2, patience=1, cooldown=0, min_delta=0.1), [4, 5, 6, 7], [1, 4, 5, 6, 7]),
+    # hand-derived, exact in binary: a drop of exactly Δ is progress for paper (<=), not for tff (<)
+    ((2.0, 1.5, 1.0), dict(window=1, patience=1, cooldown=0, min_delta=0.5), [], [2]),
 ]
 
 
@@ -484,3 +485,20 @@ def test_surrogate_plot_script(tmp_path):
     out = tmp_path / "fp.png"
     surrogate_plot.main([str(out)])
     assert out.exists() and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_server_app_path(tmp_path):
+    """Registry → ServerApp logic → ClientApp in-process: K(Θ) overrides the common local-epochs/steps."""
+    from simulations.engine import run_inprocess
+
+    summary = run_inprocess(
+        {"method": "localupdate-decay", "task": "synthetic-linear", "synthetic-clients": 3, "synthetic-dim": DIM,
+         "num-server-rounds": 4, "output-dir": str(tmp_path), "client-lr": 0.05, "local-steps": 9,
+         "localupdate-decay.theta": "1,1", "localupdate-decay.server-lr": 0.05, "localupdate-decay.window": 1,
+         "localupdate-decay.patience": 1, "localupdate-decay.cooldown": 1, "localupdate-decay.min-delta": 100.0},
+        3,
+    )
+    assert summary["status"] == "completed" and summary["rounds_without_update"] == []
+    rows = summary["final"]
+    assert rows["round"] == 4 and rows["replies-used"] == 3 and rows["replies-rejected"] == 0
+    assert rows["test-loss"] < 10.0

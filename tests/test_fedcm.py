@@ -1,0 +1,179 @@
+"""FedCM (paper 002's client-level-momentum baseline): exactness against its float64 transcription, reductions
+(α = 1 ⇒ FedAvg; FedLADA's client with an SGD base ⇒ the FedCM client), unit tests and a mocked-reply protocol test."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+
+import flower_strategies  # noqa: F401
+import flower_strategies.fedcm  # noqa: F401  (registers fedcm)
+import flower_strategies.fedlada  # noqa: F401
+from client_app.task import build_model
+from flower_strategies.baselines import FedAvg, FedAvgHParams
+from flower_strategies.fedcm import (
+    GLOBAL_UPDATE, FedCM, FedCMHParams, FedCMOptimizer, averaging_step, global_offset, mean_local_steps,
+)
+from flower_strategies.fedlada import GLOBAL_OFFSET, VHAT, FedLADAOptimizer
+from flower_strategies.registry import METHODS, parse_run_config
+from simulations.engine import simulate
+from tests.reference.fedcm_ref import CMConfig, run_fedcm
+from tests.reference.fedlada_ref import load_clients
+
+DIM = 5
+NODES = 10
+RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": DIM}
+X0 = np.array([[0.3, -0.2, 0.1, 0.5, -0.4]])
+CLIENTS = load_clients(range(NODES), DIM, seed=0)
+
+
+def initial_arrays() -> ArrayRecord:
+    model = build_model("synthetic-linear", 0, DIM, "float64")
+    with torch.no_grad():
+        model.w.weight.copy_(torch.from_numpy(X0))
+    return ArrayRecord(model.state_dict())
+
+
+def run_engine(cls, hp, rounds, *, fraction=0.5, client_lr=0.05, local_steps=5, local_epochs=1, batch_size=8, weighting=None):
+    schedule: list[list[int]] = []
+    updates: list[np.ndarray] = []
+
+    class Recording(cls):
+        def configure_train(self, server_round, arrays, config, grid):
+            msgs = list(super().configure_train(server_round, arrays, config, grid))
+            schedule.append([m.metadata.dst_node_id - 1 for m in msgs])
+            return msgs
+
+        def server_update(self, server_round, current, aggregates):
+            out = super().server_update(server_round, current, aggregates)
+            if hasattr(self, "global_update"):
+                updates.append(self.global_update["w.weight"].copy())
+            return out
+
+    strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs, batch_size=batch_size,
+                      fraction_train=fraction, weighting=weighting, seed=0)
+    snaps, _ = simulate(strat, initial_arrays(), rounds, NODES, RC)
+    return [s["w.weight"] for s in snaps], schedule, updates, strat
+
+
+VARIANTS = {
+    "paper-defaults": (FedCMHParams(), {}),
+    "examples-unequal-K": (FedCMHParams(amend_weight=0.3), {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+    "server-lr-no-decay-no-wd": (FedCMHParams(server_lr=0.6, client_lr_decay=1.0, weight_decay=0.0), {}),
+    "strong-decay-alpha-half": (FedCMHParams(amend_weight=0.5, client_lr_decay=0.8), {"client_lr": 0.08}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_engine_matches_reference(name):
+    hp, over = VARIANTS[name]
+    setup = {"client_lr": 0.05, "local_steps": 5, "local_epochs": 1, "batch_size": 8, "weighting": "uniform", **over}
+    xs, schedule, updates, _ = run_engine(FedCM, hp, 12, **setup)
+    assert len({tuple(s) for s in schedule}) > 1 and all(len(s) == 5 for s in schedule)
+    ref = run_fedcm(X0, CLIENTS, schedule, CMConfig(
+        client_lr=setup["client_lr"], server_lr=hp.server_lr, amend_weight=hp.amend_weight, weight_decay=hp.weight_decay,
+        client_lr_decay=hp.client_lr_decay, weighting=setup["weighting"], local_steps=setup["local_steps"],
+        local_epochs=setup["local_epochs"], batch_size=setup["batch_size"]))
+    for t in range(1, 13):
+        np.testing.assert_allclose(xs[t], ref.xs[t], rtol=0, atol=1e-6, err_msg=f"x after round {t}")
+        np.testing.assert_allclose(updates[t - 1], ref.updates[t], rtol=1e-6, atol=1e-9)
+    assert np.abs(xs[-1] - X0).max() > 0.05
+
+
+def test_amend_weight_one_is_fedavg():
+    """α = 1 ⇒ d = g + λx: FedCM with constant lr is FedAvg with the same weight decay and uniform weights."""
+    hp = FedCMHParams(amend_weight=1.0, client_lr_decay=1.0, weight_decay=1e-3)
+    xs, sched_cm, _, _ = run_engine(FedCM, hp, 8)
+    xs_avg, sched_avg, _, _ = run_engine(FedAvg, FedAvgHParams(weight_decay=1e-3), 8, weighting="uniform")
+    assert sched_cm == sched_avg
+    for a, b in zip(xs, xs_avg):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-13)
+
+
+def test_broadcast_update_is_normalised_global_change():
+    """Δ_{t+1} = (x_t − x_{t+1})/(η_g·η_l^{(t)}·K) with the decayed lr of the producing round."""
+    hp = FedCMHParams(server_lr=0.5, client_lr_decay=0.9)
+    xs, _, updates, _ = run_engine(FedCM, hp, 6, local_steps=4)
+    for t, upd in enumerate(updates):
+        eta_l = 0.05 * 0.9**t
+        np.testing.assert_allclose(upd, (xs[t] - xs[t + 1]) / (0.5 * eta_l * 4), rtol=1e-10)
+
+
+def test_fedlada_client_with_sgd_base_is_fedcm_client():
+    """§3.7 case 5: replacing m⊙ϑ by the raw gradient (SGD base, β1 = 0) gives exactly the FedCM client."""
+    torch.manual_seed(3)
+    x_t = torch.randn(2, 3, dtype=torch.float64)
+    offset = torch.randn(2, 3, dtype=torch.float64)
+    grads = [torch.randn(2, 3, dtype=torch.float64) for _ in range(6)]
+    finals = []
+    for make in (
+        lambda ps: FedCMOptimizer(ps, lr=0.07, amend_weight=0.3, weight_decay=0.01),
+        lambda ps: FedLADAOptimizer(ps, lr=0.07, amend_weight=0.3, weight_decay=0.01, beta1=0.0, second_moment="sgd"),
+    ):
+        p = torch.nn.Parameter(x_t.clone())
+        opt = make([("w", p)])
+        opt.num_steps = 6
+        opt.begin_round({GLOBAL_UPDATE: {"w": offset}, GLOBAL_OFFSET: {"w": offset}, VHAT: {"w": torch.ones(2, 3, dtype=torch.float64)}})
+        for g in grads:
+            p.grad = g.clone()
+            opt.step()
+        finals.append(p.detach().clone())
+    torch.testing.assert_close(finals[0], finals[1], rtol=0, atol=1e-14)
+    # and by hand for the first step: x − lr·(α(g + λx) + (1−α)Δ)
+    p = torch.nn.Parameter(x_t.clone())
+    opt = FedCMOptimizer([("w", p)], lr=0.07, amend_weight=0.3, weight_decay=0.01)
+    opt.begin_round({GLOBAL_UPDATE: {"w": offset}})
+    p.grad = grads[0].clone()
+    opt.step()
+    torch.testing.assert_close(p.detach(), x_t - 0.07 * (0.3 * (grads[0] + 0.01 * x_t) + 0.7 * offset), rtol=0, atol=1e-15)
+
+
+def test_pure_helpers():
+    metrics = [{"num-examples": 10, "num-steps": 2.0}, {"num-examples": 30, "num-steps": 6.0}]
+    assert mean_local_steps(metrics, "uniform") == 4.0
+    assert mean_local_steps(metrics, "examples") == 5.0
+    delta, new = averaging_step({"w": np.array([1.0, 2.0])}, {"w": np.array([0.0, 4.0])}, ["w"], 0.5)
+    np.testing.assert_allclose(delta["w"], [1.0, -2.0])
+    np.testing.assert_allclose(new["w"], [0.5, 3.0])
+    np.testing.assert_allclose(global_offset(delta, 0.1, 5)["w"], [2.0, -4.0])
+    np.testing.assert_array_equal(global_offset(delta, 0.0, 5)["w"], [0.0, 0.0])
+
+
+class FakeGrid:
+    def get_node_ids(self):
+        return [1, 2]
+
+
+def _reply(node, model, n, steps):
+    md = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0, reply_to_message_id="q",
+                  group_id="1", created_at=time.time(), ttl=3600.0, message_type=MessageType.TRAIN)
+    return Message(content=RecordDict({"arrays": ArrayRecord({"w": Array(np.asarray(model, np.float64))}),
+                                       "metrics": MetricRecord({"num-examples": n, "num-steps": steps})}), metadata=md)
+
+
+def test_protocol_mocked_replies():
+    s = FedCM(FedCMHParams(client_lr_decay=0.5), client_lr=0.2, local_steps=5)
+    x = np.array([1.0, 1.0])
+    msgs = list(s.configure_train(1, ArrayRecord({"w": Array(x)}), ConfigRecord(), FakeGrid()))
+    c = msgs[0].content
+    assert set(c.array_records) == {"arrays", GLOBAL_UPDATE}
+    np.testing.assert_array_equal(c[GLOBAL_UPDATE]["w"].numpy(), [0.0, 0.0])
+    assert c["config"]["amend-weight"] == 0.1 and c["config"]["weight-decay"] == 1e-3
+    arrays, metrics = s.aggregate_train(1, [_reply(1, [0.0, 1.0], 10, 5), _reply(2, [1.0, 0.0], 30, 5)])
+    np.testing.assert_allclose(arrays["w"].numpy(), [0.5, 0.5])  # uniform by default
+    np.testing.assert_allclose(s.global_update["w"], [0.5, 0.5])  # Δ̄/(0.2·5)
+    msgs = list(s.configure_train(2, arrays, ConfigRecord(), FakeGrid()))
+    assert msgs[0].content["config"]["client-lr"] == pytest.approx(0.1)
+    np.testing.assert_allclose(msgs[0].content[GLOBAL_UPDATE]["w"].numpy(), [0.5, 0.5])
+    # communication: 2× download, 1× upload
+    assert s.history[0].bytes_down == 2 * 2 * x.nbytes and s.history[0].bytes_up == 2 * x.nbytes
+
+
+def test_run_config():
+    assert "fedcm" in METHODS
+    _, spec, hp = parse_run_config({"method": "fedcm", "fedcm.amend-weight": 0.2, "fedcm.client-lr-decay": 1.0})
+    assert spec.strategy is FedCM and hp.amend_weight == 0.2 and hp.client_lr_decay == 1.0

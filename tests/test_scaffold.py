@@ -1,0 +1,217 @@
+"""SCAFFOLD option II: exactness against its float64 transcription with partial participation (clients sampled for the
+first time, and clients whose c_i comes back after rounds away), persisted c_i in the nodes' Context.state, the
+c = mean of all c_i invariant, unit tests and a mocked-reply protocol test."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+
+import flower_strategies  # noqa: F401
+import flower_strategies.scaffold  # noqa: F401  (registers scaffold)
+from client_app.task import build_model
+from flower_strategies.baselines import FedAvg, FedAvgHParams
+from flower_strategies.records import STATE_PREFIX
+from flower_strategies.registry import METHODS, parse_run_config
+from flower_strategies.scaffold import (
+    CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, Scaffold, ScaffoldHParams, ScaffoldOptimizer, scaffold_server_step,
+)
+from simulations.engine import simulate
+from tests.reference.fedlada_ref import load_clients
+from tests.reference.scaffold_ref import ScaffoldConfig, run_scaffold
+
+DIM = 5
+NODES = 10
+RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": DIM}
+X0 = np.array([[0.3, -0.2, 0.1, 0.5, -0.4]])
+CLIENTS = load_clients(range(NODES), DIM, seed=0)
+STATE_KEY = STATE_PREFIX + CLIENT_CONTROL
+
+
+def initial_arrays() -> ArrayRecord:
+    model = build_model("synthetic-linear", 0, DIM, "float64")
+    with torch.no_grad():
+        model.w.weight.copy_(torch.from_numpy(X0))
+    return ArrayRecord(model.state_dict())
+
+
+def run_engine(cls, hp, rounds, *, fraction=0.5, client_lr=0.05, local_steps=5, local_epochs=1, batch_size=8, weighting=None):
+    schedule: list[list[int]] = []
+    controls: list[np.ndarray] = []
+
+    class Recording(cls):
+        def configure_train(self, server_round, arrays, config, grid):
+            msgs = list(super().configure_train(server_round, arrays, config, grid))
+            schedule.append([m.metadata.dst_node_id - 1 for m in msgs])
+            return msgs
+
+        def server_update(self, server_round, current, aggregates):
+            out = super().server_update(server_round, current, aggregates)
+            if hasattr(self, "control"):
+                controls.append(self.control["w.weight"].copy())
+            return out
+
+    strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs, batch_size=batch_size,
+                      fraction_train=fraction, weighting=weighting, seed=0)
+    snaps, grid = simulate(strat, initial_arrays(), rounds, NODES, RC)
+    return [s["w.weight"] for s in snaps], schedule, controls, strat, grid
+
+
+def returning_clients(schedule):
+    """Clients sampled, then absent for ≥ 1 round, then sampled again."""
+    out = set()
+    for t in range(len(schedule)):
+        for i in schedule[t]:
+            later = [u for u in range(t + 1, len(schedule)) if i in schedule[u]]
+            if later and later[0] > t + 1:
+                out.add(i)
+    return out
+
+
+VARIANTS = {
+    "defaults-N-from-grid": (ScaffoldHParams(), {}),
+    "explicit-N-20-server-lr": (ScaffoldHParams(num_clients=20, server_lr=0.8), {}),
+    "examples-unequal-K-decay": (ScaffoldHParams(client_lr_decay=0.95, weight_decay=0.0),
+                                 {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_engine_matches_reference(name):
+    hp, over = VARIANTS[name]
+    setup = {"client_lr": 0.05, "local_steps": 5, "local_epochs": 1, "batch_size": 8, "weighting": "uniform", **over}
+    rounds = 12
+    xs, schedule, controls, strat, grid = run_engine(Scaffold, hp, rounds, **setup)
+    # the schedule exercises first-time clients (every round until all were seen) and returning clients
+    first_seen = {}
+    for t, s in enumerate(schedule):
+        for i in s:
+            first_seen.setdefault(i, t)
+    assert any(t > 0 for t in first_seen.values())
+    assert returning_clients(schedule)
+    ref = run_scaffold(X0, CLIENTS, schedule, ScaffoldConfig(
+        client_lr=setup["client_lr"], server_lr=hp.server_lr, num_clients=hp.num_clients or NODES,
+        weight_decay=hp.weight_decay, client_lr_decay=hp.client_lr_decay, weighting=setup["weighting"],
+        local_steps=setup["local_steps"], local_epochs=setup["local_epochs"], batch_size=setup["batch_size"]))
+    for t in range(1, rounds + 1):
+        np.testing.assert_allclose(xs[t], ref.xs[t], rtol=0, atol=1e-6, err_msg=f"x after round {t}")
+        np.testing.assert_allclose(controls[t - 1], ref.cs[t], rtol=0, atol=1e-6, err_msg=f"c after round {t}")
+    assert np.abs(ref.cs[-1]).max() > 1e-3 and np.abs(xs[-1] - X0).max() > 0.05
+    # persisted c_i: exactly the reference's for every client ever sampled; nothing for the others
+    for node, ctx in grid.contexts.items():
+        pid = node - 1
+        if pid in ref.client_c:
+            stored = ctx.state[STATE_KEY]["w.weight"].numpy()
+            np.testing.assert_allclose(stored, ref.client_c[pid], rtol=0, atol=1e-6)
+        else:
+            assert STATE_KEY not in ctx.state.array_records
+
+
+def test_server_control_is_mean_of_all_client_controls():
+    """All c_i start at 0 and c accumulates ΣΔc_i/N ⇒ c = (1/N)·Σ_{all clients} c_i after every round."""
+    xs, schedule, controls, strat, grid = run_engine(Scaffold, ScaffoldHParams(), 9)
+    assert strat.num_clients_total == NODES
+    total = sum(ctx.state[STATE_KEY]["w.weight"].numpy() for ctx in grid.contexts.values() if STATE_KEY in ctx.state.array_records)
+    np.testing.assert_allclose(controls[-1], total / NODES, rtol=1e-10, atol=1e-14)
+
+
+def test_first_round_is_fedavg_and_state_absent_before_sampling():
+    """Round 1 (c = c_i = 0) is a FedAvg round; a client's state exists only once it has been sampled."""
+    xs, schedule, _, _, grid = run_engine(Scaffold, ScaffoldHParams(weight_decay=0.0), 1)
+    xs_avg, sched_avg, _, _, _ = run_engine(FedAvg, FedAvgHParams(), 1, weighting="uniform")
+    assert schedule == sched_avg
+    np.testing.assert_allclose(xs[1], xs_avg[1], rtol=0, atol=1e-14)
+    sampled = {i + 1 for i in schedule[0]}
+    assert {n for n, ctx in grid.contexts.items() if STATE_KEY in ctx.state.array_records} == sampled
+
+
+def test_client_step_and_option_two_by_hand():
+    x_t = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    c = torch.tensor([0.5, 0.0], dtype=torch.float64)
+    ci = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    p = torch.nn.Parameter(x_t.clone())
+    opt = ScaffoldOptimizer([("w", p)], lr=0.1, weight_decay=0.5)
+    opt.num_steps = 2
+    opt.begin_round({SERVER_CONTROL: {"w": c}}, {CLIENT_CONTROL: {"w": ci}})
+    g = torch.tensor([2.0, 2.0], dtype=torch.float64)
+    expected = x_t.clone()
+    for _ in range(2):
+        p.grad = g.clone()
+        expected = expected - 0.1 * (g + 0.5 * expected - ci + c)
+        opt.step()
+    torch.testing.assert_close(p.detach(), expected, rtol=0, atol=1e-15)
+    up = opt.end_round()
+    c_plus = ci - c + (x_t - expected) / (2 * 0.1)
+    torch.testing.assert_close(up[CONTROL_DELTA]["w"], c_plus - ci, rtol=0, atol=1e-14)
+    torch.testing.assert_close(opt.persistent_state()[CLIENT_CONTROL]["w"], c_plus, rtol=0, atol=1e-14)
+    # a first-time client ({} persistent state) starts from c_i = 0
+    q = torch.nn.Parameter(x_t.clone())
+    opt = ScaffoldOptimizer([("w", q)], lr=0.1)
+    opt.num_steps = 1
+    opt.begin_round({SERVER_CONTROL: {"w": c}}, {})
+    assert torch.equal(opt.state[q]["ci"], torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=SERVER_CONTROL):
+        ScaffoldOptimizer([("w", torch.nn.Parameter(x_t.clone()))]).begin_round({}, {})
+
+
+def test_server_math_by_hand():
+    cur = {"w": np.array([1.0, 2.0])}
+    new, c = scaffold_server_step(cur, {"w": np.array([0.0, 4.0])}, {"w": np.array([1.0, 1.0])},
+                                  {"w": np.array([4.0, -8.0])}, ["w"], server_lr=0.5, num_clients=4)
+    np.testing.assert_allclose(new["w"], [0.5, 3.0])
+    np.testing.assert_allclose(c["w"], [2.0, -1.0])
+    with pytest.raises(ValueError):
+        scaffold_server_step(cur, cur, cur, cur, ["w"], server_lr=1.0, num_clients=0)
+
+
+class FakeGrid:
+    def __init__(self, n):
+        self.n = n
+
+    def get_node_ids(self):
+        return list(range(1, self.n + 1))
+
+
+def _reply(node, model, dc, n=10, steps=5):
+    md = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0, reply_to_message_id="q",
+                  group_id="1", created_at=time.time(), ttl=3600.0, message_type=MessageType.TRAIN)
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.asarray(model, np.float64))}),
+                          "metrics": MetricRecord({"num-examples": n, "num-steps": steps})})
+    if dc is not None:
+        content[CONTROL_DELTA] = ArrayRecord({"w": Array(np.asarray(dc, np.float64))})
+    return Message(content=content, metadata=md)
+
+
+def test_protocol_mocked_replies():
+    s = Scaffold(ScaffoldHParams(), client_lr=0.1, fraction_train=0.5)
+    x = np.array([1.0, 1.0])
+    msgs = list(s.configure_train(1, ArrayRecord({"w": Array(x)}), ConfigRecord(), FakeGrid(8)))
+    assert len(msgs) == 4 and s.num_clients_total == 8
+    c0 = msgs[0].content
+    assert set(c0.array_records) == {"arrays", SERVER_CONTROL}
+    np.testing.assert_array_equal(c0[SERVER_CONTROL]["w"].numpy(), [0.0, 0.0])
+    assert c0["config"]["weight-decay"] == 1e-3 and c0["config"]["method"] == "scaffold"
+    replies = [_reply(1, [0.0, 1.0], [1.0, 2.0]), _reply(2, [1.0, 0.0], [3.0, 2.0], n=30), _reply(3, [5.0, 5.0], None)]
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert metrics["replies-rejected"] == 1
+    np.testing.assert_allclose(arrays["w"].numpy(), [0.5, 0.5])
+    np.testing.assert_allclose(s.control["w"], [0.5, 0.5])  # (Δc_1 + Δc_2)/8
+    msgs = list(s.configure_train(2, arrays, ConfigRecord(), FakeGrid(8)))
+    np.testing.assert_allclose(msgs[0].content[SERVER_CONTROL]["w"].numpy(), [0.5, 0.5])
+    assert s.history[0].bytes_down == 4 * 2 * x.nbytes  # 2× download per message (x, c)
+    # 2× upload per valid reply (y_i, Δc_i); the rejected reply carried only its model
+    assert s.history[0].bytes_up == 2 * 2 * x.nbytes + x.nbytes
+    # an explicit num-clients wins over the node count
+    s2 = Scaffold(ScaffoldHParams(num_clients=100), client_lr=0.1)
+    list(s2.configure_train(1, ArrayRecord({"w": Array(x)}), ConfigRecord(), FakeGrid(3)))
+    assert s2.num_clients_total == 100
+
+
+def test_run_config():
+    assert "scaffold" in METHODS
+    _, spec, hp = parse_run_config({"method": "scaffold", "scaffold.num-clients": 50})
+    assert spec.strategy is Scaffold and hp.num_clients == 50
