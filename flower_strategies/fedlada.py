@@ -1,7 +1,7 @@
 """FedLADA — local AMSGrad with an amended (global-offset) direction, and LocalAdam (its α = 1 case).
 
-Sun, Shen, Chen, Ding, Tao, *Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear
-Speedup*, IEEE TPAMI 2023 (seed ``002_be4d0f1e88a9ebd5.txt``; Algorithm 3, §3.3, §4).  Spec: ALGORITHMS.md §3.
+Yan Sun, Li Shen, Hao Sun, Liang Ding, Dacheng Tao, *Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear
+Speedup*, 2023 (IEEE journal version; seed ``002_be4d0f1e88a9ebd5.txt``; Algorithm 3, §3.3, §4).  Spec: ALGORITHMS.md §3.
 
 Round ``t`` (all ops elementwise; ``v_srv`` = server average of last round's ``v̂``; ``g_a`` = global offset)::
 
@@ -79,8 +79,6 @@ class LocalAdaptiveHParams(HParams):
     eps_placement: str = param("none", choices=EPS_PLACEMENTS, help="A5: none (ϑ=1/√v̂) | outside 1/(√v̂+ε) | inside 1/√(v̂+ε)")
     eps: float = param(1e-8, lo=0.0, help="ε used when eps-placement is not 'none'")
     local_updates: str = param("K", choices=LOCAL_UPDATES, help="A1: K updates, or the printed K−1 (last batch unused; g_a still ÷K)")
-    offset_lr: str = param("producing", choices=OFFSET_LRS, help="A2: η_l dividing g_a: producing round | consuming round | initial")
-    precondition_offset: bool = param(False, help="A12: step (α·m + (1−α)·g_a)⊙ϑ (appendix) instead of α·m⊙ϑ + (1−α)·g_a")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -96,6 +94,8 @@ class FedLADAHParams(LocalAdaptiveHParams):
     """FedLADA: α (amended weight) 0.1 (CIFAR-10; 0.05 for CIFAR-100/TinyImageNet)."""
 
     amend_weight: float = param(0.1, lo=0.0, hi=1.0, help="α: weight of the local adaptive direction (1 = LocalAdam)")
+    offset_lr: str = param("producing", choices=OFFSET_LRS, help="A2: η_l dividing g_a: producing round | consuming round | initial")
+    precondition_offset: bool = param(False, help="A12: step (α·m + (1−α)·g_a)⊙ϑ (appendix) instead of α·m⊙ϑ + (1−α)·g_a")
 
 
 @dataclass(frozen=True)
@@ -300,7 +300,7 @@ class FedLADA(FedAdaptStrategy):
 
     def offset_lr(self, server_round: int) -> float:
         """η_l dividing the g_a produced in ``server_round`` (flag ``offset_lr``, A2)."""
-        mode = self.hparams.offset_lr
+        mode = getattr(self.hparams, "offset_lr", "producing")
         if mode == "consuming":
             return self.client_lr_at(server_round + 1)
         if mode == "initial":
@@ -322,7 +322,7 @@ class FedLADA(FedAdaptStrategy):
             "eps-placement": hp.eps_placement,
             "eps": float(hp.eps),
             "local-updates": hp.local_updates,
-            "precondition-offset": bool(hp.precondition_offset),
+            "precondition-offset": bool(getattr(hp, "precondition_offset", False)),
         })
         if self.debug_direction_sum:
             cfg["debug-direction-sum"] = True
@@ -364,6 +364,6 @@ class LocalAdam(FedLADA):
     sends_offset: ClassVar[bool] = False
 
 
-_PAPER = "Sun et al., Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear Speedup, TPAMI 2023"
+_PAPER = "Sun et al., Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear Speedup, 2023"
 register(FedLADA, FedLADAOptimizer, paper=_PAPER, summary="local AMSGrad amended by the global offset g_a + averaged v̂")
 register(LocalAdam, FedLADAOptimizer, paper=_PAPER, summary="FedLADA with α = 1: local AMSGrad + model/v̂ averaging")

@@ -269,6 +269,8 @@ class LocalUpdate(FedAdaptStrategy):
     method: ClassVar[str] = "localupdate"
     hparams_class = LocalUpdateHParams
     default_weighting: ClassVar[str] = "uniform"
+    #: Keys this strategy adds to every round's train metrics (for a metrics writer to pick up).
+    logged_metrics: ClassVar[tuple[str, ...]] = ("client-lr", "server-lr")
 
     def __init__(self, hparams: HParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
@@ -334,6 +336,10 @@ class LocalUpdateDecay(LocalUpdate):
 
     method: ClassVar[str] = "localupdate-decay"
     hparams_class = LocalUpdateDecayHParams
+    logged_metrics: ClassVar[tuple[str, ...]] = (
+        "plateau-loss", "plateau-estimate", "plateau-best", "plateau-counter", "plateau-cooldown", "decayed",
+        "client-lr", "server-lr", "next-client-lr", "next-server-lr",
+    )
 
     def __init__(self, hparams: HParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
@@ -362,7 +368,7 @@ class LocalUpdateDecay(LocalUpdate):
             self.gamma = max(hp.client_decay * self.gamma, hp.min_client_lr)
             self.server_lr = max(hp.server_decay * self.server_lr, hp.min_server_lr)
         row = {
-            "round": float(server_round), "loss": loss, **self.controller.state(), "decayed": float(decayed),
+            "round": float(server_round), "plateau-loss": loss, **self.controller.state(), "decayed": float(decayed),
             "client-lr": gamma_used, "server-lr": eta_used, "next-client-lr": self.gamma, "next-server-lr": self.server_lr,
         }
         self.decay_trace.append(row)

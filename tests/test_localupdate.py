@@ -436,6 +436,7 @@ def test_protocol_config_and_aggregation():
     np.testing.assert_allclose(arrays["w.weight"].numpy(), x0 - 0.5 * (q[0] + q[1]) / 2)  # uniform mean
     assert metrics["replies-rejected"] == 1 and "missing ArrayRecord 'q'" in s.history[-1].rejections[0]
     assert metrics["server-lr"] == 0.5 and metrics["client-lr"] == 0.2
+    assert set(LU.LocalUpdate.logged_metrics) <= set(metrics.keys())
     bad = np.array([[np.nan, 0.0]])
     s2 = LU.LocalUpdate(hp, client_lr=0.2, weighting="examples")
     s2.configure_train(1, ArrayRecord({"w.weight": Array(x0)}), ConfigRecord({}), grid)
@@ -459,7 +460,9 @@ def test_protocol_decay_reaches_next_round_config():
         lrs.append(msgs[0].content["config"]["client-lr"])
         x, metrics = s.aggregate_train(t, [_reply(1, g, 10, l1), _reply(2, g, 30, l2)])
         assert metrics["decayed"] == (1.0 if t > 1 else 0.0)
-    assert s.decay_trace[1]["loss"] == pytest.approx(1.95)
+        assert set(LU.LocalUpdateDecay.logged_metrics) <= set(metrics.keys())
+        assert s.history[-1].train_metrics["next-client-lr"] == s.gamma
+    assert s.decay_trace[1]["plateau-loss"] == pytest.approx(1.95)
     assert lrs == pytest.approx([0.4, 0.4, 0.04])
     assert s.gamma == pytest.approx(0.004) and s.server_lr == pytest.approx(0.81)
     # round 3 stepped with η = 0.9 (decayed after round 2)
