@@ -1,7 +1,7 @@
 """Write the run-config table of ``pyproject.toml`` from the registry.
 
-    python -m simulations.configgen            # rewrite the generated block in ./pyproject.toml
-    python -m simulations.configgen --check    # exit 1 if the block is stale
+    python -m simulations.configgen            # rewrite the generated blocks in ./pyproject.toml and ./README.md
+    python -m simulations.configgen --check    # exit 1 if a block is stale
 
 Flower only accepts ``--run-config`` keys that the app declares, so every method's hyper-parameters must be
 in ``[tool.flwr.app.config]``; generating the block keeps it equal to the registry.
@@ -34,6 +34,30 @@ def render() -> str:
     return "\n".join(lines)
 
 
+MD_BEGIN = "<!-- BEGIN GENERATED RUN-CONFIG TABLE -->"
+MD_END = "<!-- END GENERATED RUN-CONFIG TABLE -->"
+
+
+def render_markdown() -> str:
+    """The README's table of run-wide keys (method keys are documented on each method's page)."""
+    import dataclasses
+
+    from flower_strategies.hparams import FederationConfig, to_key
+
+    rows = [MD_BEGIN, "| key | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(FederationConfig):
+        meta = f.metadata
+        extra = f" (one of: {', '.join(map(str, meta['choices']))})" if meta.get("choices") else ""
+        rows.append(f"| `{to_key(f.name)}` | `{_toml(f.default)}` | {meta.get('help', '')}{extra} |")
+    rows.append(MD_END)
+    return "\n".join(rows)
+
+
+def _replace(text: str, begin: str, end: str, block: str) -> str:
+    start, stop = text.index(begin), text.index(end) + len(end)
+    return text[:start] + block + text[stop:]
+
+
 def _toml(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -48,17 +72,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--pyproject", default="pyproject.toml")
+    ap.add_argument("--readme", default="README.md")
     args = ap.parse_args(argv)
-    path = Path(args.pyproject)
-    text = path.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    new = text[:start] + render() + text[end:]
-    if args.check:
+    stale = []
+    for path, begin, end, block in (
+        (Path(args.pyproject), BEGIN, END, render()),
+        (Path(args.readme), MD_BEGIN, MD_END, render_markdown()),
+    ):
+        text = path.read_text()
+        new = _replace(text, begin, end, block)
         if new != text:
-            print("pyproject.toml run-config table is stale: run `python -m simulations.configgen`", file=sys.stderr)
-            return 1
-        return 0
-    path.write_text(new)
+            stale.append(str(path))
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print(f"generated tables are stale in {stale}: run `python -m simulations.configgen`", file=sys.stderr)
+        return 1
     return 0
 
 

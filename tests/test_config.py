@@ -65,7 +65,7 @@ def test_int_is_accepted_for_float_keys():
 
 
 def test_pyproject_config_table_matches_registry():
-    assert configgen.main(["--check", "--pyproject", str(ROOT / "pyproject.toml")]) == 0
+    assert configgen.main(["--check", "--pyproject", str(ROOT / "pyproject.toml"), "--readme", str(ROOT / "README.md")]) == 0
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
     def flat(d, pre=""):
@@ -126,3 +126,11 @@ def test_sgd_optimizer_step_with_prox_and_weight_decay():
     x = np.array([0.5, -2.5])
     expected = x - 0.1 * (np.array([0.3, 0.1]) + 0.5 * x + 2.0 * (x - np.array([1.0, -2.0])))
     np.testing.assert_allclose(p.detach().numpy(), expected, atol=1e-12)
+
+
+def test_readme_lists_every_method_and_its_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    for name in METHODS:
+        assert f"`{name}`" in readme, name
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python -m pytest -q" in readme and "python -m pytest -q" in ci
