@@ -51,3 +51,8 @@ def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
+
+
+def record_nbytes(record: ArrayRecord) -> int:
+    """Array payload bytes of an ArrayRecord, from shapes and dtypes (without deserialising it)."""
+    return int(sum(np.dtype(arr.dtype).itemsize * int(np.prod(arr.shape)) for arr in record.values()))

@@ -264,6 +264,15 @@ class FedAdaptStrategy(Strategy):
 
     def validate_reply(self, msg: Message) -> str | None:
         """Return why ``msg`` must be rejected, or None if it is usable."""
+        return self._parse_reply(msg)[0]
+
+    def _parse_reply(self, msg: Message) -> tuple[str | None, dict[str, NamedArrays]]:
+        """``(reason, {})`` for a bad reply, else ``(None, uplink records as NumPy)`` (deserialised once)."""
+        parsed: dict[str, NamedArrays] = {}
+        reason = self._check_reply(msg, parsed)
+        return reason, ({} if reason else parsed)
+
+    def _check_reply(self, msg: Message, parsed: dict[str, NamedArrays]) -> str | None:
         if msg.has_error():
             return f"client error: {msg.error.reason}"
         content = msg.content
@@ -288,9 +297,11 @@ class FedAdaptStrategy(Strategy):
                     return f"record '{spec.name}' key '{key}' has shape {tuple(arr.shape)}, expected {tuple(shape)}"
                 if np.dtype(arr.dtype) != dtype:
                     return f"record '{spec.name}' key '{key}' has dtype {arr.dtype}, expected {dtype}"
-            bad = all_finite(R.to_numpy(rec))
+            arrays = R.to_numpy(rec)
+            bad = all_finite(arrays)
             if bad is not None:
                 return f"record '{spec.name}' key '{bad}' holds NaN/Inf"
+            parsed[spec.name] = arrays
         return None
 
     def _rule(self, spec: RecordSpec) -> str:
@@ -314,8 +325,8 @@ class FedAdaptStrategy(Strategy):
         # Deterministic fold order, whatever order replies arrived in.
         for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
             if not msg.has_error():
-                rlog.bytes_up += sum(nbytes(R.to_numpy(r)) for r in msg.content.array_records.values())
-            reason = self.validate_reply(msg)
+                rlog.bytes_up += sum(R.record_nbytes(r) for r in msg.content.array_records.values())
+            reason, parsed = self._parse_reply(msg)
             if reason is not None:
                 rlog.replies_rejected += 1
                 rlog.rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
@@ -324,7 +335,8 @@ class FedAdaptStrategy(Strategy):
             metrics = msg.content.metric_records[R.METRICS]
             n = float(metrics[R.NUM_EXAMPLES])
             for spec in specs:
-                aggs[spec.name].add(R.to_numpy(msg.content.array_records[spec.name]), n)
+                aggs[spec.name].add(parsed[spec.name], n)
+            del parsed  # O(model): only one reply's arrays are deserialised at a time
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in _NOT_AVERAGED:
                     metric_sums[key] = metric_sums.get(key, 0.0) + n * float(value)
