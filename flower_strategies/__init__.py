@@ -19,6 +19,7 @@ from .baselines import (
     FedYogi,
     FedYogiHParams,
 )
+from . import fedlocal  # noqa: F401  (paper 000)
 from .client import local_train, train_reply
 from .hparams import ConfigError, FederationConfig, HParams
 from .local import LocalOptimizer, SGDOptimizer
