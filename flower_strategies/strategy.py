@@ -221,6 +221,7 @@ class FedAdaptStrategy(Strategy):
         )
 
     def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
+        """Wait until enough nodes are connected, then :meth:`pick` from them."""
         deadline = time.monotonic() + self.wait_for_nodes_s
         need = max(self.min_available_nodes, minimum)
         while len(nodes := list(grid.get_node_ids())) < need:
@@ -228,6 +229,10 @@ class FedAdaptStrategy(Strategy):
                 raise TimeoutError(f"only {len(nodes)} nodes connected after {self.wait_for_nodes_s}s; need {need}")
             log(INFO, "Waiting for nodes: %d connected (need %d)", len(nodes), need)
             time.sleep(1.0)
+        return self.pick(nodes, fraction, minimum)
+
+    def pick(self, nodes: Iterable[int], fraction: float, minimum: int) -> list[int]:
+        """``max(int(fraction·len), minimum)`` nodes drawn with the strategy's own RNG, in :attr:`node_order`."""
         order = self.node_order or {}
         nodes = sorted(nodes, key=lambda n: (order.get(n, float("inf")), n))
         k = min(len(nodes), max(int(len(nodes) * fraction), minimum))
@@ -237,12 +242,19 @@ class FedAdaptStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        node_ids = self.sample(grid, self.fraction_train, self.min_train_nodes)
+        content = self.prepare_round(server_round, arrays, config, len(node_ids))
+        log(INFO, "configure_train: sampled %d of %d nodes", len(node_ids), len(list(grid.get_node_ids())))
+        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in node_ids]
+
+    def prepare_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, num_sampled: int) -> RecordDict:
+        """The train content of this round: model + downlink extras + round ConfigRecord (transport-agnostic;
+        the legacy adapter uses it too)."""
         self._t0 = time.monotonic()
         self.current = R.to_numpy(arrays)
         if not self._initialized:
             self.init_state(self.current)
             self._initialized = True
-        node_ids = self.sample(grid, self.fraction_train, self.min_train_nodes)
         cfg = ConfigRecord(dict(config))
         cfg[R.SERVER_ROUND] = server_round
         for key, value in self.round_config(server_round).items():
@@ -253,9 +265,8 @@ class FedAdaptStrategy(Strategy):
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
         per_msg = nbytes(self.current) + sum(nbytes(v) for v in extras.values())
-        self._round = RoundLog(server_round, sampled=len(node_ids), bytes_down=per_msg * len(node_ids), rejections=[])
-        log(INFO, "configure_train: sampled %d of %d nodes", len(node_ids), len(list(grid.get_node_ids())))
-        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in node_ids]
+        self._round = RoundLog(server_round, sampled=num_sampled, bytes_down=per_msg * num_sampled, rejections=[])
+        return content
 
     def _expected(self, spec: RecordSpec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         assert self.current is not None

@@ -43,7 +43,7 @@ class LoopbackGrid(Grid):
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
         ids = list(node_ids) if node_ids is not None else list(range(1, num_nodes + 1))
         self._app = client_app
-        self._run: Run | None = None
+        self._run: Run | None = Run.create_empty(1)
         self._inbox: dict[str, Message] = {}
         self.intercept = intercept
         self.contexts = {
@@ -122,4 +122,34 @@ def simulate(
         return MetricRecord({})
 
     strategy.start(grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, evaluate_fn=capture)
+    return snapshots, grid
+
+
+def simulate_legacy(
+    strategy: Any,
+    initial_arrays: Mapping[str, Any],
+    num_rounds: int,
+    num_nodes: int,
+    run_config: Mapping[str, Any],
+    **grid_kwargs: Any,
+) -> tuple[list[dict[str, Any]], LoopbackGrid]:
+    """Like :func:`simulate`, through the *legacy* API: ``LegacyStrategy`` under Flower's ``start_grid`` and the
+    ``NumPyClient`` ClientApp (``client_app.legacy``).  Returns the global arrays after every round."""
+    import numpy as np
+    from flwr.server import ServerConfig
+    from flwr.server.compat import start_grid
+
+    from client_app.legacy import app as legacy_client_app
+    from flower_strategies.legacy import LegacyStrategy
+
+    snapshots: list[dict[str, Any]] = []
+
+    def capture(server_round: int, arrays: dict[str, Any]):
+        snapshots.append({k: np.array(v, copy=True) for k, v in arrays.items()})
+        return None
+
+    initial = {k: np.asarray(v) for k, v in initial_arrays.items()}
+    grid = LoopbackGrid(legacy_client_app, num_nodes, run_config, **grid_kwargs)
+    start_grid(grid=grid, strategy=LegacyStrategy(strategy, initial, evaluate_fn=capture),
+               config=ServerConfig(num_rounds=num_rounds))
     return snapshots, grid

@@ -1,0 +1,221 @@
+"""Legacy Flower API (``NumPyClient`` + ``flwr.server.strategy.Strategy``) for every fedadapt method.
+
+No update rule is implemented twice: :class:`LegacyStrategy` wraps a Message-API :class:`FedAdaptStrategy` and calls its
+``prepare_round`` / ``aggregate_train``; :class:`FedAdaptNumPyClient` calls the same :func:`train_reply` as our ClientApp.
+
+Wire layout
+-----------
+The legacy protocol carries one flat list of NumPy arrays per direction.  Every fedadapt message therefore also carries a
+self-describing layout under the key ``"fedadapt.layout"`` (in ``FitIns.config`` down, ``FitRes.metrics`` up): a JSON
+list with one ``[record, key]`` pair per array, in list order, e.g.
+``[["arrays", "fc1.weight"], ["arrays", "fc1.bias"], ["momentum", "fc1.weight"], …]``.  The receiver rebuilds the named
+records from it (and checks the count); nothing is inferred from position alone.  All other config entries are the
+method's round config (``method``, ``client-lr``, …), exactly as in the Message API.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.client import NumPyClient
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy as LegacyBase
+from torch import Tensor, nn
+
+from . import records as R
+from .client import LossFn, train_reply
+from .ops import NamedArrays
+from .strategy import FedAdaptStrategy
+
+LAYOUT = "fedadapt.layout"
+
+
+# ------------------------------------------------------------------------------------------ packing
+def pack(records: dict[str, NamedArrays]) -> tuple[list[np.ndarray], str]:
+    """Flatten named records into (array list, JSON layout)."""
+    arrays: list[np.ndarray] = []
+    layout: list[list[str]] = []
+    for name, named in records.items():
+        for key, arr in named.items():
+            arrays.append(np.asarray(arr))
+            layout.append([name, key])
+    return arrays, json.dumps(layout)
+
+
+def unpack(arrays: list[np.ndarray], layout: str) -> dict[str, NamedArrays]:
+    """Inverse of :func:`pack`; raises ValueError if the layout does not describe the arrays."""
+    entries = json.loads(layout)
+    if len(entries) != len(arrays):
+        raise ValueError(f"layout lists {len(entries)} arrays but {len(arrays)} were received")
+    out: dict[str, NamedArrays] = {}
+    for (name, key), arr in zip(entries, arrays):
+        out.setdefault(name, {})[key] = arr
+    return out
+
+
+def _scalars(record: ConfigRecord | MetricRecord) -> dict[str, Scalar]:
+    return {k: v for k, v in record.items() if isinstance(v, (bool, int, float, str, bytes))}
+
+
+# ------------------------------------------------------------------------------------------ client
+class FedAdaptNumPyClient(NumPyClient):
+    """A ``NumPyClient`` that runs whatever fedadapt method the server's config names.
+
+    ``state`` should be the node's ``context.state`` (pass it from your ``client_fn``) so that methods with persistent
+    client state (control variates, carried moments) keep it between rounds.
+    """
+
+    def __init__(self, model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn, *, state: RecordDict | None = None,
+                 seed: int = 0, client_key: int = 0,
+                 evaluate_fn: Callable[[nn.Module], tuple[float, int, dict[str, Scalar]]] | None = None) -> None:
+        self.model, self.x, self.y, self.loss_fn = model, x, y, loss_fn
+        self.state, self.seed, self.client_key = state, seed, client_key
+        self.evaluate_fn = evaluate_fn
+
+    def get_parameters(self, config: dict[str, Scalar]) -> list[np.ndarray]:
+        return [v.detach().cpu().numpy() for v in self.model.state_dict().values()]
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+        if LAYOUT not in config:
+            raise ValueError(f"FitIns.config lacks '{LAYOUT}': the server is not a fedadapt LegacyStrategy")
+        records = unpack(parameters, str(config[LAYOUT]))
+        cfg = ConfigRecord({k: v for k, v in config.items() if k != LAYOUT})
+        content = RecordDict({name: R.to_record(a) for name, a in records.items()})
+        content[R.CONFIG] = cfg
+        reply = train_reply(self.model, content, self.x, self.y, self.loss_fn, state=self.state, seed=self.seed,
+                            client_key=self.client_key)
+        arrays, layout = pack({name: R.to_numpy(rec) for name, rec in reply.array_records.items()})
+        metrics = _scalars(reply.metric_records[R.METRICS])
+        metrics[LAYOUT] = layout
+        return arrays, int(metrics[R.NUM_EXAMPLES]), metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
+        keys = list(self.model.state_dict())
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, parameters)})
+        if self.evaluate_fn is None:
+            from .client import mean_loss
+
+            return mean_loss(self.model, self.x, self.y, self.loss_fn), len(self.x), {}
+        return self.evaluate_fn(self.model)
+
+
+# ------------------------------------------------------------------------------------------ server
+class LegacyStrategy(LegacyBase):
+    """Run a fedadapt Message-API strategy under the legacy ``ServerApp(server_fn=…)`` / ``start_grid`` API.
+
+    Parameters
+    ----------
+    strategy
+        Any :class:`FedAdaptStrategy` (its sampling settings, seed and hyper-parameters apply unchanged).
+    initial_arrays
+        The initial global model as ``{state_dict key: ndarray}`` (its key order is the parameter order).
+    evaluate_fn
+        Optional central evaluation ``(server_round, {key: ndarray}) -> (loss, metrics)``.
+    """
+
+    def __init__(self, strategy: FedAdaptStrategy, initial_arrays: dict[str, np.ndarray],
+                 evaluate_fn: Callable[[int, dict[str, np.ndarray]], tuple[float, dict[str, Scalar]] | None] | None = None) -> None:
+        self.inner = strategy
+        self.keys = list(initial_arrays)
+        self.initial = {k: np.asarray(v) for k, v in initial_arrays.items()}
+        self.evaluate_fn = evaluate_fn
+
+    def __repr__(self) -> str:
+        return f"LegacyStrategy({type(self.inner).__name__})"
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters([self.initial[k] for k in self.keys])
+
+    def _arrays(self, parameters: Parameters) -> dict[str, np.ndarray]:
+        nds = parameters_to_ndarrays(parameters)
+        if len(nds) != len(self.keys):
+            raise ValueError(f"expected {len(self.keys)} global arrays, got {len(nds)}")
+        return dict(zip(self.keys, nds))
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        s = self.inner
+        need = max(s.min_available_nodes, s.min_train_nodes)
+        client_manager.wait_for(need, timeout=int(s.wait_for_nodes_s))
+        proxies = client_manager.all()
+        by_node = {_node_id(p): p for p in proxies.values()}
+        picked = s.pick(list(by_node), s.fraction_train, s.min_train_nodes)
+        content = s.prepare_round(server_round, R.to_record(self._arrays(parameters)), ConfigRecord(), len(picked))
+        arrays, layout = pack({name: R.to_numpy(rec) for name, rec in content.array_records.items()})
+        config: dict[str, Scalar] = _scalars(content.config_records[R.CONFIG])
+        config[LAYOUT] = layout
+        fit_ins = FitIns(ndarrays_to_parameters(arrays), config)
+        log(INFO, "configure_fit: sampled %d of %d clients", len(picked), len(by_node))
+        return [(by_node[n], fit_ins) for n in picked]
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        messages = [_fitres_to_message(proxy, res) for proxy, res in results]
+        for i, fail in enumerate(failures):
+            if isinstance(fail, BaseException):
+                messages.append(Message(error=Error(code=0, reason=repr(fail)), metadata=_md(-(i + 1))))
+            else:
+                messages.append(_fitres_to_message(*fail))
+        arrays, metrics = self.inner.aggregate_train(server_round, messages)
+        out = None if arrays is None else ndarrays_to_parameters([arrays[k].numpy() for k in self.keys])
+        return out, dict(metrics) if metrics is not None else {}
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        return None, {}
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        if self.evaluate_fn is None:
+            return None
+        return self.evaluate_fn(server_round, self._arrays(parameters))
+
+
+def _node_id(proxy: ClientProxy) -> int:
+    node_id = getattr(proxy, "node_id", None)
+    return int(node_id) if node_id is not None else int(proxy.cid)
+
+
+def _md(src: int) -> Metadata:
+    return Metadata(run_id=0, message_id=uuid.uuid4().hex, src_node_id=src, dst_node_id=0, reply_to_message_id="",
+                    group_id="", created_at=time.time(), ttl=0.0, message_type=MessageType.TRAIN)
+
+
+def _fitres_to_message(proxy: ClientProxy, res: FitRes) -> Message:
+    """A FitRes as the reply Message the Message-API strategy validates and aggregates."""
+    src = _node_id(proxy)
+    metrics = dict(res.metrics or {})
+    layout = metrics.pop(LAYOUT, None)
+    if layout is None:
+        log(WARNING, "FitRes from client %s has no '%s'; rejecting it", proxy.cid, LAYOUT)
+        return Message(error=Error(code=0, reason=f"reply without '{LAYOUT}' (not a fedadapt client?)"), metadata=_md(src))
+    try:
+        records = unpack(parameters_to_ndarrays(res.parameters), str(layout))
+    except (ValueError, TypeError) as err:
+        return Message(error=Error(code=0, reason=f"bad layout: {err}"), metadata=_md(src))
+    content = RecordDict({name: R.to_record(a) for name, a in records.items()})
+    numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numeric.setdefault(R.NUM_EXAMPLES, res.num_examples)
+    content[R.METRICS] = MetricRecord(numeric)
+    return Message(content=content, metadata=_md(src))
