@@ -128,9 +128,9 @@ def write_connection(flwr_home: Path, name: str, port: int) -> None:
 
 
 def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federation_config: str | None,
-             timeout: float) -> tuple[int | None, str, str]:
+             timeout: float, app_dir: Path = APP_DIR) -> tuple[int | None, str, str]:
     """``flwr run --stream``; returns (run id, status, full output)."""
-    argv = [_bin("flwr"), "run", str(APP_DIR), connection, "--stream"]
+    argv = [_bin("flwr"), "run", str(app_dir), connection, "--stream"]
     if run_config:
         argv += ["--run-config", run_config]
     if federation_config:
@@ -174,7 +174,8 @@ def run_status(cluster: Cluster, connection: str, run_id: int, wait_s: float = 3
     return status
 
 
-def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, timeout: float) -> int:
+def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, timeout: float,
+               app_dir: Path = APP_DIR) -> int:
     port = free_port()
     log_dir = flwr_home / "logs"
     with Cluster(flwr_home, log_dir) as cluster:
@@ -185,11 +186,12 @@ def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, tim
         wait_http(f"http://127.0.0.1:{port}/health", 60, link)
         write_connection(flwr_home, "fedadapt-sim", port)
         fed_cfg = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
-        run_id, status, _ = flwr_run(cluster, "fedadapt-sim", run_config, fed_cfg, timeout)
+        run_id, status, _ = flwr_run(cluster, "fedadapt-sim", run_config, fed_cfg, timeout, app_dir)
     return _report(run_id, status, log_dir)
 
 
-def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float) -> int:
+def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
+                  app_dir: Path = APP_DIR) -> int:
     port = free_port()
     log_dir = flwr_home / "logs"
     with Cluster(flwr_home, log_dir) as cluster:
@@ -205,7 +207,9 @@ def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: 
             ], env={"FLWR_HOME": str(flwr_home / f"node{i}")})
         write_connection(flwr_home, "fedadapt-deploy", port)
         cfg = f"min-available-nodes={nodes} min-train-nodes={min(2, nodes)}"
-        run_id, status, _ = flwr_run(cluster, "fedadapt-deploy", f"{cfg} {run_config or ''}".strip(), None, timeout)
+        if app_dir != APP_DIR:  # another app: it does not know fedadapt's run-config keys
+            cfg = ""
+        run_id, status, _ = flwr_run(cluster, "fedadapt-deploy", f"{cfg} {run_config or ''}".strip(), None, timeout, app_dir)
     return _report(run_id, status, log_dir)
 
 
@@ -222,11 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-config", default=None, help="run-config overrides, TOML-typed: \"method='fedadam' num-server-rounds=5\"")
     ap.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(APP_DIR / ".flwr")))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
+    ap.add_argument("--app", default=str(APP_DIR), help="Flower app directory (default: this project)")
     args = ap.parse_args(argv)
     home = Path(args.flwr_home).resolve()
     if args.mode == "sim":
-        return launch_sim(args.num_supernodes, args.run_config, home, args.timeout)
-    return launch_deploy(args.nodes, args.run_config, home, args.timeout)
+        return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, Path(args.app).resolve())
+    return launch_deploy(args.nodes, args.run_config, home, args.timeout, Path(args.app).resolve())
 
 
 if __name__ == "__main__":

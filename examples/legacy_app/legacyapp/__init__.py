@@ -1,0 +1,1 @@
+"""Example: an existing legacy (NumPyClient + ServerApp(server_fn=…)) Flower app that plugs in fedadapt."""

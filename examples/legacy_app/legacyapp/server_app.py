@@ -1,0 +1,32 @@
+"""The user's legacy ServerApp: the fedadapt strategy is wrapped in LegacyStrategy (switch methods on the marked line)."""
+
+import json
+
+from flwr.app import Context
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+
+from flower_strategies import get_method
+from flower_strategies.legacy import LegacyStrategy
+
+from .task import new_model
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    net = new_model()
+    trainable = [n for n, _ in net.named_parameters()]
+    method = str(context.run_config["method"])  # the one line that picks the method: any name in flower_strategies.METHODS
+    inner = get_method(method).strategy(client_lr=0.1, local_epochs=1, batch_size=32, seed=0, trainable_keys=trainable)
+    out = str(context.run_config.get("output", ""))
+
+    def record(server_round, arrays):
+        if out and server_round > 0:
+            with open(out, "w") as fh:
+                json.dump({"method": method, "round": server_round,
+                           "train-loss": inner.history[-1].train_metrics.get("train-loss")}, fh)
+        return None
+
+    strategy = LegacyStrategy(inner, {k: v.numpy() for k, v in net.state_dict().items()}, evaluate_fn=record)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(context.run_config["num-server-rounds"])))
+
+
+app = ServerApp(server_fn=server_fn)
