@@ -20,6 +20,14 @@ from .baselines import (
     FedYogiHParams,
 )
 from . import fedlocal  # noqa: F401  (paper 000)
+from .localupdate import (  # paper 003
+    LocalUpdate,
+    LocalUpdateDecay,
+    LocalUpdateDecayHParams,
+    LocalUpdateHParams,
+    LocalUpdateOptimizer,
+    PlateauController,
+)
 from .client import local_train, train_reply
 from .hparams import ConfigError, FederationConfig, HParams
 from .local import LocalOptimizer, SGDOptimizer
@@ -29,7 +37,8 @@ from .strategy import FedAdaptStrategy, RecordSpec, RoundLog
 
 __all__ = [
     "METHODS", "ConfigError", "FedAdaptStrategy", "FedAdagrad", "FedAdagradHParams", "FedAdam", "FedAdamHParams",
-    "FedAvg", "FedAvgHParams", "FedAvgM", "FedAvgMHParams", "FedOpt", "FedProx", "FedProxHParams", "FedYogi",
+    "FedAvg", "FedAvgHParams", "LocalUpdate", "LocalUpdateDecay", "LocalUpdateDecayHParams", "LocalUpdateHParams",
+    "LocalUpdateOptimizer", "PlateauController", "FedAvgM", "FedAvgMHParams", "FedOpt", "FedProx", "FedProxHParams", "FedYogi",
     "FedYogiHParams", "FederationConfig", "HParams", "LocalOptimizer", "MethodSpec", "RecordSpec", "RoundLog",
     "SGDOptimizer", "ServerOptimizer", "build_strategy", "get_method", "local_train", "parse_run_config", "register",
     "run_config_defaults", "train_reply",

@@ -50,7 +50,8 @@ from .strategy import FedAdaptStrategy, RecordSpec
 
 #: Uplink record holding ``q_i = Σ_k θ_k g_k``.
 Q_RECORD = "q"
-#: Round-config key carrying Θ (list of floats) to the client optimizer.
+#: Round-config key carrying Θ to the client optimizer, as comma-separated ``repr`` floats (exact round trip; a
+#: plain string also survives the legacy API, whose ``FitIns.config`` holds scalars only).
 THETA_KEY = "localupdate-theta"
 
 PLATEAU_RULES = ("paper", "tff")
@@ -218,9 +219,11 @@ class LocalUpdateOptimizer(LocalOptimizer):
     config_keys: ClassVar[dict[str, str]] = {R.CLIENT_LR: "lr", THETA_KEY: "theta"}
     sends_model: ClassVar[bool] = False
 
-    def __init__(self, params: Iterable[tuple[str, Tensor]], lr: float = 0.1, theta: Sequence[float] = (1.0,)) -> None:
+    def __init__(self, params: Iterable[tuple[str, Tensor]], lr: float = 0.1, theta: str | Sequence[float] = (1.0,)) -> None:
         if lr < 0:
             raise ValueError(f"client lr γ must be >= 0, got {lr}")
+        if isinstance(theta, str):
+            theta = [float(tok) for tok in theta.split(",") if tok.strip()]
         self.theta = normalize_theta(theta)
         super().__init__(params, {"lr": float(lr)})
         self.k = 0
@@ -296,7 +299,7 @@ class LocalUpdate(FedAdaptStrategy):
     def round_config(self, server_round: int) -> dict[str, Any]:
         cfg = super().round_config(server_round)
         cfg[R.LOCAL_STEPS] = len(self.theta)
-        cfg[THETA_KEY] = [float(t) for t in self.theta]
+        cfg[THETA_KEY] = ",".join(repr(float(t)) for t in self.theta)
         return cfg
 
     def init_state(self, arrays: NamedArrays) -> None:

@@ -84,6 +84,8 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
                 "replies-used": h.replies_used, "replies-rejected": h.replies_rejected,
                 "bytes-down": h.bytes_down, "bytes-up": h.bytes_up, "updated": h.updated,
             })
+            for key in getattr(strategy, "logged_metrics", ()):  # method-specific per-round state (e.g. decayed lrs)
+                row[key] = tm.get(key)
             if h.rejections:
                 row["rejections"] = "; ".join(h.rejections)
         row = writer.add(row)

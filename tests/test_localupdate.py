@@ -63,22 +63,24 @@ def run(strategy, rounds, nodes, offset=0.5):
 
 # ------------------------------------------------------------------------------------------ reference equivalence
 CASES = {
-    "fedavg-K3": dict(hp=dict(theta="fedavg", theta_steps=3, server_lr=0.3), gamma=0.1),
-    "custom-theta-examples": dict(hp=dict(theta="0.5,0,2", server_lr=0.2), gamma=0.05, weighting="examples"),
-    "fomaml-yogi": dict(hp=dict(theta="fomaml", theta_steps=3, server_lr=0.05, server_opt="yogi"), gamma=0.1),
+    "fedavg-K3": dict(hp=dict(theta="fedavg", theta_steps=3, server_lr=0.3), gamma=0.1, theta=(1, 1, 1)),
+    "custom-theta-examples": dict(hp=dict(theta="0.5,0,2", server_lr=0.2), gamma=0.05, weighting="examples",
+                                  theta=(0.5, 0, 2)),
+    "fomaml-yogi": dict(hp=dict(theta="fomaml", theta_steps=3, server_lr=0.05, server_opt="yogi"), gamma=0.1,
+                        theta=(0, 0, 1)),
     "decay-paper": dict(
         hp=dict(theta="fedavg", theta_steps=3, server_lr=0.3, window=2, patience=2, cooldown=1, min_delta=0.05),
-        gamma=0.1, decay="paper",
+        gamma=0.1, decay="paper", theta=(1, 1, 1),
     ),
     "decay-tff-examples": dict(
         hp=dict(theta="1,0.5,1", server_lr=0.3, window=2, patience=1, cooldown=1, min_delta=0.02,
                 plateau_rule="tff", loss_weighting="examples", client_decay=0.5, server_decay=0.8),
-        gamma=0.1, decay="tff",
+        gamma=0.1, decay="tff", theta=(1, 0.5, 1),
     ),
     "decay-partial-yogi": dict(
         hp=dict(theta="fedavg", theta_steps=2, server_lr=0.1, server_opt="yogi", window=1, patience=1, cooldown=2,
                 min_delta=0.02),
-        gamma=0.2, decay="paper", fraction=0.5, nodes=6,
+        gamma=0.2, decay="paper", fraction=0.5, nodes=6, theta=(1, 1),
     ),
 }
 
@@ -104,7 +106,7 @@ def test_matches_reference(name):
         dec = dict(W=hp.window, P=hp.patience, C=hp.cooldown, delta=hp.min_delta, rule=decay,
                    client_decay=hp.client_decay, server_decay=hp.server_decay, loss_weighting=hp.loss_weighting)
     ws, trace = ref.outer_loop(
-        w_of(snaps[0]), strategy.sampled, gamma=case["gamma"], eta=hp.server_lr, theta=strategy.theta, batch_size=8,
+        w_of(snaps[0]), strategy.sampled, gamma=case["gamma"], eta=hp.server_lr, theta=case["theta"], batch_size=8,
         dim=DIM, weighting=case.get("weighting", "uniform"), server=hp.server_opt, eps=hp.eps, decay=dec,
     )
     for t in range(rounds + 1):
@@ -191,6 +193,10 @@ def test_optimizer_step_on_scripted_gradients():
     q, x = _run_optimizer((0.5, 0.0, 2.0), 0.1, None, None, [1.0, 1.0], grads=g)
     np.testing.assert_allclose(q, 0.5 * g[0] + 2.0 * g[2], atol=1e-15)
     np.testing.assert_allclose(x, np.array([1.0, 1.0]) - 0.1 * (g[0] + g[1] + g[2]), atol=1e-15)
+    # Θ travels as a comma-separated string of repr floats: exact round trip
+    p = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    theta = (0.1 + 0.2, 1 / 3, 0.0, 2.0)
+    assert LU.LocalUpdateOptimizer([("p", p)], theta=",".join(map(repr, theta))).theta == theta
 
 
 def test_fomaml_uploads_gradient_at_last_iterate_and_matches_surrogate():
@@ -425,7 +431,7 @@ def test_protocol_config_and_aggregation():
     assert len(msgs) == 3
     cfg = msgs[0].content["config"]
     assert cfg["method"] == "localupdate" and cfg["local-steps"] == 2 and cfg["client-lr"] == 0.2
-    assert list(cfg[LU.THETA_KEY]) == [0.5, 1.0]
+    assert cfg[LU.THETA_KEY] == "0.5,1.0"
     q = [np.array([[1.0, 0.0]]), np.array([[3.0, 2.0]]), np.array([[2.0, 2.0]])]
     replies = [
         _reply(1, q[0], 10, 1.0),
