@@ -337,7 +337,7 @@ class LocalUpdateDecay(LocalUpdate):
     fired, and the γ, η used in that round and in the next one.
     """
 
-    method: ClassVar[str] = "localupdate-decay"
+    method: ClassVar[str] = "localupdatedecay"
     hparams_class = LocalUpdateDecayHParams
     logged_metrics: ClassVar[tuple[str, ...]] = (
         "plateau-loss", "plateau-estimate", "plateau-best", "plateau-counter", "plateau-cooldown", "decayed",

@@ -476,16 +476,16 @@ def test_protocol_decay_reaches_next_round_config():
 
 
 def test_registry_and_run_config():
-    assert {"localupdate", "localupdate-decay"} <= set(METHODS)
+    assert {"localupdate", "localupdatedecay"} <= set(METHODS)
     assert METHODS["localupdate"].local_optimizer is LU.LocalUpdateOptimizer
-    _, spec, hp = parse_run_config({"method": "localupdate-decay", "localupdate-decay.theta": "kmaml",
-                                    "localupdate-decay.theta-steps": 2, "localupdate-decay.plateau-rule": "tff"})
+    _, spec, hp = parse_run_config({"method": "localupdatedecay", "localupdatedecay.theta": "kmaml",
+                                    "localupdatedecay.theta-steps": 2, "localupdatedecay.plateau-rule": "tff"})
     assert spec.strategy is LU.LocalUpdateDecay and hp.plateau_rule == "tff"
     assert spec.strategy(hp).theta == (0.0, 0.0, 0.0, 0.0, 1.0)
     with pytest.raises(ConfigError, match="localupdate.theta"):
         parse_run_config({"method": "localupdate", "localupdate.theta": "1,-2"})
     with pytest.raises(ConfigError, match="plateau-rule"):
-        parse_run_config({"method": "localupdate-decay", "localupdate-decay.plateau-rule": "keras"})
+        parse_run_config({"method": "localupdatedecay", "localupdatedecay.plateau-rule": "keras"})
 
 
 def test_surrogate_plot_script(tmp_path):
@@ -501,10 +501,10 @@ def test_server_app_path(tmp_path):
     from simulations.engine import run_inprocess
 
     summary = run_inprocess(
-        {"method": "localupdate-decay", "task": "synthetic-linear", "synthetic-clients": 3, "synthetic-dim": DIM,
+        {"method": "localupdatedecay", "task": "synthetic-linear", "synthetic-clients": 3, "synthetic-dim": DIM,
          "num-server-rounds": 4, "output-dir": str(tmp_path), "client-lr": 0.05, "local-steps": 9,
-         "localupdate-decay.theta": "1,1", "localupdate-decay.server-lr": 0.05, "localupdate-decay.window": 1,
-         "localupdate-decay.patience": 1, "localupdate-decay.cooldown": 1, "localupdate-decay.min-delta": 100.0},
+         "localupdatedecay.theta": "1,1", "localupdatedecay.server-lr": 0.05, "localupdatedecay.window": 1,
+         "localupdatedecay.patience": 1, "localupdatedecay.cooldown": 1, "localupdatedecay.min-delta": 100.0},
         3,
     )
     assert summary["status"] == "completed" and summary["rounds_without_update"] == []
