@@ -20,6 +20,7 @@ from .baselines import (
     FedYogiHParams,
 )
 from . import fedlocal  # noqa: F401  (paper 000)
+from .fedlamb import AdpFed, AdpFedHParams, FedAMS, FedAMSHParams, FedLAMB, FedLAMBHParams  # paper 004
 from .localupdate import (  # paper 003
     LocalUpdate,
     LocalUpdateDecay,
@@ -37,6 +38,7 @@ from .strategy import FedAdaptStrategy, RecordSpec, RoundLog
 
 __all__ = [
     "METHODS", "ConfigError", "FedAdaptStrategy", "FedAdagrad", "FedAdagradHParams", "FedAdam", "FedAdamHParams",
+    "AdpFed", "AdpFedHParams", "FedAMS", "FedAMSHParams", "FedLAMB", "FedLAMBHParams",
     "FedAvg", "FedAvgHParams", "LocalUpdate", "LocalUpdateDecay", "LocalUpdateDecayHParams", "LocalUpdateHParams",
     "LocalUpdateOptimizer", "PlateauController", "FedAvgM", "FedAvgMHParams", "FedOpt", "FedProx", "FedProxHParams", "FedYogi",
     "FedYogiHParams", "FederationConfig", "HParams", "LocalOptimizer", "MethodSpec", "RecordSpec", "RoundLog",
