@@ -20,7 +20,9 @@ from .baselines import (
     FedYogiHParams,
 )
 from . import fedlocal  # noqa: F401  (paper 000)
+from .fedda import FedDA, FedDAAdagrad, FedDAAdam, FedDAHParams, FedDAOptimizer, FedDASGDM  # paper 001
 from .fedlamb import AdpFed, AdpFedHParams, FedAMS, FedAMSHParams, FedLAMB, FedLAMBHParams  # paper 004
+from .mimelite import MimeLite, MimeLiteHParams, MimeLiteOptimizer  # baseline of paper 001
 from .localupdate import (  # paper 003
     LocalUpdate,
     LocalUpdateDecay,
@@ -38,7 +40,8 @@ from .strategy import FedAdaptStrategy, RecordSpec, RoundLog
 
 __all__ = [
     "METHODS", "ConfigError", "FedAdaptStrategy", "FedAdagrad", "FedAdagradHParams", "FedAdam", "FedAdamHParams",
-    "AdpFed", "AdpFedHParams", "FedAMS", "FedAMSHParams", "FedLAMB", "FedLAMBHParams",
+    "FedDA", "FedDAAdagrad", "FedDAAdam", "FedDAHParams", "FedDAOptimizer", "FedDASGDM", "MimeLite", "MimeLiteHParams",
+    "MimeLiteOptimizer", "AdpFed", "AdpFedHParams", "FedAMS", "FedAMSHParams", "FedLAMB", "FedLAMBHParams",
     "FedAvg", "FedAvgHParams", "LocalUpdate", "LocalUpdateDecay", "LocalUpdateDecayHParams", "LocalUpdateHParams",
     "LocalUpdateOptimizer", "PlateauController", "FedAvgM", "FedAvgMHParams", "FedOpt", "FedProx", "FedProxHParams", "FedYogi",
     "FedYogiHParams", "FederationConfig", "HParams", "LocalOptimizer", "MethodSpec", "RecordSpec", "RoundLog",
