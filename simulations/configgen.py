@@ -53,6 +53,35 @@ def render_markdown() -> str:
     return "\n".join(rows)
 
 
+WIRE_BEGIN = "<!-- BEGIN GENERATED WIRE TABLE -->"
+WIRE_END = "<!-- END GENERATED WIRE TABLE -->"
+
+
+def render_wire() -> str:
+    """Per method: what goes down and up besides the model, read off the strategies themselves (default settings,
+    after round-1 initialisation on the digits MLP)."""
+    import flower_strategies  # noqa: F401
+    from client_app.task import build_model
+    from flower_strategies import records as R
+    from flower_strategies.registry import METHODS
+
+    model = build_model("digits-mlp", 0)
+    arrays = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    common = {R.SERVER_ROUND, R.METHOD, R.CLIENT_LR, R.LOCAL_STEPS, R.LOCAL_EPOCHS, R.BATCH_SIZE}
+    rows = [WIRE_BEGIN, "| method | extra downlink records | uplink records (rule) | extra round-config keys |", "|---|---|---|---|"]
+    for name in sorted(METHODS):
+        strategy = METHODS[name].strategy(trainable_keys=[n for n, _ in model.named_parameters()])
+        strategy.current = arrays
+        strategy.init_state(arrays)
+        down = ", ".join(f"`{k}`" for k in strategy.downlink(1)) or "–"
+        rules = {"mean": f"{strategy.weighting} mean"}
+        up = ", ".join(f"`{s.name}` ({rules.get(s.rule, s.rule)})" for s in strategy.uplink_specs())
+        keys = ", ".join(f"`{k}`" for k in strategy.round_config(1) if k not in common) or "–"
+        rows.append(f"| `{name}` | {down} | {up} | {keys} |")
+    rows.append(WIRE_END)
+    return "\n".join(rows)
+
+
 def _replace(text: str, begin: str, end: str, block: str) -> str:
     start, stop = text.index(begin), text.index(end) + len(end)
     return text[:start] + block + text[stop:]
@@ -78,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     for path, begin, end, block in (
         (Path(args.pyproject), BEGIN, END, render()),
         (Path(args.readme), MD_BEGIN, MD_END, render_markdown()),
+        (Path(args.readme), WIRE_BEGIN, WIRE_END, render_wire()),
     ):
         text = path.read_text()
         new = _replace(text, begin, end, block)
