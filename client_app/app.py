@@ -1,8 +1,9 @@
 """Method-agnostic ClientApp: trains with whatever local optimizer the round's config names.
 
 The same code serves simulation and deployment: the node's data partition comes from the node config
-(``partition-id``, ``num-partitions``), the task settings from the run-config, and every method
-hyper-parameter from the server's ConfigRecord.  Persistent client state lives in ``context.state``.
+(``partition-id``, ``num-partitions``) – or, when the node config names a node-local file
+(``data-path``, see :mod:`client_app.node_data`), from that file – the task settings from the run-config, and
+every method hyper-parameter from the server's ConfigRecord.  Persistent client state lives in ``context.state``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flower_strategies import records as R
 from flower_strategies.client import train_reply
 from flower_strategies.hparams import FederationConfig
 
+from .node_data import NODE_DATA_KEY, load_node_data
 from .task import TASK_SPECS, build_model, evaluate, load_client_data
 
 app = ClientApp()
@@ -37,13 +39,24 @@ def node_partition(context: Context) -> tuple[int, int]:
         ) from None
 
 
+def client_key(context: Context) -> int:
+    """Seeds this client's mini-batch order: the partition id, else (node-local data without one) the node id."""
+    if "partition-id" in context.node_config:
+        return int(context.node_config["partition-id"])
+    return int(context.node_id)
+
+
 def client_data(context: Context):
     fed = federation_config(context.run_config)
+    path = context.node_config.get(NODE_DATA_KEY)
+    if path:  # the node brings its own data
+        x, y = load_node_data(str(path), classification=TASK_SPECS[fed.task].classification, precision=fed.precision)
+        return fed, client_key(context), x, y
     pid, n = node_partition(context)
     x, y = load_client_data(
         fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
         classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
-        synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision,
+        synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
     )
     return fed, pid, x, y
 
@@ -72,6 +85,11 @@ def evaluate_local(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Report this node's partition id (the server orders nodes by it for reproducible sampling)."""
+    """Report this node's partition id (the server orders nodes by it for reproducible sampling).
+
+    A node with node-local data and no ``partition-id`` reports none (the server then orders it by node id)."""
+    if context.node_config.get(NODE_DATA_KEY):  # own data: partition-id optional, num-partitions unused
+        own = {"partition-id": int(context.node_config["partition-id"])} if "partition-id" in context.node_config else {}
+        return Message(content=RecordDict({R.METRICS: MetricRecord(own)}), reply_to=msg)
     pid, n = node_partition(context)
     return Message(content=RecordDict({R.METRICS: MetricRecord({"partition-id": pid, "num-partitions": n})}), reply_to=msg)

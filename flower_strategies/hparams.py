@@ -128,7 +128,7 @@ def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
 # Settings shared by every method (plain kebab-case run-config keys)
 # --------------------------------------------------------------------------------------------------
 
-TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear")
+TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm")
 PARTITIONERS = ("iid", "dirichlet", "classes")
 
 
@@ -160,3 +160,7 @@ class FederationConfig(HParams):
     synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")
     precision: str = param("float32", choices=("float32", "float64"), help="model/data dtype (float64 for exactness checks)")
     round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")
+    data_dir: str = param(".cache/fedadapt", help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
+    checkpoint_every: int = param(0, lo=0, help="write <output-dir>/<run-name>/checkpoint.pkl every N rounds, at the end and on SIGINT/SIGTERM; 0 = off")
+    resume: str = param("", help="path of a checkpoint to continue from (next round on; a trusted file); empty = fresh run")
+    max_update_norm: float = param(0.0, lo=0.0, help="reject replies whose update norm exceeds this (0 = off)")

@@ -131,11 +131,17 @@ class LegacyStrategy(LegacyBase):
         The initial global model as ``{state_dict key: ndarray}`` (its key order is the parameter order).
     evaluate_fn
         Optional central evaluation ``(server_round, {key: ndarray}) -> (loss, metrics)``.
+    num_rounds
+        The run's number of rounds (the legacy API keeps it in ``ServerConfig``, out of the strategy's sight); pass it
+        for methods with round-dependent schedules (e.g. FedDA's full-batch phase in the last rounds).
     """
 
     def __init__(self, strategy: FedAdaptStrategy, initial_arrays: dict[str, np.ndarray],
-                 evaluate_fn: Callable[[int, dict[str, np.ndarray]], tuple[float, dict[str, Scalar]] | None] | None = None) -> None:
+                 evaluate_fn: Callable[[int, dict[str, np.ndarray]], tuple[float, dict[str, Scalar]] | None] | None = None,
+                 num_rounds: int | None = None) -> None:
         self.inner = strategy
+        if num_rounds is not None:
+            strategy.num_rounds = int(num_rounds)
         self.keys = list(initial_arrays)
         self.initial = {k: np.asarray(v) for k, v in initial_arrays.items()}
         self.evaluate_fn = evaluate_fn

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, ClassVar
@@ -30,7 +30,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from . import records as R
 from .hparams import HParams
@@ -100,6 +100,11 @@ class FedAdaptStrategy(Strategy):
     method: ClassVar[str] = ""
     hparams_class: ClassVar[type[HParams]] = HParams
     default_weighting: ClassVar[str] = "examples"
+    #: Reject replies whose update norm exceeds this (0 = off); see :meth:`update_norm`.  Set on the
+    #: instance (the ServerApp sets it from the run-config key ``max-update-norm``).
+    max_update_norm: float = 0.0
+    #: Instance attributes that :meth:`checkpoint_state` leaves out (runtime-specific, re-created on resume).
+    checkpoint_exclude: ClassVar[frozenset[str]] = frozenset({"node_order", "wait_for_nodes_s", "_round", "_t0"})
 
     def __init__(
         self,
@@ -151,6 +156,8 @@ class FedAdaptStrategy(Strategy):
         self._round: RoundLog | None = None
         self._t0 = 0.0
         self._initialized = False
+        #: Total rounds of the run (set by :meth:`start`, or by the legacy adapter); for round-dependent schedules.
+        self.num_rounds: int | None = None
 
     # ------------------------------------------------------------------ hooks for subclasses
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
@@ -281,7 +288,36 @@ class FedAdaptStrategy(Strategy):
         """``(reason, {})`` for a bad reply, else ``(None, uplink records as NumPy)`` (deserialised once)."""
         parsed: dict[str, NamedArrays] = {}
         reason = self._check_reply(msg, parsed)
+        if reason is None and self.max_update_norm > 0:
+            reason = self._check_update_norm(parsed)
         return reason, ({} if reason else parsed)
+
+    def update_norm(self, spec: RecordSpec, arrays: NamedArrays) -> float:
+        """L2 norm (over all floating arrays of the record) checked against :attr:`max_update_norm`.
+
+        A ``keys="model"`` record is a local model: its norm is that of the update ``record − global``.
+        Any other record (momenta, gradients, control variates, …) is checked by its own norm.
+        """
+        total = 0.0
+        for key, value in arrays.items():
+            a = np.asarray(value)
+            if not is_float(a):
+                continue
+            d = a.astype(np.float64)
+            if spec.keys == "model" and self.current is not None and key in self.current:
+                d = d - np.asarray(self.current[key], dtype=np.float64)
+            total += float(np.vdot(d, d))
+        return float(np.sqrt(total))
+
+    def _check_update_norm(self, parsed: Mapping[str, NamedArrays]) -> str | None:
+        for spec in self.uplink_specs():
+            if spec.name not in parsed:
+                continue
+            norm = self.update_norm(spec, parsed[spec.name])
+            if not np.isfinite(norm) or norm > self.max_update_norm:
+                what = "update norm" if spec.keys == "model" else "norm"
+                return f"record '{spec.name}' {what} {norm:.4g} exceeds max-update-norm {self.max_update_norm:g}"
+        return None
 
     def _check_reply(self, msg: Message, parsed: dict[str, NamedArrays]) -> str | None:
         if msg.has_error():
@@ -383,6 +419,84 @@ class FedAdaptStrategy(Strategy):
         rlog.seconds = time.monotonic() - self._t0
         self.history.append(rlog)
         return new_arrays, MetricRecord(metrics_out)
+
+    # ------------------------------------------------------------------ run loop with resume + checkpoint state
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        *,
+        start_round: int = 1,
+        on_round_end: Callable[[int, ArrayRecord], None] | None = None,
+    ) -> Result:
+        """Flower's ``Strategy.start`` plus two keyword-only extras (Flower's call stays valid).
+
+        ``start_round``: first round to run (``> 1`` continues a checkpointed run: ``initial_arrays`` are then
+        the global arrays after round ``start_round − 1``, the strategy state must have been restored with
+        :meth:`restore_state`, and the round-0 evaluation is skipped).  ``on_round_end(round, arrays)`` is called
+        after each round, once its evaluation is done (the ServerApp writes checkpoints there).  With the
+        defaults, Flower's own loop runs unchanged.
+        """
+        self.num_rounds = int(num_rounds)
+        if start_round == 1 and on_round_end is None:
+            return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
+        if start_round < 1:
+            raise ValueError(f"start_round must be >= 1, got {start_round}")
+        log(INFO, "Starting %s strategy at round %d of %d", type(self).__name__, start_round, num_rounds)
+        self.summary()
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result = Result()
+        t_start = time.time()
+        if evaluate_fn and start_round == 1:
+            res = evaluate_fn(0, initial_arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+        arrays = initial_arrays
+        for current_round in range(start_round, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
+            replies = grid.send_and_receive(
+                messages=self.configure_train(current_round, arrays, train_config, grid), timeout=timeout
+            )
+            agg_arrays, agg_metrics = self.aggregate_train(current_round, replies)
+            if agg_arrays is not None:
+                result.arrays = agg_arrays
+                arrays = agg_arrays
+            if agg_metrics is not None:
+                log(INFO, "\t└──> Aggregated MetricRecord: %s", agg_metrics)
+                result.train_metrics_clientapp[current_round] = agg_metrics
+            eval_replies = grid.send_and_receive(
+                messages=self.configure_evaluate(current_round, arrays, evaluate_config, grid), timeout=timeout
+            )
+            agg_eval = self.aggregate_evaluate(current_round, eval_replies)
+            if agg_eval is not None:
+                result.evaluate_metrics_clientapp[current_round] = agg_eval
+            if evaluate_fn:
+                res = evaluate_fn(current_round, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[current_round] = res
+            if on_round_end is not None:
+                on_round_end(current_round, arrays)
+        log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+        return result
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit-exactly: the instance's attributes (server optimizer
+        moments, controllers, sampling RNG, history, …) except :attr:`checkpoint_exclude`.  Pickled by the
+        ServerApp – checkpoints are therefore trusted files."""
+        return {k: v for k, v in vars(self).items() if k not in self.checkpoint_exclude}
+
+    def restore_state(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`checkpoint_state` on a freshly built strategy of the same class and settings."""
+        for key, value in state.items():
+            if key not in self.checkpoint_exclude:
+                setattr(self, key, value)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

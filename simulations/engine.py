@@ -150,6 +150,6 @@ def simulate_legacy(
 
     initial = {k: np.asarray(v) for k, v in initial_arrays.items()}
     grid = LoopbackGrid(legacy_client_app, num_nodes, run_config, **grid_kwargs)
-    start_grid(grid=grid, strategy=LegacyStrategy(strategy, initial, evaluate_fn=capture),
+    start_grid(grid=grid, strategy=LegacyStrategy(strategy, initial, evaluate_fn=capture, num_rounds=num_rounds),
                config=ServerConfig(num_rounds=num_rounds))
     return snapshots, grid

@@ -6,7 +6,8 @@
 ``sim``    starts a private ``flower-superlink --simulation`` (Ray backend) on free loopback ports, then
            ``flwr run . <connection> --stream --federation-config "num-supernodes=N client-resources-num-cpus=1"``.
 ``deploy`` starts a ``flower-superlink`` and N ``flower-supernode`` processes on 127.0.0.1, each SuperNode with
-           ``--node-config "partition-id=i num-partitions=N"``, then ``flwr run . <connection> --stream``.
+           ``--node-config "partition-id=i num-partitions=N"`` (plus ``data-path='…'`` with ``--node-data``: each
+           node then trains on its own file), then ``flwr run . <connection> --stream``.
 
 Both wait for the run to end, read its status with ``flwr ls --run-id … --format json`` (``flwr run`` exits 0 even
 when the ServerApp failed), stop every process they started (by process group) and exit non-zero unless the status
@@ -190,8 +191,33 @@ def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, tim
     return _report(run_id, status, log_dir)
 
 
+def node_data_paths(node_data: Sequence[str | Path] | None, nodes: int) -> list[Path] | None:
+    """Per-node data files: one path per node, or one directory holding ``partition-<i>.npz``
+    (as written by ``python -m simulations.convert_data``)."""
+    if not node_data:
+        return None
+    items = [Path(p).expanduser().resolve() for p in node_data]
+    if len(items) == 1 and items[0].is_dir():
+        items = [items[0] / f"partition-{i}.npz" for i in range(nodes)]
+    if len(items) != nodes:
+        raise ValueError(f"--node-data: {len(items)} paths for {nodes} nodes")
+    missing = [str(p) for p in items if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"--node-data: no such file(s): {missing}")
+    return items
+
+
+def node_config(i: int, nodes: int, data: list[Path] | None) -> str:
+    cfg = f"partition-id={i} num-partitions={nodes}"
+    if data is not None:
+        cfg += f" data-path='{data[i]}'"  # TOML literal string: no escapes needed
+    return cfg
+
+
 def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
-                  app_dir: Path = APP_DIR) -> int:
+                  app_dir: Path = APP_DIR, node_data: Sequence[str | Path] | None = None,
+                  task_poll_interval: float | None = None) -> int:
+    data = node_data_paths(node_data, nodes)
     port = free_port()
     log_dir = flwr_home / "logs"
     with Cluster(flwr_home, log_dir) as cluster:
@@ -200,11 +226,14 @@ def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: 
             "--host", "127.0.0.1", "--port", str(port), "--database", str(flwr_home / "state.db"),
         ], env={"FLWR_HOME": str(flwr_home / "link")})
         wait_http(f"http://127.0.0.1:{port}/health", 60, link)
+        node_env: dict[str, str] = {}
+        if task_poll_interval is not None:  # how often each SuperNode's SuperExec asks for a new ClientApp task
+            node_env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(float(task_poll_interval))
         for i in range(nodes):
             cluster.start(f"supernode{i}", [
                 _bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                "--port", str(free_port()), "--node-config", f"partition-id={i} num-partitions={nodes}",
-            ], env={"FLWR_HOME": str(flwr_home / f"node{i}")})
+                "--port", str(free_port()), "--node-config", node_config(i, nodes, data),
+            ], env={"FLWR_HOME": str(flwr_home / f"node{i}"), **node_env})
         write_connection(flwr_home, "fedadapt-deploy", port)
         cfg = f"min-available-nodes={nodes} min-train-nodes={min(2, nodes)}"
         if app_dir != APP_DIR:  # another app: it does not know fedadapt's run-config keys
@@ -227,11 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(APP_DIR / ".flwr")))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
     ap.add_argument("--app", default=str(APP_DIR), help="Flower app directory (default: this project)")
+    ap.add_argument("--task-poll-interval", type=float, default=None, metavar="S",
+                    help="deploy: seconds between a SuperNode's SuperExec task polls (Flower default 1.0; 0.01-60)")
+    ap.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
+                    help="deploy: node-local data, one .npz per node or a directory of partition-<i>.npz "
+                         "(python -m simulations.convert_data); passed as node config data-path")
     args = ap.parse_args(argv)
     home = Path(args.flwr_home).resolve()
     if args.mode == "sim":
         return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, Path(args.app).resolve())
-    return launch_deploy(args.nodes, args.run_config, home, args.timeout, Path(args.app).resolve())
+    return launch_deploy(args.nodes, args.run_config, home, args.timeout, Path(args.app).resolve(),
+                         node_data=args.node_data, task_poll_interval=args.task_poll_interval)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ def server_fn(context: Context) -> ServerAppComponents:
                            "train-loss": inner.history[-1].train_metrics.get("train-loss")}, fh)
         return None
 
-    strategy = LegacyStrategy(inner, {k: v.numpy() for k, v in net.state_dict().items()}, evaluate_fn=record)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(context.run_config["num-server-rounds"])))
+    rounds = int(context.run_config["num-server-rounds"])
+    strategy = LegacyStrategy(inner, {k: v.numpy() for k, v in net.state_dict().items()}, evaluate_fn=record, num_rounds=rounds)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
 
 
 app = ServerApp(server_fn=server_fn)

