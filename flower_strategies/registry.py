@@ -64,6 +64,18 @@ def parse_run_config(run_config: Mapping[str, Any]) -> tuple[FederationConfig, M
     fed = FederationConfig.from_run_config(run_config, None)
     spec = get_method(fed.method)
     hp = spec.hparams.from_run_config(run_config, spec.name)
+    # A key of another method that differs from its default is a mistake (e.g. a FedDA flag on a FedAvg run).
+    # (Flower passes every declared key with its default, so only changed values can be detected.)
+    foreign = sorted(
+        key for name, other in METHODS.items() if name != spec.name
+        for key, default in other.hparams.defaults(name).items()
+        if key in run_config and run_config[key] != default
+    )
+    if foreign:
+        raise ConfigError(
+            f"run-config key(s) {foreign} belong to other methods, but method = {spec.name!r}; "
+            f"{spec.name}'s keys are: {', '.join(spec.hparams.keys(spec.name)) or '(none)'}"
+        )
     return fed, spec, hp
 
 

@@ -41,6 +41,15 @@ def test_bad_run_config_gives_one_clear_error(cfg, message):
     assert message in str(err.value)
 
 
+def test_another_methods_key_is_rejected_naming_the_valid_keys():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"method": "fedavg", "fedadam.tau": 0.5})
+    msg = str(err.value)
+    assert "['fedadam.tau'] belong to other methods, but method = 'fedavg'" in msg and "fedavg.server-lr" in msg
+    # Flower passes every declared key with its default: unchanged foreign defaults are fine.
+    parse_run_config({"method": "fedavg", **METHODS["fedadam"].hparams.defaults("fedadam")})
+
+
 def test_valid_method_list_is_in_the_error():
     with pytest.raises(ConfigError) as err:
         parse_run_config({"method": "x"})
