@@ -21,7 +21,10 @@ from .baselines import (
 )
 from . import fedlocal  # noqa: F401  (paper 000)
 from .fedda import FedDA, FedDAAdagrad, FedDAAdam, FedDAHParams, FedDAOptimizer, FedDASGDM  # paper 001
+from .fedcm import FedCM, FedCMOptimizer  # baseline of paper 002
+from .fedlada import FedLADA, FedLADAOptimizer, LocalAdam  # paper 002
 from .fedlamb import AdpFed, AdpFedHParams, FedAMS, FedAMSHParams, FedLAMB, FedLAMBHParams  # paper 004
+from .scaffold import Scaffold, ScaffoldOptimizer  # baseline of papers 001/002
 from .mimelite import MimeLite, MimeLiteHParams, MimeLiteOptimizer  # baseline of paper 001
 from .localupdate import (  # paper 003
     LocalUpdate,
@@ -40,6 +43,7 @@ from .strategy import FedAdaptStrategy, RecordSpec, RoundLog
 
 __all__ = [
     "METHODS", "ConfigError", "FedAdaptStrategy", "FedAdagrad", "FedAdagradHParams", "FedAdam", "FedAdamHParams",
+    "FedCM", "FedCMOptimizer", "FedLADA", "FedLADAOptimizer", "LocalAdam", "Scaffold", "ScaffoldOptimizer",
     "FedDA", "FedDAAdagrad", "FedDAAdam", "FedDAHParams", "FedDAOptimizer", "FedDASGDM", "MimeLite", "MimeLiteHParams",
     "MimeLiteOptimizer", "AdpFed", "AdpFedHParams", "FedAMS", "FedAMSHParams", "FedLAMB", "FedLAMBHParams",
     "FedAvg", "FedAvgHParams", "LocalUpdate", "LocalUpdateDecay", "LocalUpdateDecayHParams", "LocalUpdateHParams",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Error, Message, MessageType, Metadata, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.common import (
     EvaluateIns,

@@ -32,8 +32,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
 from torch import Tensor
 
 from . import records as R
@@ -145,10 +143,6 @@ class Scaffold(FedAdaptStrategy):
     hparams_class = ScaffoldHParams
     default_weighting: ClassVar[str] = "uniform"
 
-    def __init__(self, hparams: HParams | None = None, **kwargs: Any) -> None:
-        super().__init__(hparams, **kwargs)
-        self.nodes_seen = 0
-
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
         return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(CONTROL_DELTA, "sum", "params"))
 
@@ -163,10 +157,6 @@ class Scaffold(FedAdaptStrategy):
     @property
     def num_clients_total(self) -> int:
         return int(self.hparams.num_clients) or self.nodes_seen
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.nodes_seen = max(self.nodes_seen, len(list(grid.get_node_ids())))
-        return super().configure_train(server_round, arrays, config, grid)
 
     def init_state(self, arrays: NamedArrays) -> None:
         self.control: NamedArrays = {k: np.zeros(np.shape(arrays[k]), np.float64) for k in self.trainable(arrays)}

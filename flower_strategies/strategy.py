@@ -156,6 +156,8 @@ class FedAdaptStrategy(Strategy):
         self._round: RoundLog | None = None
         self._t0 = 0.0
         self._initialized = False
+        #: Most nodes ever available when sampling (e.g. SCAFFOLD's N_total); updated by :meth:`pick`.
+        self.nodes_seen = 0
         #: Total rounds of the run (set by :meth:`start`, or by the legacy adapter); for round-dependent schedules.
         self.num_rounds: int | None = None
 
@@ -242,6 +244,7 @@ class FedAdaptStrategy(Strategy):
         """``max(int(fraction·len), minimum)`` nodes drawn with the strategy's own RNG, in :attr:`node_order`."""
         order = self.node_order or {}
         nodes = sorted(nodes, key=lambda n: (order.get(n, float("inf")), n))
+        self.nodes_seen = max(self.nodes_seen, len(nodes))
         k = min(len(nodes), max(int(len(nodes) * fraction), minimum))
         picked = self.rng.sample(nodes, k)
         return sorted(picked, key=nodes.index)
