@@ -2,14 +2,20 @@
 
     python -m simulations.launch sim    [--num-supernodes 10] [--run-config "method='fedadam' num-server-rounds=5"]
     python -m simulations.launch deploy [--nodes 2]           [--run-config "..."]
+    python -m simulations.launch secure [--nodes 2]           [--run-config "..."]
 
 ``sim``    starts a private ``flower-superlink --simulation`` (Ray backend) on free loopback ports, then
            ``flwr run . <connection> --stream --federation-config "num-supernodes=N client-resources-num-cpus=1"``.
 ``deploy`` starts a ``flower-superlink`` and N ``flower-supernode`` processes on 127.0.0.1, each SuperNode with
            ``--node-config "partition-id=i num-partitions=N"`` (plus ``data-path='…'`` with ``--node-data``: each
            node then trains on its own file), then ``flwr run . <connection> --stream``.
+``secure`` is ``deploy`` over TLS with SuperNode authentication: it generates a throw-away CA, a server certificate
+           for 127.0.0.1 and one ECDSA key per SuperNode (under ``<FLWR_HOME>/pki``), registers the N nodes' public
+           keys with ``flwr supernode register``, also starts one SuperNode whose key is NOT registered (it must be
+           refused), checks that a plaintext (``insecure = true``) client cannot talk to the SuperLink, then runs the
+           app on the registered nodes.  Exit 0 only if all three hold and the run is ``finished:completed``.
 
-Both wait for the run to end, read its status with ``flwr ls --run-id … --format json`` (``flwr run`` exits 0 even
+All wait for the run to end, read its status with ``flwr ls --run-id … --format json`` (``flwr run`` exits 0 even
 when the ServerApp failed), stop every process they started (by process group) and exit non-zero unless the status
 is ``finished:completed``.  Runtime dependency installation is disabled (otherwise every run downloads GBs with uv),
 telemetry is off, and ``FLWR_HOME`` defaults to ``<app>/.flwr`` so nothing is written to ``~/.flwr``.
@@ -27,8 +33,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 APP_DIR = Path(__file__).resolve().parent.parent
@@ -242,6 +250,214 @@ def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: 
     return _report(run_id, status, log_dir)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Secure deployment: TLS + SuperNode authentication (``secure`` mode)
+# --------------------------------------------------------------------------------------------------------------
+
+def _check_call(argv: Sequence[str], cwd: Path) -> None:
+    res = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
+
+
+def make_test_pki(pki_dir: Path, node_names: Sequence[str]) -> dict[str, Path]:
+    """Throw-away CA + server certificate (SAN 127.0.0.1, ::1, localhost) with openssl, and one ECDSA P-384 key pair
+    per SuperNode (OpenSSH format, as ``flwr supernode register`` wants) with ssh-keygen.  For tests/local use only:
+    never commit these files."""
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    openssl = shutil.which("openssl")
+    ssh_keygen = shutil.which("ssh-keygen")
+    if not openssl or not ssh_keygen:
+        raise FileNotFoundError("the secure deployment needs `openssl` and `ssh-keygen` on PATH")
+    _check_call([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", "ca.key",
+                 "-out", "ca.crt", "-subj", "/CN=fedadapt-test-ca"], pki_dir)
+    _check_call([openssl, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+                 "-subj", "/CN=localhost"], pki_dir)
+    (pki_dir / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    _check_call([openssl, "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext"], pki_dir)
+    files = {"ca": pki_dir / "ca.crt", "cert": pki_dir / "server.pem", "key": pki_dir / "server.key"}
+    for name in node_names:
+        key = pki_dir / f"{name}_key"
+        for old in (key, key.with_name(key.name + ".pub")):
+            old.unlink(missing_ok=True)
+        _check_call([ssh_keygen, "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-C", name, "-f", str(key)], pki_dir)
+        files[name] = key
+    for path in pki_dir.iterdir():
+        if path.name.endswith(".key") or path.name.endswith("_key"):
+            path.chmod(0o600)
+    return files
+
+
+def wait_https(url: str, timeout: float, cafile: Path, proc: subprocess.Popen | None = None) -> None:
+    """Like :func:`wait_http` for a TLS endpoint whose certificate must verify against ``cafile``."""
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1, context=ctx):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def write_secure_connections(flwr_home: Path, name: str, port: int, ca: Path, plaintext_name: str) -> None:
+    """``name``: TLS connection verified against ``ca``; ``plaintext_name``: the same address with
+    ``insecure = true`` (used only to show that a plaintext client is refused)."""
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n'
+        f'[superlink.{name}]\naddress = "127.0.0.1:{port}"\nroot-certificates = "{ca.resolve()}"\n\n'
+        f'[superlink.{plaintext_name}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+
+
+def _flwr_cli(cluster: Cluster, args: Sequence[str], timeout: float = 120.0) -> tuple[int, str]:
+    try:
+        res = subprocess.run([_bin("flwr"), *args], capture_output=True, text=True, env=cluster.env, cwd=APP_DIR,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        parts = [p.decode(errors="replace") if isinstance(p, bytes) else (p or "") for p in (exc.stdout, exc.stderr)]
+        return 124, "".join(parts)
+    return res.returncode, res.stdout + res.stderr
+
+
+def _flwr_json(cluster: Cluster, args: Sequence[str]) -> dict:
+    """A ``flwr … --format json`` call as a dict (``{"success": False, …}`` when the output is not JSON)."""
+    rc, out = _flwr_cli(cluster, [*args, "--format", "json"])
+    try:
+        data = json.loads(out[out.index("{"):])
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return {"success": False, "error-message": out[-2000:], "rc": rc}
+    data["rc"] = rc
+    return data
+
+
+def list_supernodes(cluster: Cluster, connection: str) -> list[dict]:
+    """``flwr supernode list --format json``: dicts with ``node-id`` (a string) and ``status``."""
+    nodes = _flwr_json(cluster, ["supernode", "list", connection]).get("nodes", [])
+    return nodes if isinstance(nodes, list) else []
+
+
+@dataclass
+class SecureDeployResult:
+    """What :func:`launch_secure_deploy` observed; ``ok`` is the overall verdict."""
+
+    port: int
+    node_ports: list[int]
+    run_id: int | None = None
+    status: str = "not-started"
+    registered_ids: list[int] = field(default_factory=list)
+    nodes_listed: list[dict] = field(default_factory=list)
+    tls_client: dict = field(default_factory=dict)
+    plaintext_client: dict = field(default_factory=dict)
+    plaintext_http_error: str | None = None
+    unregistered_rc: list[int | None] = field(default_factory=list)
+    unregistered_logs: list[str] = field(default_factory=list)
+    log_dir: Path | None = None
+
+    @property
+    def plaintext_refused(self) -> bool:
+        return (self.tls_client.get("success") is True and self.plaintext_client.get("success") is False
+                and "unavailable" in str(self.plaintext_client.get("error-message", ""))
+                and self.plaintext_http_error is not None)
+
+    @property
+    def unregistered_refused(self) -> bool:
+        listed = {int(n.get("node-id", -1)) for n in self.nodes_listed}
+        return (all(rc not in (None, 0) for rc in self.unregistered_rc)
+                and all("Exit Code: 305" in log and "Failed to activate SuperNode" in log
+                        for log in self.unregistered_logs)
+                and listed == set(self.registered_ids))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished:completed" and self.plaintext_refused and self.unregistered_refused
+
+
+def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
+                         app_dir: Path = APP_DIR, unregistered: int = 1,
+                         pki_dir: Path | None = None) -> SecureDeployResult:
+    """SuperLink (TLS + ``--enable-supernode-auth``) and ``nodes`` registered SuperNodes plus ``unregistered``
+    SuperNodes with unknown keys, all on 127.0.0.1; see the module docstring.  Every process is stopped on return."""
+    if nodes < 1:
+        raise ValueError("nodes must be >= 1")
+    port = free_port()
+    log_dir = flwr_home / "logs"
+    names = [f"sn{i}" for i in range(nodes)] + [f"unregistered{j}" for j in range(unregistered)]
+    pki = make_test_pki((pki_dir or flwr_home / "pki").resolve(), names)
+    conn, plain = "fedadapt-secure", "fedadapt-plaintext"
+    res = SecureDeployResult(port=port, node_ports=[], log_dir=log_dir)
+    with Cluster(flwr_home, log_dir) as cluster:
+        link = cluster.start("superlink", [
+            _bin("flower-superlink"), "--enable-supernode-auth", "--disable-runtime-dependency-installation",
+            "--ssl-ca-certfile", str(pki["ca"]), "--ssl-certfile", str(pki["cert"]), "--ssl-keyfile", str(pki["key"]),
+            "--host", "127.0.0.1", "--port", str(port), "--database", str(flwr_home / "state.db"),
+        ], env={"FLWR_HOME": str(flwr_home / "link")})
+        wait_https(f"https://127.0.0.1:{port}/health", 60, pki["ca"], link)
+        write_secure_connections(flwr_home, conn, port, pki["ca"], plain)
+
+        # 1. A plaintext client is refused; the same CLI call over TLS works (so the refusal is about TLS).
+        res.tls_client = _flwr_json(cluster, ["ls", conn])
+        res.plaintext_client = _flwr_json(cluster, ["ls", plain])
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                res.plaintext_http_error = None
+        except urllib.error.HTTPError:  # an HTTP status line came back: the port does speak plain HTTP
+            res.plaintext_http_error = None
+        except Exception as exc:  # noqa: BLE001 - no HTTP answer at all (connection dropped, reset, TLS garbage)
+            res.plaintext_http_error = f"{type(exc).__name__}: {exc}"
+
+        # 2. Register the public keys of the first `nodes` SuperNodes (not the unregistered ones).
+        for i in range(nodes):
+            reply = _flwr_json(cluster, ["supernode", "register", f"{pki[f'sn{i}']}.pub", conn, "--name", f"sn{i}"])
+            if reply.get("success") is not True or "node-id" not in reply:
+                raise RuntimeError(f"registering sn{i} failed: {reply}")
+            res.registered_ids.append(int(reply["node-id"]))
+
+        # 3. Start all SuperNodes; the unregistered ones must exit with the auth failure.
+        def supernode(name: str, cfg: str) -> subprocess.Popen:
+            node_port = free_port()
+            res.node_ports.append(node_port)
+            return cluster.start(name, [
+                _bin("flower-supernode"), "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(pki["ca"]),
+                "--auth-supernode-private-key", str(pki[name]), "--port", str(node_port), "--node-config", cfg,
+            ], env={"FLWR_HOME": str(flwr_home / name)})
+
+        for i in range(nodes):
+            supernode(f"sn{i}", node_config(i, nodes, None))
+        bad = [supernode(f"unregistered{j}", node_config(0, nodes, None)) for j in range(unregistered)]
+        for j, proc in enumerate(bad):
+            try:
+                res.unregistered_rc.append(proc.wait(timeout=60))
+            except subprocess.TimeoutExpired:
+                res.unregistered_rc.append(None)
+            res.unregistered_logs.append((log_dir / f"unregistered{j}.log").read_text(errors="replace"))
+
+        # 4. Train on the registered nodes only.
+        cfg = f"min-available-nodes={nodes} min-train-nodes={nodes}"
+        if app_dir != APP_DIR:
+            cfg = ""
+        res.run_id, res.status, _ = flwr_run(cluster, conn, f"{cfg} {run_config or ''}".strip(), None, timeout,
+                                             app_dir)
+        res.nodes_listed = list_supernodes(cluster, conn)
+    _report(res.run_id, res.status, log_dir)
+    listed = [(n.get("node-id"), n.get("status")) for n in res.nodes_listed]
+    print(f"[fedadapt] secure: plaintext client refused={res.plaintext_refused} "
+          f"(flwr ls: {res.plaintext_client.get('error-message', '')!r}, http: {res.plaintext_http_error}); "
+          f"unregistered refused={res.unregistered_refused} (exit codes {res.unregistered_rc}); "
+          f"registered node ids {res.registered_ids}, listed {listed}", flush=True)
+    return res
+
+
 def _report(run_id: int | None, status: str, log_dir: Path) -> int:
     print(f"[fedadapt] run {run_id}: {status} (process logs in {log_dir})", flush=True)
     return 0 if status == "finished:completed" else 1
@@ -249,9 +465,11 @@ def _report(run_id: int | None, status: str, log_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("sim", "deploy"))
+    ap.add_argument("mode", choices=("sim", "deploy", "secure"))
     ap.add_argument("--num-supernodes", type=int, default=10, help="virtual SuperNodes (sim)")
-    ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy)")
+    ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy); registered SuperNodes (secure)")
+    ap.add_argument("--unregistered", type=int, default=1,
+                    help="secure: extra SuperNodes whose keys are not registered (they must be refused)")
     ap.add_argument("--run-config", default=None, help="run-config overrides, TOML-typed: \"method='fedadam' num-server-rounds=5\"")
     ap.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(APP_DIR / ".flwr")))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
@@ -265,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(args.flwr_home).resolve()
     if args.mode == "sim":
         return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, Path(args.app).resolve())
+    if args.mode == "secure":
+        res = launch_secure_deploy(args.nodes, args.run_config, home, args.timeout, Path(args.app).resolve(),
+                                   unregistered=args.unregistered)
+        return 0 if res.ok else 1
     return launch_deploy(args.nodes, args.run_config, home, args.timeout, Path(args.app).resolve(),
                          node_data=args.node_data, task_poll_interval=args.task_poll_interval)
 

@@ -1,0 +1,62 @@
+"""Secure local deployment (issue 10): TLS + SuperNode authentication with real Flower processes.
+
+``simulations.launch.launch_secure_deploy`` generates a throw-away CA, a server certificate for 127.0.0.1 and one
+ECDSA key per SuperNode in ``tmp_path``, starts ``flower-superlink --enable-supernode-auth`` with TLS, registers two
+SuperNodes' public keys, starts those two plus one SuperNode whose key is not registered, and runs one round.
+The test checks: the registered nodes train (run ``finished:completed``, 2 replies used, both nodes online), the
+unregistered node is refused (its process exits with Flower's 305 "Failed to activate SuperNode" and it never appears
+in the federation), a plaintext client cannot connect (``flwr ls`` over an ``insecure = true`` connection fails while
+the same call over TLS works, and plain HTTP to the port gets no answer), and nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from simulations.launch import launch_secure_deploy
+
+pytestmark = pytest.mark.slow
+
+
+def _our_processes(home, ports) -> list[str]:
+    """Live processes whose command line names the test's FLWR_HOME or one of its loopback ports (the SuperNodes'
+    ``flower-superexec`` children only name their SuperNode's port)."""
+    pattern = re.compile("|".join([re.escape(str(home)), *(rf"127\.0\.0\.1:{p}\b" for p in ports)]))
+    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if pattern.search(line) and not line.startswith("Z")]
+
+
+def test_tls_auth_deployment_registered_trains_unregistered_and_plaintext_refused(tmp_path):
+    home, out = tmp_path / "flwr", tmp_path / "out"
+    res = launch_secure_deploy(2, f"num-server-rounds=1 output-dir='{out}' run-name='secure'", home, timeout=300,
+                               unregistered=1)
+
+    # A registered node trains: the run completed with exactly the 2 registered nodes' replies.
+    assert res.status == "finished:completed"
+    rows = [json.loads(line) for line in (out / "secure" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]
+    assert rows[-1]["replies-used"] == 2
+    assert len(res.registered_ids) == 2
+    assert sorted(int(n["node-id"]) for n in res.nodes_listed) == sorted(res.registered_ids)
+    assert all(n["status"] == "online" for n in res.nodes_listed)
+
+    # An unregistered node is refused: its SuperNode exits with the auth failure and never joins.
+    assert len(res.unregistered_rc) == 1 and res.unregistered_rc[0] not in (None, 0)
+    assert "Exit Code: 305" in res.unregistered_logs[0]
+    assert "Failed to activate SuperNode" in res.unregistered_logs[0]
+    assert res.unregistered_refused
+
+    # A plaintext client cannot connect; the same CLI call over TLS (verified against the test CA) can.
+    assert res.tls_client["success"] is True
+    assert res.plaintext_client["success"] is False
+    assert "Connection to the SuperLink is unavailable" in res.plaintext_client["error-message"]
+    assert res.plaintext_http_error is not None
+    assert res.plaintext_refused and res.ok
+
+    # Keys and certificates were generated for this test only, and every process was stopped.
+    assert (home / "pki" / "ca.crt").is_file() and (home / "pki" / "sn0_key.pub").is_file()
+    assert _our_processes(home, [res.port, *res.node_ports]) == []
