@@ -4,6 +4,7 @@
     python -m simulations.reproduce all [--seeds 3] [--rounds 50]    # every paper, every data setting
     python -m simulations.reproduce sweep 002 [--lrs 0.01,0.1,1]     # pick client lrs by the papers' rule
     python -m simulations.reproduce theory                            # paper 000 Fig. 1 + paper 003 surrogate plots
+    python -m simulations.reproduce report --out DIR                  # rewrite tables/plots from DIR's results.json
 
 Every run is the real ServerApp logic driving the real ClientApp in this process
 (:func:`simulations.engine.run_inprocess`), so a row of ``results.csv`` is exactly what ``flwr run`` with the same
@@ -99,7 +100,7 @@ def _fedlocal_entries() -> tuple[Entry, ...]:
 
 
 def _e(label: str, method: str, lr: float, **keys: Any) -> Entry:
-    return Entry(label, {"method": method, "client-lr": lr, **{k.replace("__", "."): v for k, v in keys.items()}})
+    return Entry(label, {"method": method, "client-lr": lr, **keys})
 
 
 def papers() -> dict[str, Paper]:
@@ -123,8 +124,8 @@ def papers() -> dict[str, Paper]:
             (
                 _e("fedavg", "fedavg", sgd_lr),
                 _e("fedopt-sgdm", "fedavgm", sgd_lr),
-                _e("fedopt-adam", "fedadam", sgd_lr, fedadam__server_lr=0.03),
-                _e("fedopt-adagrad", "fedadagrad", sgd_lr, fedadagrad__server_lr=0.03),
+                _e("fedopt-adam", "fedadam", sgd_lr, **{"fedadam.server-lr": 0.03}),
+                _e("fedopt-adagrad", "fedadagrad", sgd_lr, **{"fedadagrad.server-lr": 0.03}),
                 _e("fedda-sgdm", "fedda-sgdm", sgd_lr),
                 _e("fedda-adam", "fedda-adam", sgd_lr, **{"fedda-adam.server-lr": 0.03}),
                 _e("fedda-adagrad", "fedda-adagrad", sgd_lr, **{"fedda-adagrad.server-lr": 0.03}),
@@ -169,7 +170,7 @@ def papers() -> dict[str, Paper]:
                 _e("minibatch-sgd", "localupdate", 0.1, **{"localupdate.theta": "sgd", "localupdate.server-lr": 0.3}),
                 _e("decay-from-gamma=1", "localupdatedecay", 1.0,
                    **{"localupdatedecay.server-lr": 0.3, "localupdatedecay.theta-steps": 10, "localupdatedecay.window": 5,
-                      "localupdatedecay.patience": 5, "localupdatedecay.cooldown": 5, "localupdatedecay.min-delta": 0.001}),
+                      "localupdatedecay.patience": 5, "localupdatedecay.cooldown": 5, "localupdatedecay.min-delta": 0.01}),
             ),
             claims=(
                 Claim("gamma=0.1", "gamma=0.01", "early_train_loss", "a larger γ lowers the training loss early (Fig. 2)"),
@@ -363,21 +364,35 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
         a["reached"] = len(reached)
         # A seed that never reaches the target counts as ∞, so the mean is only finite when all seeds reach it.
         a["rounds_to_target"] = statistics.fmean(reached) if len(reached) == len(rows) else math.inf
+        a["rounds_to_target_std"] = statistics.stdev(reached) if len(reached) == len(rows) > 1 else 0.0
         a["client_lr"] = rows[0]["client_lr"]
     return out
 
 
 def judge(claim: Claim, agg: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
-    """``(verdict, numbers)`` for one claim: reproduced / not reproduced / n/a (a side missing)."""
+    """``(verdict, numbers)`` for one claim.
+
+    ``reproduced`` = the paper's direction by more than the seed noise (the larger of the two std over seeds);
+    ``same direction, within seed noise``; ``NOT reproduced`` = the opposite direction by more than the noise;
+    ``opposite, within seed noise``; ``no difference`` (identical means); ``n/a`` when a side is missing or neither side reached the target.
+    """
     b, w = agg.get(claim.better, {}), agg.get(claim.worse, {})
     if b.get("status") != "ok" or w.get("status") != "ok" or claim.metric not in b or claim.metric not in w:
         return "n/a", "a method of the comparison was skipped or failed"
     vb, vw = float(b[claim.metric]), float(w[claim.metric])
-    higher_better = "accuracy" in claim.metric
     if math.isinf(vb) and math.isinf(vw):
         return "n/a", "neither reached the target"
-    ok = vb > vw if higher_better else vb < vw
-    return ("reproduced" if ok else "NOT reproduced"), f"{claim.better} {fmt(vb)} vs {claim.worse} {fmt(vw)} ({claim.metric})"
+    sb, sw = float(b.get(claim.metric + "_std", 0.0)), float(w.get(claim.metric + "_std", 0.0))
+    noise = max(sb if math.isfinite(sb) else 0.0, sw if math.isfinite(sw) else 0.0)
+    higher_better = "accuracy" in claim.metric
+    diff = (vb - vw) if higher_better else (vw - vb)  # > 0: the paper's direction
+    if diff == 0:
+        verdict = "no difference"
+    elif math.isinf(diff) or abs(diff) > noise:
+        verdict = "reproduced" if diff > 0 else "NOT reproduced"
+    else:
+        verdict = "same direction, within seed noise" if diff > 0 else "opposite, within seed noise"
+    return verdict, (f"{claim.better} {fmt(vb)} ± {fmt(sb)} vs {claim.worse} {fmt(vw)} ± {fmt(sw)} ({claim.metric})")
 
 
 def fmt(v: Any) -> str:
@@ -480,9 +495,10 @@ def plot_curves(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]]
     for name, column, ylabel in (("accuracy", "test-accuracy", "test accuracy (fraction correct)"),
                                  ("loss", "test-loss", "test loss (cross-entropy, nats)")):
         fig, ax = plt.subplots(figsize=(8, 5))
-        for label, (rounds, mean, std) in curves(results, column).items():
+        for i, (label, (rounds, mean, std)) in enumerate(curves(results, column).items()):
             m, s = np.array(mean), np.array(std)
-            line, = ax.plot(rounds, m, label=label, lw=1.5)
+            # 10 distinct colours; entries beyond the 10th repeat them dashed so no two lines look alike
+            line, = ax.plot(rounds, m, label=label, lw=1.5, color=plt.cm.tab10(i % 10), ls="-" if i < 10 else "--")
             ax.fill_between(rounds, m - s, m + s, color=line.get_color(), alpha=0.18, lw=0)
         if column == "test-accuracy":
             ax.axhline(paper.target, color="grey", ls=":", lw=1, label=f"target {paper.target:g}")
@@ -662,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = "python -m simulations.reproduce " + " ".join(argv)
     ap = argparse.ArgumentParser(prog="python -m simulations.reproduce", description=__doc__.splitlines()[0])
-    ap.add_argument("what", help="paper key (000..004), 'all', 'sweep' or 'theory'")
+    ap.add_argument("what", help="paper key (000..004), 'all', 'sweep', 'theory' or 'report' (re-tabulate --out)")
     ap.add_argument("paper", nargs="?", help="for 'sweep': the paper key")
     ap.add_argument("--quick", action="store_true", help="first data setting only, 8 rounds (CI-sized)")
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default 3, quick 2)")
@@ -677,6 +693,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "theory":
         for path in theory(args.out / "theory"):
             print(f"wrote {path}")
+        return 0
+    if args.what == "report":  # rewrite tables/plots from the results.json files under --out (no runs)
+        for path in sorted(args.out.glob("*/*/results.json")):
+            data = json.loads(path.read_text())
+            p = table[data["paper"]]
+            write_outputs(p, data["setting"], data["results"], path.parent, data["command"])
+            print(f"rewrote {path.parent}")
         return 0
     if args.what == "sweep":
         if args.paper not in table:

@@ -80,6 +80,13 @@ def test_deterministic_rerun_gives_identical_row(quick, tmp_path):
         assert row[col] == old[col], col
 
 
+def test_report_rewrites_tables_from_results_json(quick):
+    table = (quick / "table.md").read_text()
+    (quick / "table.md").unlink()
+    assert R.main(["report", "--out", str(quick.parent.parent)]) == 0
+    assert (quick / "table.md").read_text() == table
+
+
 def test_unregistered_methods_are_reported_as_skipped(tmp_path):
     paper = R.Paper("zzz", "test", ("iid",), (R.Entry("ghost", {"method": "no-such-method"}),
                                               R.Entry("avg", {"method": "fedavg", "client-lr": 0.1})),
@@ -106,6 +113,9 @@ def test_summarize_and_judge_on_hand_made_rows():
     assert R.judge(R.Claim("a", "b", "final_test_accuracy", ""), agg)[0] == "reproduced"
     assert R.judge(R.Claim("b", "a", "final_test_accuracy", ""), agg)[0] == "NOT reproduced"
     assert R.judge(R.Claim("a", "b", "rounds_to_target", ""), agg)[0] == "reproduced"
+    noisy = {"a": {**agg["a"], "final_test_accuracy_std": 0.05}, "b": {**agg["b"], "final_test_accuracy_std": 0.2}}
+    assert R.judge(R.Claim("a", "b", "final_test_accuracy", ""), noisy)[0] == "same direction, within seed noise"
+    assert R.judge(R.Claim("b", "a", "final_test_accuracy", ""), noisy)[0] == "opposite, within seed noise"
 
 
 def test_sweep_picks_lowest_mean_training_loss(tmp_path):
