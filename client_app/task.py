@@ -81,6 +81,16 @@ TASK_SPECS = {
     "synthetic-linear": TaskSpec("synthetic-linear", False),
     "shakespeare-lstm": TaskSpec("shakespeare-lstm", True),
 }
+#: Tasks on the papers' own data sets, loaded from the Hugging Face hub by flwr-datasets (they need network access
+#: at run time; offline they fail with the hub's error).  task name -> (hub data set, model architecture).
+HUB_TASKS = {
+    "cifar10-resnet18": ("cifar10", "resnet18-gn"),
+    "cifar100-resnet18": ("cifar100", "resnet18-gn"),
+    "mnist-cnn": ("mnist", "femnist-cnn"),
+    "fashion-mnist-cnn": ("fashion-mnist", "femnist-cnn"),
+    "femnist-cnn": ("femnist", "femnist-cnn"),
+}
+TASK_SPECS.update({name: TaskSpec(name, True) for name in HUB_TASKS})
 DEFAULT_DATA_DIR = ".cache/fedadapt"
 
 
@@ -101,6 +111,10 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
             from client_app.shakespeare import CharLSTM
 
             model = CharLSTM()
+        elif task in HUB_TASKS:
+            from client_app.hub_data import build_hub_model
+
+            model = build_hub_model(HUB_TASKS[task][0], seed, HUB_TASKS[task][1])
         else:
             raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
     finally:
@@ -184,6 +198,23 @@ def synthetic_client(i: int, dim: int, heterogeneity: float, seed: int) -> tuple
     return f(a[:n_tr]), f(y[:n_tr, None]), f(a[n_tr:]), f(y[n_tr:, None])
 
 
+# ------------------------------------------------------------------------------------------ hub tasks
+@lru_cache(maxsize=4)
+def hub_data(task: str, num_partitions: int, partitioner: str, seed: int, alpha: float, classes_per_client: int):
+    """The (cached) :class:`client_app.hub_data.HubData` of a hub task; ``partitioner`` as in the run-config
+    (``natural`` = FEMNIST writers is chosen automatically for ``femnist-cnn``)."""
+    from client_app.hub_data import HubData
+
+    name = HUB_TASKS[task][0]
+    kind = "natural" if name == "femnist" else partitioner
+    return HubData(name, num_partitions, partitioner=kind, seed=seed, alpha=alpha, classes_per_client=classes_per_client,
+                   source=_HUB_SOURCES.get(name))
+
+
+#: Local ``DatasetDict`` stand-ins for the hub (tests register small data sets with the same schema here).
+_HUB_SOURCES: dict[str, object] = {}
+
+
 # ------------------------------------------------------------------------------------------ entry points
 def _cast(x: Tensor, y: Tensor, precision: str) -> tuple[Tensor, Tensor]:
     if precision == "float64":
@@ -200,6 +231,9 @@ def load_client_data(
         from client_app.shakespeare import load_client
 
         return load_client(partition_id, data_dir)
+    if task in HUB_TASKS:
+        hub = hub_data(task, num_partitions, partitioner, seed, alpha, classes_per_client)
+        return _cast(*hub.partition(partition_id), precision)
     if task.startswith("digits"):
         x, y = digits_partition(
             partition_id, num_partitions, partitioner=partitioner, seed=seed, alpha=alpha,
@@ -220,6 +254,9 @@ def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim
         from client_app.shakespeare import load_test
 
         return load_test(data_dir, seed=seed)
+    if task in HUB_TASKS:  # the hub's test split (FEMNIST: the test parts of the first clients)
+        hub = hub_data(task, num_clients, "iid", seed, 0.3, 2)
+        return _cast(*hub.test(num_clients=num_clients), precision)
     if task.startswith("digits"):
         _, _, x_te, y_te = digits_split(seed)
         return _cast(torch.from_numpy(x_te), torch.from_numpy(y_te), precision)

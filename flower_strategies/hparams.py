@@ -128,7 +128,8 @@ def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
 # Settings shared by every method (plain kebab-case run-config keys)
 # --------------------------------------------------------------------------------------------------
 
-TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm")
+TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm",
+         "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")  # last five: hub data
 PARTITIONERS = ("iid", "dirichlet", "classes")
 
 

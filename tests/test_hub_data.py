@@ -103,3 +103,20 @@ def test_resnet18_groupnorm_and_femnist_cnn():
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
     assert H.build_hub_model("mnist")(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     assert H.build_hub_model("femnist", arch="femnist-cnn")(torch.randn(2, 1, 28, 28)).shape == (2, 62)
+
+
+@pytest.mark.parametrize("task", ["cifar10-resnet18", "mnist-cnn", "femnist-cnn"])
+def test_hub_tasks_run_through_the_real_apps(task, tmp_path, monkeypatch):
+    """The hub tasks are ordinary run-config tasks: with a same-schema local DatasetDict standing in for the hub,
+    the real ServerApp + ClientApp train them (in-process) and evaluate centrally."""
+    from client_app import task as task_mod
+    from simulations.engine import run_inprocess
+
+    name = task_mod.HUB_TASKS[task][0]
+    monkeypatch.setitem(task_mod._HUB_SOURCES, name, local_copy(name, n_train=40, n_test=10))
+    task_mod.hub_data.cache_clear()
+    summary = run_inprocess({"task": task, "num-server-rounds": 1, "local-steps": 1, "batch-size": 8,
+                             "partitioner": "iid", "output-dir": str(tmp_path), "run-name": task}, 2)
+    task_mod.hub_data.cache_clear()
+    assert summary["status"] == "completed"
+    assert summary["final"]["replies-used"] == 2 and 0.0 <= summary["final"]["test-accuracy"] <= 1.0
