@@ -119,22 +119,13 @@ class FedCMOptimizer(LocalOptimizer):
             else:
                 self.global_update[name] = torch.zeros_like(p)
 
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for name, p, group in self.named_params():
-            if p.grad is None:
-                continue
-            g = p.grad
-            if group["weight_decay"]:
-                g = g.add(p, alpha=group["weight_decay"])
-            a = group["amend_weight"]
-            d = g.mul(a).add_(self.global_update[name], alpha=1.0 - a)
-            p.add_(d, alpha=-group["lr"])
-        return loss
+    def update_param(self, name: str, p: Tensor, grad: Tensor, group: dict[str, Any]) -> None:
+        g = grad
+        if group["weight_decay"]:
+            g = g.add(p, alpha=group["weight_decay"])
+        a = group["amend_weight"]
+        d = g.mul(a).add_(self.global_update[name], alpha=1.0 - a)
+        p.add_(d, alpha=-group["lr"])
 
 
 # ------------------------------------------------------------------------------------------ server

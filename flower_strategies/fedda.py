@@ -224,11 +224,7 @@ class FedDAOptimizer(LocalOptimizer):
             self.momentum_sum[name] = torch.zeros_like(p)
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def apply_step(self) -> None:
         for name, p, group in self.named_params():
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             if group["mu"]:
@@ -238,7 +234,6 @@ class FedDAOptimizer(LocalOptimizer):
             m = self.momentum[name]
             m.mul_(group["beta1"]).add_(feed, alpha=1.0 - group["beta1"])
             self.momentum_sum[name].add_(m)
-        return loss
 
     def end_round(self) -> dict[str, Named]:
         return {MOMENTUM_SUM: dict(self.momentum_sum), MOMENTUM: dict(self.momentum)}

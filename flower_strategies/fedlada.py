@@ -196,13 +196,9 @@ class FedLADAOptimizer(LocalOptimizer):
         return den.rsqrt()
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def apply_step(self) -> None:
         if self.local_updates == "K-1" and self.updates_done >= self.num_steps - 1:
-            return loss  # Algorithm 3 as printed: τ = 1..K−1
+            return  # Algorithm 3 as printed: τ = 1..K−1
         self.updates_done += 1
         for name, p, group in self.named_params():
             if p.grad is None:
@@ -235,7 +231,6 @@ class FedLADAOptimizer(LocalOptimizer):
             if wd and group["decoupled_wd"]:
                 d.add_(p, alpha=wd)
             p.add_(d, alpha=-lr)
-        return loss
 
     def end_round(self) -> dict[str, dict[str, Tensor]]:
         key = "v" if self.second_moment == "adam" else "vhat"

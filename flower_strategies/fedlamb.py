@@ -304,11 +304,7 @@ class FedLAMBOptimizer(LocalOptimizer):
         return self._shadow[name] if self.gradient_point == "round_start" else p
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def apply_step(self) -> None:
         self.t += 1
         t = self.t
         directions: dict[str, Tensor] = {}
@@ -351,7 +347,6 @@ class FedLAMBOptimizer(LocalOptimizer):
             for n in names:
                 step = us[n] * ratio if ratio is not None else us[n]
                 thetas[n].sub_(step * lrs[n])
-        return loss
 
     def _upload_v(self, p: Tensor) -> Tensor:
         v = self.state[p]["exp_avg_sq"]

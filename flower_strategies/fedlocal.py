@@ -375,11 +375,7 @@ class FedLocalOptimizer(LocalOptimizer):
         return math.sqrt(1.0 - self.beta2**s) / (1.0 - self.beta1**s)
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def apply_step(self) -> None:
         self.local_step += 1
         s = self.step_offset + self.local_step
         c = self.step_factor(s)
@@ -416,7 +412,6 @@ class FedLocalOptimizer(LocalOptimizer):
                 else:
                     st["M"].mul_(b1).add_(pk, alpha=1.0 - b1)
                     st["N"].add_(st["M"])
-        return loss
 
     def correction_matrix(self) -> Named:
         """``N_i`` per parameter (times η when ``include_lr_in_n``)."""

@@ -85,6 +85,29 @@ class LocalOptimizer(torch.optim.Optimizer):
         """Client state that must survive to the next round this client is sampled in (default: none)."""
         return {}
 
+    # -------------------------------------------------------------- the local step
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        """torch's step contract (optional closure re-evaluating the loss), then :meth:`apply_step`."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.apply_step()
+        return loss
+
+    def apply_step(self) -> None:
+        """One local step on the current gradients: :meth:`update_param` for every parameter that has one.
+
+        Override this for rules that need more than one tensor at a time (per-step counters, layer-wise scaling)."""
+        for name, p, group in self.named_params():
+            if p.grad is not None:
+                self.update_param(name, p, p.grad, group)
+
+    def update_param(self, name: str, p: Tensor, grad: Tensor, group: dict[str, Any]) -> None:
+        """The per-tensor update rule (in place on ``p``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement update_param() or apply_step()")
+
 
 class SGDOptimizer(LocalOptimizer):
     """Plain local SGD with optional coupled L2 weight decay and proximal term.
@@ -104,19 +127,10 @@ class SGDOptimizer(LocalOptimizer):
             raise ValueError(f"lr, weight_decay and mu must be >= 0 (got {lr}, {weight_decay}, {mu})")
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "mu": mu})
 
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for name, p, group in self.named_params():
-            if p.grad is None:
-                continue
-            d = p.grad
-            if group["weight_decay"]:
-                d = d.add(p, alpha=group["weight_decay"])
-            if group["mu"]:
-                d = d.add(p - self.round_start[name], alpha=group["mu"])
-            p.add_(d, alpha=-group["lr"])
-        return loss
+    def update_param(self, name: str, p: Tensor, grad: Tensor, group: dict[str, Any]) -> None:
+        d = grad
+        if group["weight_decay"]:
+            d = d.add(p, alpha=group["weight_decay"])
+        if group["mu"]:
+            d = d.add(p - self.round_start[name], alpha=group["mu"])
+        p.add_(d, alpha=-group["lr"])

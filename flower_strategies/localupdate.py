@@ -240,11 +240,7 @@ class LocalUpdateOptimizer(LocalOptimizer):
         self.q = {name: torch.zeros_like(p) for name, p, _ in self.named_params()}
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def apply_step(self) -> None:
         if self.k >= len(self.theta):
             raise RuntimeError(f"LocalUpdate: step {self.k + 1} exceeds K(Θ) = {len(self.theta)}")
         if not self.q:
@@ -257,7 +253,6 @@ class LocalUpdateOptimizer(LocalOptimizer):
                 self.q[name].add_(p.grad, alpha=th)
             p.add_(p.grad, alpha=-group["lr"])
         self.k += 1
-        return loss
 
     def end_round(self) -> dict[str, dict[str, Tensor]]:
         if self.k != len(self.theta):

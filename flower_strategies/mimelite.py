@@ -147,21 +147,12 @@ class MimeLiteOptimizer(LocalOptimizer):
                 t = down.get(rec, {}).get(name)
                 store[name] = t.detach().to(dtype=p.dtype, device=p.device) if t is not None else torch.zeros_like(p)
 
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for name, p, group in self.named_params():
-            if p.grad is None:
-                continue
-            d = mimelite_direction(
-                group["base"], p.grad, self.frozen_m[name], self.frozen_v[name],
-                beta1=group["beta1"], beta2=group["beta2"], eps=group["eps"],
-            )
-            p.add_(d, alpha=-group["lr"])
-        return loss
+    def update_param(self, name: str, p: Tensor, grad: Tensor, group: dict[str, Any]) -> None:
+        d = mimelite_direction(
+            group["base"], grad, self.frozen_m[name], self.frozen_v[name],
+            beta1=group["beta1"], beta2=group["beta2"], eps=group["eps"],
+        )
+        p.add_(d, alpha=-group["lr"])
 
     def end_round(self) -> dict[str, Named]:
         if self.full_gradient is None:

@@ -102,21 +102,12 @@ class ScaffoldOptimizer(LocalOptimizer):
             st["ci"] = ci_rec[name].to(device=p.device, dtype=p.dtype).clone() if name in ci_rec else torch.zeros_like(p)
         self.updated_control = {}
 
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for _, p, group in self.named_params():
-            if p.grad is None:
-                continue
-            st = self.state[p]
-            d = p.grad.sub(st["ci"]).add_(st["c"])
-            if group["weight_decay"]:
-                d.add_(p, alpha=group["weight_decay"])
-            p.add_(d, alpha=-group["lr"])
-        return loss
+    def update_param(self, name: str, p: Tensor, grad: Tensor, group: dict[str, Any]) -> None:
+        st = self.state[p]
+        d = grad.sub(st["ci"]).add_(st["c"])
+        if group["weight_decay"]:
+            d.add_(p, alpha=group["weight_decay"])
+        p.add_(d, alpha=-group["lr"])
 
     def end_round(self) -> dict[str, dict[str, Tensor]]:
         deltas: dict[str, Tensor] = {}
