@@ -76,3 +76,51 @@ class NodesGrid(Grid):
 
 def config(**kv) -> ConfigRecord:
     return ConfigRecord(kv)
+
+
+# ------------------------------------------------------------------ paper-002 harness (FedLADA / FedCM / SCAFFOLD tests)
+SYNTH_DIM = 5
+SYNTH_NODES = 10
+SYNTH_RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": SYNTH_DIM}
+SYNTH_X0 = np.array([[0.3, -0.2, 0.1, 0.5, -0.4]])
+
+
+def synthetic_initial_arrays() -> ArrayRecord:
+    """The synthetic-linear model (float64) started at :data:`SYNTH_X0`."""
+    import torch
+
+    from client_app.task import build_model
+
+    model = build_model("synthetic-linear", 0, SYNTH_DIM, "float64")
+    with torch.no_grad():
+        model.w.weight.copy_(torch.from_numpy(SYNTH_X0))
+    return ArrayRecord(model.state_dict())
+
+
+def recorded_run(cls, hp, rounds, capture, *, fraction=0.5, client_lr=0.05, local_steps=5, local_epochs=1, batch_size=8,
+                 weighting=None, **kwargs):
+    """Run strategy class ``cls`` (real strategy + real ClientApp, in-process) on the synthetic federation.
+
+    Returns ``(weights per round, sampled partition ids per round, [capture(strategy) after each server update],
+    strategy, grid)``.
+    """
+    from simulations.engine import simulate
+
+    schedule: list[list[int]] = []
+    captured: list = []
+
+    class Recording(cls):
+        def configure_train(self, server_round, arrays, config, grid):
+            msgs = list(super().configure_train(server_round, arrays, config, grid))
+            schedule.append([m.metadata.dst_node_id - 1 for m in msgs])
+            return msgs
+
+        def server_update(self, server_round, current, aggregates):
+            out = super().server_update(server_round, current, aggregates)
+            captured.append(capture(self))
+            return out
+
+    strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs, batch_size=batch_size,
+                      fraction_train=fraction, weighting=weighting, seed=0, **kwargs)
+    snaps, grid = simulate(strat, synthetic_initial_arrays(), rounds, SYNTH_NODES, SYNTH_RC)
+    return [s["w.weight"] for s in snaps], schedule, captured, strat, grid

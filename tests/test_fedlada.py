@@ -13,7 +13,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 
 import flower_strategies  # noqa: F401  (core registrations first)
 import flower_strategies.fedlada  # noqa: F401  (registers fedlada, localadam)
-from client_app.task import build_model
 from flower_strategies.baselines import FedAvg, FedAvgHParams
 from flower_strategies.fedlada import (
     DIRECTION_SUM, GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer, LocalAdam, LocalAdamHParams,
@@ -21,48 +20,28 @@ from flower_strategies.fedlada import (
 )
 from flower_strategies.hparams import ConfigError
 from flower_strategies.registry import METHODS, parse_run_config
+from tests.helpers import SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, recorded_run, synthetic_initial_arrays
 from simulations.engine import simulate
 from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada
 
-DIM = 5
-NODES = 10
-RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": DIM}
-X0 = np.array([[0.3, -0.2, 0.1, 0.5, -0.4]])
+DIM, NODES, RC, X0 = SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0
 CLIENTS = load_clients(range(NODES), DIM, seed=0)
 
 
 # ------------------------------------------------------------------------------------------ harness
-def initial_arrays() -> ArrayRecord:
-    model = build_model("synthetic-linear", 0, DIM, "float64")
-    with torch.no_grad():
-        model.w.weight.copy_(torch.from_numpy(X0))
-    return ArrayRecord(model.state_dict())
+initial_arrays = synthetic_initial_arrays
 
 
-def run_engine(cls, hp, rounds, *, fraction=0.5, client_lr=0.01, local_steps=5, local_epochs=1, batch_size=8,
-               weighting=None, **kwargs):
+def run_engine(cls, hp, rounds, *, client_lr=0.01, **kwargs):
     """Real strategy + real ClientApp; returns (weights per round, sampled pids per round, per-round states, strategy)."""
-    schedule: list[list[int]] = []
-    states: list[dict] = []
+    def capture(strat):
+        return {
+            "vhat": strat.vhat["w.weight"].copy(), "offset": strat.offset["w.weight"].copy(),
+            "dir_sum": None if strat.last_direction_sum is None else strat.last_direction_sum["w.weight"].copy(),
+        }
 
-    class Recording(cls):
-        def configure_train(self, server_round, arrays, config, grid):
-            msgs = list(super().configure_train(server_round, arrays, config, grid))
-            schedule.append([m.metadata.dst_node_id - 1 for m in msgs])
-            return msgs
-
-        def server_update(self, server_round, current, aggregates):
-            out = super().server_update(server_round, current, aggregates)
-            states.append({
-                "vhat": self.vhat["w.weight"].copy(), "offset": self.offset["w.weight"].copy(),
-                "dir_sum": None if self.last_direction_sum is None else self.last_direction_sum["w.weight"].copy(),
-            })
-            return out
-
-    strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs, batch_size=batch_size,
-                      fraction_train=fraction, weighting=weighting, seed=0, **kwargs)
-    snaps, _ = simulate(strat, initial_arrays(), rounds, NODES, RC)
-    return [s["w.weight"] for s in snaps], schedule, states, strat
+    weights, schedule, states, strat, _ = recorded_run(cls, hp, rounds, capture, client_lr=client_lr, **kwargs)
+    return weights, schedule, states, strat
 
 
 def ref_config(hp, *, client_lr, local_steps, local_epochs, batch_size, weighting, amend_weight=None) -> LadaConfig:

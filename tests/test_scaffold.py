@@ -13,52 +13,30 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 
 import flower_strategies  # noqa: F401
 import flower_strategies.scaffold  # noqa: F401  (registers scaffold)
-from client_app.task import build_model
 from flower_strategies.baselines import FedAvg, FedAvgHParams
 from flower_strategies.records import STATE_PREFIX
 from flower_strategies.registry import METHODS, parse_run_config
 from flower_strategies.scaffold import (
     CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, Scaffold, ScaffoldHParams, ScaffoldOptimizer, scaffold_server_step,
 )
-from simulations.engine import simulate
+from tests.helpers import SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, recorded_run, synthetic_initial_arrays
 from tests.reference.fedlada_ref import load_clients
 from tests.reference.scaffold_ref import ScaffoldConfig, run_scaffold
 
-DIM = 5
-NODES = 10
-RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": DIM}
-X0 = np.array([[0.3, -0.2, 0.1, 0.5, -0.4]])
+DIM, NODES, RC, X0 = SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0
 CLIENTS = load_clients(range(NODES), DIM, seed=0)
 STATE_KEY = STATE_PREFIX + CLIENT_CONTROL
 
 
-def initial_arrays() -> ArrayRecord:
-    model = build_model("synthetic-linear", 0, DIM, "float64")
-    with torch.no_grad():
-        model.w.weight.copy_(torch.from_numpy(X0))
-    return ArrayRecord(model.state_dict())
+initial_arrays = synthetic_initial_arrays
 
 
-def run_engine(cls, hp, rounds, *, fraction=0.5, client_lr=0.05, local_steps=5, local_epochs=1, batch_size=8, weighting=None):
-    schedule: list[list[int]] = []
-    controls: list[np.ndarray] = []
+def run_engine(cls, hp, rounds, **kwargs):
+    def capture(strat):
+        return strat.control["w.weight"].copy() if hasattr(strat, "control") else None
 
-    class Recording(cls):
-        def configure_train(self, server_round, arrays, config, grid):
-            msgs = list(super().configure_train(server_round, arrays, config, grid))
-            schedule.append([m.metadata.dst_node_id - 1 for m in msgs])
-            return msgs
-
-        def server_update(self, server_round, current, aggregates):
-            out = super().server_update(server_round, current, aggregates)
-            if hasattr(self, "control"):
-                controls.append(self.control["w.weight"].copy())
-            return out
-
-    strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs, batch_size=batch_size,
-                      fraction_train=fraction, weighting=weighting, seed=0)
-    snaps, grid = simulate(strat, initial_arrays(), rounds, NODES, RC)
-    return [s["w.weight"] for s in snaps], schedule, controls, strat, grid
+    weights, schedule, controls, strat, grid = recorded_run(cls, hp, rounds, capture, **kwargs)
+    return weights, schedule, [c for c in controls if c is not None], strat, grid
 
 
 def returning_clients(schedule):
