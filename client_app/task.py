@@ -248,12 +248,23 @@ def load_client_data(
 
 def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim: int = 10,
                    synthetic_heterogeneity: float = 1.0, precision: str = "float32",
-                   data_dir: str = DEFAULT_DATA_DIR) -> tuple[Tensor, Tensor]:
-    """The central held-out test set."""
+                   data_dir: str = DEFAULT_DATA_DIR, max_examples: int = 0) -> tuple[Tensor, Tensor]:
+    """The central held-out test set; ``max_examples > 0``: a seeded sample of at most that many examples
+    (0 = the task's default: all of it, Shakespeare 2,000 windows)."""
     if task == "shakespeare-lstm":  # a seeded sample of every client's test windows
         from client_app.shakespeare import load_test
 
-        return load_test(data_dir, seed=seed)
+        return load_test(data_dir, seed=seed, **({"max_examples": max_examples} if max_examples > 0 else {}))
+    x, y = _full_test_data(task, seed=seed, num_clients=num_clients, synthetic_dim=synthetic_dim,
+                           synthetic_heterogeneity=synthetic_heterogeneity, precision=precision)
+    if 0 < max_examples < len(x):
+        idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 7]).choice(len(x), size=max_examples, replace=False)))
+        x, y = x[idx], y[idx]
+    return x, y
+
+
+def _full_test_data(task: str, *, seed: int, num_clients: int, synthetic_dim: int, synthetic_heterogeneity: float,
+                    precision: str) -> tuple[Tensor, Tensor]:
     if task in HUB_TASKS:  # the hub's test split (FEMNIST: the test parts of the first clients)
         hub = hub_data(task, num_clients, "iid", seed, 0.3, 2)
         return _cast(*hub.test(num_clients=num_clients), precision)

@@ -64,6 +64,16 @@ def mean_loss(model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn, batch_siz
     return total / max(len(x), 1)
 
 
+def loss_before_sample(n: int, config: Mapping[str, Any], seed: int, client_key: int) -> np.ndarray | None:
+    """Indices of the examples ``train-loss-before`` is computed on: ``None`` = all ``n`` (the default), else a
+    sorted sample of ``loss-before-max-examples`` drawn without replacement, seeded by ``(seed, round, client_key)``."""
+    k = int(config.get(R.LOSS_BEFORE_MAX, 0) or 0)
+    if k <= 0 or k >= n:
+        return None
+    rng = np.random.default_rng([seed, int(config.get(R.SERVER_ROUND, 0)), client_key, 1])
+    return np.sort(rng.choice(n, size=k, replace=False))
+
+
 def full_gradient(model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn) -> dict[str, Tensor]:
     """Gradient of the mean loss over all of ``(x, y)`` at the model's current parameters."""
     model.zero_grad(set_to_none=True)
@@ -143,7 +153,12 @@ def train_reply(
     spec = get_method(str(config[R.METHOD]))
     model.load_state_dict(content.array_records[R.MODEL].to_torch_state_dict(), strict=True)
 
-    loss_before = mean_loss(model, x, y, loss_fn)
+    sample = loss_before_sample(len(x), config, seed, client_key)
+    if sample is None:
+        loss_before = mean_loss(model, x, y, loss_fn)
+    else:
+        idx = torch.from_numpy(sample)
+        loss_before = mean_loss(model, x[idx], y[idx], loss_fn)
     optimizer = spec.local_optimizer.from_config(model.named_parameters(), config)
     optimizer.num_steps = num_local_steps(len(x), config)
     optimizer.num_examples = len(x)

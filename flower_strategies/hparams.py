@@ -165,3 +165,5 @@ class FederationConfig(HParams):
     checkpoint_every: int = param(0, lo=0, help="write <output-dir>/<run-name>/checkpoint.pkl every N rounds, at the end and on SIGINT/SIGTERM; 0 = off")
     resume: str = param("", help="path of a checkpoint to continue from (next round on; a trusted file); empty = fresh run")
     max_update_norm: float = param(0.0, lo=0.0, help="reject replies whose update norm exceeds this (0 = off)")
+    loss_before_max_examples: int = param(0, lo=0, help="clients compute train-loss-before (metrics, LocalUpdateDecay's controller) on a seeded sample of at most this many of their examples; 0 = all")
+    test_max_examples: int = param(0, lo=0, help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all 360; shakespeare-lstm: 2,000)")

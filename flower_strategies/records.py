@@ -40,6 +40,8 @@ LOCAL_STEPS = "local-steps"
 LOCAL_EPOCHS = "local-epochs"
 BATCH_SIZE = "batch-size"
 FULL_BATCH = "full-batch"
+# Optional: clients estimate train-loss-before on a seeded sample of at most this many examples (absent/0 = all).
+LOSS_BEFORE_MAX = "loss-before-max-examples"
 
 # Prefix of client persistent state in ``Context.state``.
 STATE_PREFIX = "fedadapt."

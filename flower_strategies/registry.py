@@ -98,6 +98,7 @@ def build_strategy(
         weighting=None if fed.weighting == "default" else fed.weighting,
         seed=fed.seed,
         trainable_keys=trainable_keys,
+        loss_before_max_examples=fed.loss_before_max_examples,
     )
     if fed.local_steps == 0 and fed.local_epochs == 0:
         raise ConfigError("local-steps and local-epochs are both 0: clients would not train")

