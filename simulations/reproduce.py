@@ -90,7 +90,7 @@ def setting_ready(setting: str) -> str | None:
     return None
 
 
-def setting_nodes(paper: "Paper", setting: str) -> int:
+def setting_nodes(paper: Paper, setting: str) -> int:
     """Clients of the federation: the paper's default (10 digits clients) or every prepared Shakespeare client."""
     if SETTINGS[setting]["task"] == "shakespeare-lstm":
         from client_app.shakespeare import DEFAULT_DATA_DIR, num_clients
@@ -573,6 +573,21 @@ def write_outputs(paper: Paper, setting: str, results: list[dict[str, Any]], out
     return files
 
 
+def write_summary(out: Path) -> Path:
+    """``<out>/summary.md``: every claim verdict found in ``<out>/<paper>/<setting>/results.json``, one table."""
+    lines = ["| paper | setting | paper's claim | on our data | numbers (mean over seeds) |", "|---|---|---|---|---|"]
+    counts: dict[str, int] = {}
+    for path in sorted(out.glob("*/*/results.json")):
+        data = json.loads(path.read_text())
+        for c in data.get("claims", []):
+            lines.append(f"| {data['paper']} | `{data['setting']}` | {c['claim']} | **{c['verdict']}** | {c['numbers']} |")
+            counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+    tally = ", ".join(f"{v}: {n}" for v, n in sorted(counts.items()))
+    path = out / "summary.md"
+    path.write_text(f"# Claims checked under `{out}`\n\n{tally or 'no results'}\n\n" + "\n".join(lines) + "\n")
+    return path
+
+
 def _json_default(v: Any) -> Any:
     return str(v)
 
@@ -851,7 +866,8 @@ def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | Non
         results = run_grid(p, setting, seed_list, r, sub, lrs, prog)
         written[f"{p.key}/{setting}"] = write_outputs(p, setting, results, sub, command)
         print(markdown_table(p, setting, results, command), flush=True)
-    print(f"[reproduce] {prog.done} runs in {time.monotonic() - t0:.1f}s → {out}", flush=True)
+    print(f"[reproduce] {prog.done} runs in {time.monotonic() - t0:.1f}s → {out} (claims: {write_summary(out)})",
+          flush=True)
     return written
 
 
@@ -885,6 +901,7 @@ def main(argv: list[str] | None = None) -> int:
             p = table[data["paper"]]
             write_outputs(p, data["setting"], data["results"], path.parent, data["command"])
             print(f"rewrote {path.parent}")
+        print(f"wrote {write_summary(args.out)}")
         return 0
     if args.what == "sweep":
         if args.paper not in table:

@@ -41,6 +41,12 @@ def test_quick_writes_files_with_the_right_columns(quick):
     expected = {(e.label, str(s)) for e in paper.entries if e.method in methods for s in (0, 1)}
     assert {(r["label"], r["seed"]) for r in rows if r["status"] == "ok"} == expected
     assert all(r["status"] in ("ok", "skipped") for r in rows)
+    # the run-wide summary lists each of the paper's claims with the verdict of the setting's results.json
+    summary = (quick.parent.parent / "summary.md").read_text()
+    claims = json.loads((quick / "results.json").read_text())["claims"]
+    assert len(claims) == len(paper.claims)
+    for c in claims:
+        assert f"| 004 | `class1` | {c['claim']} | **{c['verdict']}** |" in summary
 
 
 def test_numbers_match_the_metrics_files(quick):
