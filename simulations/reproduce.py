@@ -399,17 +399,70 @@ class Progress:
         eta = f", ~{el / self.done * (self.total - self.done):.0f}s left" if self.done else ""
         print(f"[reproduce] run {self.done + 1}/{self.total} ({what}) | elapsed {el:.0f}s{eta}", flush=True)
 
-    def finish(self) -> None:
+    def finish(self, what: str | None = None) -> None:
+        """Count a finished run; with ``what`` (parallel mode, where runs overlap) also print a line for it."""
         self.done += 1
+        if what is not None:
+            el = time.monotonic() - self.t0
+            eta = el / self.done * (self.total - self.done)
+            print(f"[reproduce] finished {self.done}/{self.total} ({what}) | elapsed {el:.0f}s, ~{eta:.0f}s left",
+                  flush=True)
 
     def skip(self, n: int) -> None:
         """Runs that were planned but will not happen (data not prepared): drop them from the total."""
         self.total -= n
 
 
+@dataclass(frozen=True)
+class Task:
+    what: str  # for progress lines
+    cfg: Mapping[str, Any]
+    num_nodes: int
+
+
+def _run_task(task: Task) -> tuple[list[dict[str, Any]] | None, str | None, float]:
+    """``(metrics rows, None, seconds)`` or ``(None, error, seconds)``: a failing run never raises."""
+    t = time.monotonic()
+    try:
+        load_methods()  # a spawned worker starts with an empty registry
+        _, rows = run_one(task.cfg, task.num_nodes)
+        return rows, None, time.monotonic() - t
+    except Exception as err:  # a broken method must not stop the suite; the row says why
+        return None, f"{type(err).__name__}: {err}"[:300], time.monotonic() - t
+
+
+def execute(tasks: Sequence[Task], jobs: int = 1, progress: Progress | None = None) -> list[tuple[Any, ...]]:
+    """Run ``tasks`` (in order with ``jobs = 1``, else in ``jobs`` worker processes); results in task order.
+
+    Every run is deterministic for its run-config, so the results do not depend on ``jobs``; runs write to their own
+    ``run-name`` directories.  Workers are spawned (not forked) so no torch/Flower state is shared.
+    """
+    if jobs <= 1 or len(tasks) <= 1:
+        out = []
+        for task in tasks:
+            if progress:
+                progress.start(task.what)
+            out.append(_run_task(task))
+            if progress:
+                progress.finish()
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    results: list[tuple[Any, ...] | None] = [None] * len(tasks)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_run_task, task): i for i, task in enumerate(tasks)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            results[i] = fut.result()
+            if progress:
+                progress.finish(tasks[i].what)
+    return results  # type: ignore[return-value]
+
+
 def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Path,
              lrs: Mapping[str, float | Mapping[str, float]] | None = None,
-             progress: Progress | None = None) -> list[dict[str, Any]]:
+             progress: Progress | None = None, jobs: int = 1) -> list[dict[str, Any]]:
     """Run every (entry, seed) of ``paper`` on ``setting``; return the result rows (also for skipped methods).
 
     ``lrs``: per label a client lr, or run-config overrides (``client-lr`` and a server-lr key) from a sweep.
@@ -419,6 +472,7 @@ def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out:
     results: list[dict[str, Any]] = []
     not_ready = setting_ready(setting)
     num_nodes = paper.num_nodes if not_ready else setting_nodes(paper, setting)
+    tasks: list[Task] = []
     for entry in paper.entries_for(setting):
         base = {"paper": paper.key, "setting": setting, "label": entry.label, "method": entry.method}
         if entry.method not in methods or not_ready:
@@ -429,20 +483,16 @@ def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out:
         lr = (lrs or {}).get(entry.label)
         for seed in seeds:
             cfg = run_config_for(paper, setting, entry, seed, rounds, runs_dir, lr)
-            if progress:
-                progress.start(f"{paper.key}/{setting} {entry.label} seed {seed}")
-            t = time.monotonic()
-            row = {**base, "seed": seed, "client_lr": cfg["client-lr"], "server_lr": server_lr_of(cfg),
-                   "run_dir": str(runs_dir / cfg["run-name"])}
-            try:
-                _, metrics = run_one(cfg, num_nodes)
-                row.update(summarize(metrics, paper.target_for(setting)), status="ok")
-            except Exception as err:  # a broken method must not stop the suite; the row says why
-                row.update(status="error", error=f"{type(err).__name__}: {err}"[:300])
-            row["seconds"] = round(time.monotonic() - t, 2)
-            results.append(row)
-            if progress:
-                progress.finish()
+            results.append({**base, "seed": seed, "client_lr": cfg["client-lr"], "server_lr": server_lr_of(cfg),
+                            "run_dir": str(runs_dir / cfg["run-name"])})
+            tasks.append(Task(f"{paper.key}/{setting} {entry.label} seed {seed}", cfg, num_nodes))
+    pending = [r for r in results if "run_dir" in r]
+    for row, (metrics, error, seconds) in zip(pending, execute(tasks, jobs, progress)):
+        if error is None:
+            row.update(summarize(metrics, paper.target_for(setting)), status="ok")
+        else:
+            row.update(status="error", error=error)
+        row["seconds"] = round(seconds, 2)
     return results
 
 
@@ -692,7 +742,7 @@ def server_grid(paper: Paper, setting: str, entry: Entry) -> tuple[str, tuple[fl
 
 
 def sweep(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Path,
-          grid: Sequence[float] | None = None, param: str = "both") -> dict[str, Any]:
+          grid: Sequence[float] | None = None, param: str = "both", jobs: int = 1) -> dict[str, Any]:
     """Pick each entry's learning rates: lowest mean ``train-loss-before`` over the last rounds (mean over seeds).
 
     ``param``: ``client`` sweeps the client lr (grid per entry, or ``grid``), ``server`` the server lr of
@@ -716,23 +766,24 @@ def sweep(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Pa
         combos = [(c, v) for c in (cg or (None,)) for v in sv]
         todo.append((e, cg, key, sv, combos))
     prog = Progress(sum(len(t[4]) for t in todo) * len(seeds))
+    tasks: list[Task] = []
+    for entry, _, key, _, combos in todo:
+        for c, v in combos:
+            over = {**({"client-lr": c} if c is not None else {}), **({key: v} if key else {})}
+            name = "-".join(f"{k.split('.')[-1]}{x:g}" for k, x in over.items())
+            for seed in seeds:
+                cfg = run_config_for(paper, setting, entry, seed, rounds, out / "runs" / name, over)
+                tasks.append(Task(f"sweep {paper.key}/{setting} {entry.label} {name} seed {seed}", cfg, nodes))
+    done = iter(execute(tasks, jobs, prog))
     chosen: dict[str, Any] = {}
     for entry, cg, key, sv, combos in todo:
         scores: dict[tuple[float | None, float | None], float] = {}
         for c, v in combos:
-            over = {**({"client-lr": c} if c is not None else {}), **({key: v} if key else {})}
-            name = "-".join(f"{k.split('.')[-1]}{x:g}" for k, x in over.items())
             losses = []
-            for seed in seeds:
-                prog.start(f"sweep {paper.key}/{setting} {entry.label} {name} seed {seed}")
-                cfg = run_config_for(paper, setting, entry, seed, rounds, out / "runs" / name, over)
-                try:
-                    _, rows = run_one(cfg, nodes)
-                    loss = summarize(rows, paper.target_for(setting))["mean_train_loss_last"]
-                except Exception:
-                    loss = math.inf
+            for _ in seeds:
+                rows, _, _ = next(done)
+                loss = summarize(rows, paper.target_for(setting))["mean_train_loss_last"] if rows else math.inf
                 losses.append(loss if math.isfinite(loss) else math.inf)
-                prog.finish()
             scores[(c, v)] = statistics.fmean(losses)
         best = min(scores, key=lambda k: (scores[k], k[0] or 0.0, k[1] or 0.0))
         c, v = best
@@ -844,7 +895,7 @@ def theory(out: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------ CLI
 def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | None, out: Path,
               lrs_from: Sequence[Path] | None = None, command: str = "",
-              only_setting: str | None = None) -> dict[str, dict[str, Path]]:
+              only_setting: str | None = None, jobs: int = 1) -> dict[str, dict[str, Path]]:
     table = papers()
     plan = []
     for key in keys:
@@ -865,7 +916,7 @@ def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | Non
         mine = sorted((d for d in sweeps if d.get("paper") == p.key), key=lambda d: d.get("setting") != setting)
         lrs = overrides_from_sweep(mine[0]) if mine else None
         sub = out / p.key / setting
-        results = run_grid(p, setting, seed_list, r, sub, lrs, prog)
+        results = run_grid(p, setting, seed_list, r, sub, lrs, prog, jobs)
         written[f"{p.key}/{setting}"] = write_outputs(p, setting, results, sub, command)
         print(markdown_table(p, setting, results, command), flush=True)
     print(f"[reproduce] {prog.done} runs in {time.monotonic() - t0:.1f}s → {out} (claims: {write_summary(out)})",
@@ -888,6 +939,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lrs", default=None, help="sweep: comma-separated client lrs for every entry (default: per-entry grid)")
     ap.add_argument("--param", default="both", choices=("client", "server", "both"),
                     help="sweep: which learning rates to sweep (default both: client × server for server-tuned methods)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs in parallel worker processes (default 1; 2 on a 2-core machine halves the wall time)")
     ap.add_argument("--lrs-from", type=Path, action="append", default=None,
                     help="use the learning rates chosen in a sweep.json (repeatable: one per paper/setting)")
     args = ap.parse_args(argv)
@@ -917,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[reproduce] cannot sweep {p.key}/{setting}: {why}", file=sys.stderr)
             return 2
         res = sweep(p, setting, list(range(args.seeds or 2)), args.rounds or (8 if args.quick else 20),
-                    args.out / "sweep" / p.key / setting, grid, args.param)
+                    args.out / "sweep" / p.key / setting, grid, args.param, args.jobs)
         for label, c in res["chosen"].items():
             srv = f", {c['server_key']} {c['server_lr']:g}" if c.get("server_key") else ""
             edge = f"  [at grid edge: {', '.join(c['at_edge'])}]" if c["at_edge"] else ""
@@ -929,7 +982,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.setting and not any(args.setting in table[k].settings for k in keys):
         ap.error(f"no selected paper has setting {args.setting!r}")
     reproduce(keys, quick=args.quick, seeds=seeds, rounds=args.rounds, out=args.out, lrs_from=args.lrs_from,
-              command=command, only_setting=args.setting)
+              command=command, only_setting=args.setting, jobs=args.jobs)
     return 0
 
 

@@ -197,3 +197,19 @@ def test_sweep_both_picks_the_lowest_loss_pair_and_feeds_it_back(tmp_path):
     rows = R.run_grid(paper, "iid", [0], 3, tmp_path / "again", over)
     assert rows[0]["client_lr"] == c["client_lr"] and rows[0]["server_lr"] == c["server_lr"]
     assert rows[0]["mean_train_loss_last"] == pytest.approx(c["scores"][best])
+
+
+def test_parallel_workers_give_the_same_results_as_one_process(tmp_path):
+    paper = R.Paper("zzz", "test", ("iid",), (R.Entry("avg", {"method": "fedavg", "client-lr": 0.1}),
+                                              R.Entry("adam", {"method": "fedadam", "client-lr": 0.1}),
+                                              R.Entry("ghost", {"method": "no-such-method"})))
+    prog = R.Progress(4)
+    one = R.run_grid(paper, "iid", [0, 1], 2, tmp_path / "one")
+    two = R.run_grid(paper, "iid", [0, 1], 2, tmp_path / "two", progress=prog, jobs=2)
+    drop = ("seconds", "run_dir")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in one] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in two]
+    assert [r["status"] for r in two] == ["ok", "ok", "ok", "ok", "skipped"] and prog.done == 4
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    for run in ("avg-seed0", "adam-seed1"):  # the per-round metrics files too, bit for bit
+        assert strip(metrics(tmp_path / "one" / "runs" / run)) == strip(metrics(tmp_path / "two" / "runs" / run))
