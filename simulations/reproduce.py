@@ -806,6 +806,14 @@ def sweep(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Pa
     return result
 
 
+def sweep_for(sweeps: Sequence[Mapping[str, Any]], paper: str, setting: str) -> Mapping[str, Any] | None:
+    """The sweep that applies to ``paper`` on ``setting``: one made on that setting wins, else one made on another
+    setting of the paper with the same task (digits lrs carry over between digits partitions, never to Shakespeare)."""
+    task = SETTINGS[setting]["task"]
+    mine = [d for d in sweeps if d.get("paper") == paper and SETTINGS.get(d.get("setting"), {}).get("task") == task]
+    return min(mine, key=lambda d: d.get("setting") != setting, default=None)
+
+
 def overrides_from_sweep(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """Per label the run-config overrides a ``sweep.json`` chose (client lr, and the server lr where swept)."""
     out = {}
@@ -895,13 +903,13 @@ def theory(out: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------ CLI
 def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | None, out: Path,
               lrs_from: Sequence[Path] | None = None, command: str = "",
-              only_setting: str | None = None, jobs: int = 1) -> dict[str, dict[str, Path]]:
+              only_settings: Sequence[str] | None = None, jobs: int = 1) -> dict[str, dict[str, Path]]:
     table = papers()
     plan = []
     for key in keys:
         p = table[key]
         for setting in (p.settings[:1] if quick else p.settings):
-            if only_setting is None or setting == only_setting:
+            if not only_settings or setting in only_settings:
                 plan.append((p, setting))
     r = rounds or (8 if quick else 50)
     seed_list = list(range(seeds))
@@ -912,9 +920,8 @@ def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | Non
     written: dict[str, dict[str, Path]] = {}
     t0 = time.monotonic()
     for p, setting in plan:
-        # a sweep made on this paper's setting wins; else one made on another setting of the paper
-        mine = sorted((d for d in sweeps if d.get("paper") == p.key), key=lambda d: d.get("setting") != setting)
-        lrs = overrides_from_sweep(mine[0]) if mine else None
+        mine = sweep_for(sweeps, p.key, setting)
+        lrs = overrides_from_sweep(mine) if mine else None
         sub = out / p.key / setting
         results = run_grid(p, setting, seed_list, r, sub, lrs, prog, jobs)
         written[f"{p.key}/{setting}"] = write_outputs(p, setting, results, sub, command)
@@ -934,8 +941,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default 3, quick 2)")
     ap.add_argument("--rounds", type=int, default=None, help="server rounds (default 50, quick 8; sweep 20)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    ap.add_argument("--setting", default=None, choices=tuple(SETTINGS),
-                    help="data setting (sweep: default the paper's first; a run: only this setting)")
+    ap.add_argument("--setting", default=None,
+                    help=f"data setting(s), comma-separated (sweep: one, default the paper's first; a run: only these); "
+                         f"of {', '.join(SETTINGS)}")
     ap.add_argument("--lrs", default=None, help="sweep: comma-separated client lrs for every entry (default: per-entry grid)")
     ap.add_argument("--param", default="both", choices=("client", "server", "both"),
                     help="sweep: which learning rates to sweep (default both: client × server for server-tuned methods)")
@@ -979,10 +987,13 @@ def main(argv: list[str] | None = None) -> int:
     keys = list(table) if args.what == "all" else [args.what]
     if any(k not in table for k in keys):
         ap.error(f"unknown paper {args.what!r}; choose one of {', '.join(table)}, all, sweep, theory")
-    if args.setting and not any(args.setting in table[k].settings for k in keys):
-        ap.error(f"no selected paper has setting {args.setting!r}")
+    only = args.setting.split(",") if args.setting else []
+    if bad := [x for x in only if x not in SETTINGS]:
+        ap.error(f"unknown setting(s) {', '.join(bad)}; choose from {', '.join(SETTINGS)}")
+    if only and not any(x in table[k].settings for k in keys for x in only):
+        ap.error(f"no selected paper has setting(s) {args.setting!r}")
     reproduce(keys, quick=args.quick, seeds=seeds, rounds=args.rounds, out=args.out, lrs_from=args.lrs_from,
-              command=command, only_setting=args.setting, jobs=args.jobs)
+              command=command, only_settings=only, jobs=args.jobs)
     return 0
 
 

@@ -213,3 +213,12 @@ def test_parallel_workers_give_the_same_results_as_one_process(tmp_path):
     strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
     for run in ("avg-seed0", "adam-seed1"):  # the per-round metrics files too, bit for bit
         assert strip(metrics(tmp_path / "one" / "runs" / run)) == strip(metrics(tmp_path / "two" / "runs" / run))
+
+
+def test_a_sweep_applies_to_its_setting_first_then_to_the_same_task_never_across_tasks():
+    a, b, c = ({"paper": "000", "setting": x, "chosen": {}} for x in ("dir0.3", "dir0.1", "dir0.3"))
+    c["paper"] = "001"
+    assert R.sweep_for([a, b, c], "000", "dir0.1") is b
+    assert R.sweep_for([a, c], "000", "dir0.6") is a          # another digits partition of the same paper
+    assert R.sweep_for([a, b], "000", "shakespeare") is None  # digits lrs never carry over to Shakespeare
+    assert R.sweep_for([c], "000", "dir0.3") is None
