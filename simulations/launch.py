@@ -74,6 +74,11 @@ class Cluster:
         self.log_dir = log_dir
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.env = {**os.environ, **BASE_ENV, "FLWR_HOME": str(flwr_home)}
+        # Flower's processes start further entry points (flower-superexec, flwr-serverapp, flwr-clientapp) by name:
+        # put this interpreter's scripts directory first on PATH, so a non-activated venv works too.
+        scripts = str(Path(sys.executable).parent)
+        if scripts not in self.env.get("PATH", "").split(os.pathsep):
+            self.env["PATH"] = os.pathsep.join(x for x in (scripts, self.env.get("PATH", "")) if x)
         flwr_home.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
 

@@ -7,7 +7,10 @@ run's status as reported by ``flwr ls`` and the metrics the ServerApp wrote, and
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +29,11 @@ def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_ray_simulation_with_10_supernodes(tmp_path):
+def test_ray_simulation_with_10_supernodes(tmp_path, monkeypatch):
+    # as with `.venv/bin/python -m simulations.launch` from a shell where the venv is NOT activated: Flower's own
+    # processes must still find flower-superexec / flwr-serverapp (the launcher puts the venv's scripts on PATH)
+    scripts = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", os.pathsep.join(x for x in os.environ["PATH"].split(os.pathsep) if x != scripts))
     out = tmp_path / "out"
     rc = launch_sim(10, f"method='fedadam' num-server-rounds=3 fraction-train=0.5 output-dir='{out}' run-name='sim'",
                     tmp_path / "flwr", timeout=600)
