@@ -202,13 +202,13 @@ def papers() -> dict[str, Paper]:
             "000", "Wang et al. 2021, Local Adaptivity in FL (FedLocal)", ("dir0.3", "dir0.1", "shakespeare"),
             _fedlocal_entries(), setting_entries={"shakespeare": SHAKESPEARE_000},
             claims=(
-                Claim("c-adagrad-s-adagrad", "c-sgd-s-sgd", "final_test_accuracy",
+                Claim("c-adagrad-s-adagrad", "c-sgd-s-sgd", "mean_test_accuracy_last",
                       "client+server AdaGrad beats FedAvg (Table 1)"),
-                Claim("c-adagrad-s-adagrad", "c-sgd-s-adagrad", "final_test_accuracy",
+                Claim("c-adagrad-s-adagrad", "c-sgd-s-adagrad", "mean_test_accuracy_last",
                       "adding client AdaGrad to server AdaGrad helps (Table 1)"),
-                Claim("c-adagrad-s-adagrad-joint", "c-adagrad-s-adagrad", "final_test_accuracy",
+                Claim("c-adagrad-s-adagrad-joint", "c-adagrad-s-adagrad", "mean_test_accuracy_last",
                       "joint correction ≥ no correction (Table 2)"),
-                Claim("c-adagrad-s-adagrad", "sync-c-adagrad-s-adagrad", "final_test_accuracy",
+                Claim("c-adagrad-s-adagrad", "sync-c-adagrad-s-adagrad", "mean_test_accuracy_last",
                       "restarting client states beats synchronising them (§6)"),
             ),
         ),
@@ -227,10 +227,10 @@ def papers() -> dict[str, Paper]:
                 _e("scaffold", "scaffold", sgd_lr),
             ),
             claims=(
-                Claim("fedda-sgdm", "fedopt-sgdm", "final_test_accuracy", "FedDA-SGDM beats FedOpt-SGDM (Table 2)"),
-                Claim("fedda-adam", "fedopt-adam", "final_test_accuracy", "FedDA-Adam beats FedOpt-Adam (Table 2)"),
-                Claim("fedda-adagrad", "fedopt-adagrad", "final_test_accuracy", "FedDA-AdaGrad beats FedOpt-AdaGrad (Table 2)"),
-                Claim("fedda-sgdm", "fedavg", "final_test_accuracy", "FedDA-SGDM beats FedAvg (Table 2)"),
+                Claim("fedda-sgdm", "fedopt-sgdm", "mean_test_accuracy_last", "FedDA-SGDM beats FedOpt-SGDM (Table 2)"),
+                Claim("fedda-adam", "fedopt-adam", "mean_test_accuracy_last", "FedDA-Adam beats FedOpt-Adam (Table 2)"),
+                Claim("fedda-adagrad", "fedopt-adagrad", "mean_test_accuracy_last", "FedDA-AdaGrad beats FedOpt-AdaGrad (Table 2)"),
+                Claim("fedda-sgdm", "fedavg", "mean_test_accuracy_last", "FedDA-SGDM beats FedAvg (Table 2)"),
             ),
         ),
         "002": Paper(
@@ -246,9 +246,9 @@ def papers() -> dict[str, Paper]:
             ),
             claims=(
                 Claim("fedlada", "fedavg", "rounds_to_target", "FedLADA reaches the target in fewer rounds than FedAvg (Table 7)"),
-                Claim("fedlada", "localadam", "final_test_accuracy", "the amended direction beats plain local Adam (Table 3)"),
-                Claim("fedcm", "fedavg", "final_test_accuracy", "client momentum (FedCM) beats FedAvg (Table 6)"),
-                Claim("fedlada", "fedadam", "final_test_accuracy", "FedLADA beats server-adaptive FedAdam (Table 6)"),
+                Claim("fedlada", "localadam", "mean_test_accuracy_last", "the amended direction beats plain local Adam (Table 3)"),
+                Claim("fedcm", "fedavg", "mean_test_accuracy_last", "client momentum (FedCM) beats FedAvg (Table 6)"),
+                Claim("fedlada", "fedadam", "mean_test_accuracy_last", "FedLADA beats server-adaptive FedAdam (Table 6)"),
             ),
             extra={"fraction-train": 0.5},
         ),
@@ -282,8 +282,8 @@ def papers() -> dict[str, Paper]:
                 _e("fed-lamb", "fedlamb", ada_lr),
             ),
             claims=(
-                Claim("fed-lamb", "fed-ams", "final_test_accuracy", "Fed-LAMB beats Fed-AMS (Table 1, Fig. 2)"),
-                Claim("fed-lamb", "fed-sgd", "final_test_accuracy", "Fed-LAMB beats Fed-SGD (Table 1)"),
+                Claim("fed-lamb", "fed-ams", "mean_test_accuracy_last", "Fed-LAMB beats Fed-AMS (Table 1, Fig. 2)"),
+                Claim("fed-lamb", "fed-sgd", "mean_test_accuracy_last", "Fed-LAMB beats Fed-SGD (Table 1)"),
                 Claim("fed-lamb", "fed-ams", "rounds_to_target", "Fed-LAMB needs fewer rounds than Fed-AMS (Fig. 2)"),
             ),
             extra={"fraction-train": 0.5},
@@ -361,6 +361,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any
     final = rows[-1]
     w = last_window(len(trained))
     tl = [_num(r.get("train-loss-before")) for r in trained]
+    acc = [_num(r.get("test-accuracy")) for r in trained]
     reach = next((r["round"] for r in trained if _num(r.get("test-accuracy")) >= target), None)
     up = [_num(r.get("bytes-up")) for r in trained]
     down = [_num(r.get("bytes-down")) for r in trained]
@@ -370,6 +371,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any
         "final_test_accuracy": _num(final.get("test-accuracy")),
         "final_test_loss": _num(final.get("test-loss")),
         "best_test_accuracy": max((_num(r.get("test-accuracy")) for r in rows), default=math.nan),
+        "mean_test_accuracy_last": statistics.fmean(acc[-w:]) if acc else math.nan,
         "final_train_loss": _num(trained[-1].get("train-loss-before")) if trained else math.nan,
         "mean_train_loss_last": statistics.fmean(tl[-w:]) if tl else math.nan,
         "early_train_loss": statistics.fmean(tl[:early]) if tl else math.nan,
@@ -383,7 +385,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any
 
 COLUMNS = [
     "paper", "setting", "label", "method", "seed", "status", "client_lr", "server_lr", "rounds", "final_test_accuracy",
-    "final_test_loss", "best_test_accuracy", "final_train_loss", "mean_train_loss_last", "early_train_loss", "target",
+    "mean_test_accuracy_last", "final_test_loss", "best_test_accuracy", "final_train_loss", "mean_train_loss_last", "early_train_loss", "target",
     "rounds_to_target", "bytes_up_per_round", "bytes_down_per_round", "bytes_per_round", "seconds", "run_dir", "error",
 ]
 
@@ -511,7 +513,8 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
         a["n"] = len(rows)
         if not rows:
             continue
-        for col in ("final_test_accuracy", "best_test_accuracy", "final_train_loss", "mean_train_loss_last",
+        for col in ("final_test_accuracy", "mean_test_accuracy_last", "best_test_accuracy", "final_train_loss",
+                    "mean_train_loss_last",
                     "early_train_loss", "bytes_per_round", "bytes_up_per_round", "bytes_down_per_round"):
             vals = [float(r[col]) for r in rows]
             a[col] = statistics.fmean(vals)
@@ -573,7 +576,8 @@ def markdown_table(paper: Paper, setting: str, results: Sequence[Mapping[str, An
         f"`{command}` · {len(seeds)} seed(s) {seeds} · {rounds} rounds · {clients} · "
         f"target test accuracy {target:g}",
         "",
-        "| entry | method | client lr | server lr | final test acc (mean ± std) | best test acc | rounds to target | "
+        "| entry | method | client lr | server lr | final test acc (mean ± std) | test acc, last quarter (mean ± std) | "
+        "rounds to target | "
         "train loss (last rounds) | bytes/round (up+down) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -590,7 +594,8 @@ def markdown_table(paper: Paper, setting: str, results: Sequence[Mapping[str, An
         lines.append(
             f"| {entry.label} | `{entry.method}` | {a['client_lr']:g} | {fmt(a.get('server_lr'))} | "
             f"{a['final_test_accuracy']:.4f} ± "
-            f"{a['final_test_accuracy_std']:.4f} | {a['best_test_accuracy']:.4f} | {rts} | "
+            f"{a['final_test_accuracy_std']:.4f} | {a['mean_test_accuracy_last']:.4f} ± "
+            f"{a['mean_test_accuracy_last_std']:.4f} | {rts} | "
             f"{a['mean_train_loss_last']:.4f} | {a['bytes_per_round'] / 1e3:.1f} kB |"
         )
     if paper.claims_for(setting):
@@ -962,6 +967,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in sorted(args.out.glob("*/*/results.json")):
             data = json.loads(path.read_text())
             p = table[data["paper"]]
+            for row in data["results"]:  # recompute from the run's own metrics (columns added since it ran)
+                metrics_file = Path(row.get("run_dir") or "-") / "metrics.jsonl"
+                if row["status"] == "ok" and metrics_file.exists():
+                    row.update(summarize(read_metrics(metrics_file), p.target_for(data["setting"])))
             write_outputs(p, data["setting"], data["results"], path.parent, data["command"])
             print(f"rewrote {path.parent}")
         print(f"wrote {write_summary(args.out)}")

@@ -59,6 +59,7 @@ def test_numbers_match_the_metrics_files(quick):
         assert r["final_test_accuracy"] == m[-1]["test-accuracy"]
         assert r["final_test_loss"] == m[-1]["test-loss"]
         assert r["best_test_accuracy"] == max(x["test-accuracy"] for x in m)
+        assert r["mean_test_accuracy_last"] == pytest.approx(np.mean([x["test-accuracy"] for x in m[-R.last_window(ROUNDS):]]))
         hit = [x["round"] for x in m[1:] if x["test-accuracy"] >= r["target"]]
         assert r["rounds_to_target"] == (hit[0] if hit else None)
         assert r["bytes_per_round"] == pytest.approx(np.mean([x["bytes-up"] + x["bytes-down"] for x in m[1:]]))
@@ -222,3 +223,22 @@ def test_a_sweep_applies_to_its_setting_first_then_to_the_same_task_never_across
     assert R.sweep_for([a, c], "000", "dir0.6") is a          # another digits partition of the same paper
     assert R.sweep_for([a, b], "000", "shakespeare") is None  # digits lrs never carry over to Shakespeare
     assert R.sweep_for([c], "000", "dir0.3") is None
+
+
+def test_report_recomputes_columns_from_the_runs_and_rewrites_table_and_summary(quick, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(quick.parent.parent, out, ignore=shutil.ignore_patterns("runs"))  # runs stay where they are
+    res = out / "004" / "class1" / "results.json"
+    data = json.loads(res.read_text())
+    expected = {(r["label"], r["seed"]): r["mean_test_accuracy_last"] for r in data["results"] if r["status"] == "ok"}
+    for r in data["results"]:  # as if written by an older version without the column
+        r.pop("mean_test_accuracy_last", None)
+    res.write_text(json.dumps(data))
+    (out / "summary.md").unlink()
+    assert R.main(["report", "--out", str(out)]) == 0
+    again = json.loads(res.read_text())["results"]
+    assert {(r["label"], r["seed"]): r["mean_test_accuracy_last"] for r in again if r["status"] == "ok"} == expected
+    assert "test acc, last quarter" in (out / "004" / "class1" / "table.md").read_text()
+    assert "| 004 | `class1` |" in (out / "summary.md").read_text()
