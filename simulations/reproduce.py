@@ -184,7 +184,9 @@ def _lu(label: str, gamma: float, eta: float, method: str = "localupdate", **key
 
 _DECAY = {"localupdatedecay.window": 5, "localupdatedecay.patience": 5, "localupdatedecay.cooldown": 5,
           "localupdatedecay.min-delta": 0.01}
-#: Paper 003 on Shakespeare: γ with the paper's best η for it (ALGORITHMS.md §4.4, Tables 3–7: γ=1 → 10^−0.5,
+#: Paper 003 on Shakespeare: Θ_{1:10} (K = 10 local steps, the paper's; ``theta-steps`` sets K for LocalUpdate, so the
+#: setting's 50 local steps do not apply — run it for more rounds, e.g. 150, to leave the unigram plateau).
+#: γ with the paper's best η for it (ALGORITHMS.md §4.4, Tables 3–7: γ=1 → 10^−0.5,
 #: γ=0.1 → 1, γ=0.01 → 0.1); LocalUpdateDecay from γ=1 with the η of constant γ=1 (the claim's comparison).  The
 #: paper's own Table 2 start (γ=1, η=10^1.5) diverged within 2 rounds here (train loss 56 after round 2).
 SHAKESPEARE_003 = (
