@@ -678,7 +678,9 @@ def plot_curves(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]]
     files = {}
     n_seeds = len({r["seed"] for r in results if r["status"] == "ok"})
     for name, column, ylabel in (("accuracy", "test-accuracy", "test accuracy (fraction correct)"),
-                                 ("loss", "test-loss", "test loss (cross-entropy, nats)")):
+                                 ("loss", "test-loss", "test loss (cross-entropy, nats)"),
+                                 ("train_loss", "train-loss-before",
+                                  "training loss at the broadcast model (clients' mean, nats)")):
         fig, ax = plt.subplots(figsize=(8, 5))
         for i, (label, (rounds, mean, std)) in enumerate(curves(results, column).items()):
             m, s = np.array(mean), np.array(std)

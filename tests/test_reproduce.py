@@ -28,9 +28,9 @@ def quick(tmp_path_factory):
 
 
 def test_quick_writes_files_with_the_right_columns(quick):
-    for name in ("results.csv", "results.json", "table.md", "accuracy.png", "loss.png"):
+    for name in ("results.csv", "results.json", "table.md", "accuracy.png", "loss.png", "train_loss.png"):
         assert (quick / name).stat().st_size > 0, name
-    for png in ("accuracy.png", "loss.png"):
+    for png in ("accuracy.png", "loss.png", "train_loss.png"):
         assert (quick / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with (quick / "results.csv").open() as fh:
         reader = csv.DictReader(fh)
