@@ -203,11 +203,9 @@ def load_test(data_dir: str | Path = DEFAULT_DATA_DIR, *, seed: int = 0, num_cli
     n = num_clients(data_dir)
     k = n if num_clients_used is None else min(n, num_clients_used)
     xs, ys = zip(*(load_client(i, data_dir, "test") for i in range(k)))
-    x, y = torch.cat(xs), torch.cat(ys)
-    if len(x) > max_examples:
-        idx = np.sort(np.random.default_rng([seed, 7]).choice(len(x), size=max_examples, replace=False))
-        x, y = x[torch.from_numpy(idx)], y[torch.from_numpy(idx)]
-    return x, y
+    from client_app.task import seeded_subset  # the central test sample every task uses
+
+    return seeded_subset(torch.cat(xs), torch.cat(ys), max_examples, seed)
 
 
 # ------------------------------------------------------------------------------------------ model
