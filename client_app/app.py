@@ -14,19 +14,14 @@ from typing import Any
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flower_strategies import records as R
-from flower_strategies.client import train_reply
-from flower_strategies.hparams import FederationConfig
+from flower_strategies.core import records as R
+from flower_strategies.core.client import train_reply
+from .config import parse as app_config
 
 from .node_data import NODE_DATA_KEY, load_node_data
 from .task import TASK_SPECS, build_model, evaluate, load_client_data
 
 app = ClientApp()
-
-
-def federation_config(run_config: Mapping[str, Any]) -> FederationConfig:
-    known = FederationConfig.keys(None)
-    return FederationConfig.from_run_config({k: v for k, v in run_config.items() if k in known}, None)
 
 
 def node_partition(context: Context) -> tuple[int, int]:
@@ -47,7 +42,7 @@ def client_key(context: Context) -> int:
 
 
 def client_data(context: Context):
-    fed = federation_config(context.run_config)
+    fed = app_config(context.run_config)
     path = context.node_config.get(NODE_DATA_KEY)
     if path:  # the node brings its own data
         x, y = load_node_data(str(path), classification=TASK_SPECS[fed.task].classification, precision=fed.precision)

@@ -1,6 +1,6 @@
 """The same client as ``client_app.app`` for the legacy API: ``ClientApp(client_fn=…)`` returning a NumPyClient.
 
-Every fedadapt method works through it (with :class:`flower_strategies.legacy.LegacyStrategy` on the server); the local
+Every fedadapt method works through it (with :class:`flower_strategies.compat.legacy.LegacyStrategy` on the server); the local
 optimizer and the round driver are the same code as in the Message-API ClientApp.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from flwr.app import Context
 from flwr.client import Client, ClientApp
 
-from flower_strategies.legacy import FedAdaptNumPyClient
+from flower_strategies.compat.legacy import FedAdaptNumPyClient
 
 from .app import client_data
 from .task import TASK_SPECS, build_model

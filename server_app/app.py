@@ -26,12 +26,14 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from client_app.task import build_model, evaluate, load_test_data
-from flower_strategies import checkpoint as ckpt
-from flower_strategies import records as R
-from flower_strategies.hparams import FederationConfig
-from flower_strategies.registry import build_strategy, run_config_defaults
-from flower_strategies.strategy import FedAdaptStrategy
+from flower_strategies.core import checkpoint as ckpt
+from flower_strategies.core import records as R
+from client_app.config import AppConfig
+from client_app.config import parse as app_config
+from flower_strategies.core.registry import build_strategy, run_config_defaults
+from flower_strategies.core.strategy import FedAdaptStrategy
 
+from .loop import run_rounds
 from .metrics import COLUMNS, MetricsWriter, progress_line
 
 from logging import INFO, WARNING
@@ -39,7 +41,7 @@ from logging import INFO, WARNING
 app = ServerApp()
 
 
-def run_dir(fed: FederationConfig) -> Path:
+def run_dir(fed: AppConfig) -> Path:
     name = fed.run_name or f"{fed.method}-{fed.task}-seed{fed.seed}"
     return Path(fed.output_dir).expanduser().resolve() / name
 
@@ -56,7 +58,7 @@ def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float) 
                 order[reply.metadata.src_node_id] = int(metrics["partition-id"])
     if len(order) < len(nodes):
         log(WARNING, "Only %d of %d nodes reported a partition id; the others are ordered by node id", len(order), len(nodes))
-    strategy.node_order = order
+    strategy.order_nodes(order)
 
 
 class Checkpointer:
@@ -119,15 +121,14 @@ def _restore_rows(writer: MetricsWriter, rows: list[dict[str, Any]]) -> None:
 def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
     # Validate before anything is sent.
-    probe_fed = FederationConfig.from_run_config({k: v for k, v in run_config.items() if k in FederationConfig.keys(None)}, None)
+    probe_fed = app_config(run_config)
     model = build_model(probe_fed.task, probe_fed.seed, probe_fed.synthetic_dim, probe_fed.precision)
     trainable = [name for name, _ in model.named_parameters()]
-    strategy, fed = build_strategy(run_config, trainable_keys=trainable)
-    strategy.max_update_norm = fed.max_update_norm
+    strategy, fed = build_strategy(run_config, trainable_keys=trainable, settings=AppConfig)
     payload: dict[str, Any] | None = None
     if fed.resume:
         payload = ckpt.load(fed.resume)
-        ckpt.check_compatible(payload, run_config, run_config_defaults())
+        ckpt.check_compatible(payload, run_config, run_config_defaults(AppConfig))
     x_test, y_test = load_test_data(
         fed.task, seed=fed.seed, num_clients=fed.synthetic_clients, synthetic_dim=fed.synthetic_dim,
         synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
@@ -165,8 +166,7 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
                 "replies-missing": max(0, h.sampled - h.replies_used - h.replies_rejected),
                 "bytes-down": h.bytes_down, "bytes-up": h.bytes_up, "updated": h.updated,
             })
-            for key in getattr(strategy, "logged_metrics", ()):  # method-specific per-round state (e.g. decayed lrs)
-                row[key] = tm.get(key)
+            row.update(h.round_metrics)  # the method's own per-round values (e.g. decayed learning rates)
             if h.rejections:
                 row["rejections"] = "; ".join(h.rejections)
         row = writer.add(row)
@@ -190,16 +190,9 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
 
     t0 = time.monotonic()
     try:
-        kwargs: dict[str, Any] = {}
-        if start_round != 1 or on_round_end is not None:
-            kwargs = {"start_round": start_round, "on_round_end": on_round_end}
-        result = strategy.start(
-            grid=grid,
-            initial_arrays=initial,
-            num_rounds=fed.num_server_rounds,
-            timeout=fed.round_timeout,
-            evaluate_fn=evaluate_fn,
-            **kwargs,
+        result = run_rounds(
+            strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
+            start_round=start_round, on_round_end=on_round_end,
         )
     finally:
         for sig, handler in previous_handlers.items():

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     import torchvision
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from flower_strategies.registry import get_method
+    from flower_strategies.core.registry import get_method
     from tests.helpers import NodesGrid, reply
 
     net = torchvision.models.resnet18(num_classes=10)

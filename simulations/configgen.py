@@ -20,15 +20,15 @@ END = "# END GENERATED RUN-CONFIG"
 
 def render() -> str:
     import flower_strategies  # noqa: F401 - registers every method
-    from flower_strategies.hparams import FederationConfig
-    from flower_strategies.registry import METHODS
+    from client_app.config import AppConfig
+    from flower_strategies.core.registry import METHODS
 
     lines = [BEGIN]
-    for key, value in FederationConfig.defaults(None).items():
+    for key, value in AppConfig.defaults(None).items():
         lines.append(f"{key} = {_toml(value)}")
     for name in sorted(METHODS):
         lines.append(f"# {name}: {METHODS[name].summary}")
-        for key, value in METHODS[name].hparams.defaults(name).items():
+        for key, value in METHODS[name].defaults().items():
             lines.append(f"{key} = {_toml(value)}")
     lines.append(END)
     return "\n".join(lines)
@@ -42,13 +42,14 @@ def render_markdown() -> str:
     """The README's table of run-wide keys (method keys are documented on each method's page)."""
     import dataclasses
 
-    from flower_strategies.hparams import FederationConfig, to_key
+    from client_app.config import AppConfig
+    from flower_strategies.core.hparams import to_key
 
     rows = [MD_BEGIN, "| key | default | meaning |", "|---|---|---|"]
-    for f in dataclasses.fields(FederationConfig):
+    for f in dataclasses.fields(AppConfig):
         meta = f.metadata
         extra = f" (one of: {', '.join(map(str, meta['choices']))})" if meta.get("choices") else ""
-        rows.append(f"| `{to_key(f.name)}` | `{_toml(f.default)}` | {meta.get('help', '')}{extra} |")
+        rows.append(f"| `{to_key(f.name)}` | `{_toml('' if f.default is None else f.default)}` | {meta.get('help', '')}{extra} |")
     rows.append(MD_END)
     return "\n".join(rows)
 
@@ -62,17 +63,17 @@ def render_wire() -> str:
     after round-1 initialisation on the digits MLP)."""
     import flower_strategies  # noqa: F401
     from client_app.task import build_model
-    from flower_strategies import records as R
-    from flower_strategies.registry import METHODS
+    from flower_strategies.core import records as R
+    from flower_strategies.core.registry import METHODS
 
     model = build_model("digits-mlp", 0)
     arrays = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     common = {R.SERVER_ROUND, R.METHOD, R.CLIENT_LR, R.LOCAL_STEPS, R.LOCAL_EPOCHS, R.BATCH_SIZE}
     rows = [WIRE_BEGIN, "| method | extra downlink records | uplink records (rule) | extra round-config keys |", "|---|---|---|---|"]
     for name in sorted(METHODS):
-        strategy = METHODS[name].strategy(trainable_keys=[n for n, _ in model.named_parameters()])
+        strategy = METHODS[name].build(trainable_keys=[n for n, _ in model.named_parameters()])
         strategy.current = arrays
-        strategy.init_state(arrays)
+        strategy.server_state = strategy.init_server_state(arrays)
         down = ", ".join(f"`{k}`" for k in strategy.downlink(1)) or "–"
         rules = {"mean": f"{strategy.weighting} mean"}
         up = ", ".join(f"`{s.name}` ({rules.get(s.rule, s.rule)})" for s in strategy.uplink_specs())

@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from flower_strategies.hparams import FederationConfig
+from client_app.config import AppConfig
 
 
 def convert(out: str | Path, num_partitions: int, **settings: Any) -> list[Path]:
-    """Write one ``partition-<i>.npz`` per partition; ``settings`` are FederationConfig fields (task, seed, …)."""
+    """Write one ``partition-<i>.npz`` per partition; ``settings`` are AppConfig fields (task, seed, …)."""
     from client_app.task import load_client_data
 
-    fed = FederationConfig(**settings)
+    fed = AppConfig(**settings)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = []
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--num-partitions", type=int, required=True)
-    d = FederationConfig()
+    d = AppConfig()
     ap.add_argument("--task", default=d.task)
     ap.add_argument("--partitioner", default=d.partitioner)
     ap.add_argument("--seed", type=int, default=d.seed)

@@ -112,7 +112,7 @@ def simulate(
     from flwr.app import MetricRecord
 
     from client_app.app import app as client_app
-    from flower_strategies.records import to_numpy
+    from flower_strategies.core.records import to_numpy
 
     grid = LoopbackGrid(client_app, num_nodes, run_config, **grid_kwargs)
     snapshots: list[dict[str, Any]] = []
@@ -140,7 +140,7 @@ def simulate_legacy(
     from flwr.server.compat import start_grid
 
     from client_app.legacy import app as legacy_client_app
-    from flower_strategies.legacy import LegacyStrategy
+    from flower_strategies.compat.legacy import LegacyStrategy
 
     snapshots: list[dict[str, Any]] = []
 

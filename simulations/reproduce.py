@@ -297,7 +297,7 @@ def papers() -> dict[str, Paper]:
 def load_methods() -> dict[str, Any]:
     """Import the registry plus every optional method module that is present; return ``METHODS``."""
     import flower_strategies  # noqa: F401
-    from flower_strategies.registry import METHODS
+    from flower_strategies.core.registry import METHODS
 
     for mod in OPTIONAL_MODULES:
         try:
@@ -325,7 +325,7 @@ def run_one(cfg: Mapping[str, Any], num_nodes: int) -> tuple[dict[str, Any], lis
     """Run one configuration quietly; return the engine's summary and the per-round rows it wrote."""
     from server_app.app import run_dir
     from simulations.engine import run_inprocess
-    from flower_strategies.hparams import FederationConfig
+    from client_app.config import parse as app_config
 
     import torch
 
@@ -339,7 +339,7 @@ def run_one(cfg: Mapping[str, Any], num_nodes: int) -> tuple[dict[str, Any], lis
     finally:
         flwr_logger.setLevel(level)
         torch.set_num_threads(threads)
-    fed = FederationConfig.from_run_config({k: v for k, v in cfg.items() if k in FederationConfig.keys(None)}, None)
+    fed = app_config(cfg)
     rows = read_metrics(run_dir(fed) / "metrics.jsonl")
     return summary, rows
 
@@ -725,7 +725,7 @@ SERVER_TUNED = ("fedavgm", "fedadagrad", "fedadam", "fedyogi", "adpfed", "fedloc
 
 def server_lr_of(cfg: Mapping[str, Any]) -> float | None:
     """The effective server lr of a run-config (its method's ``server-lr`` after defaults), or ``None``."""
-    from flower_strategies.registry import parse_run_config
+    from flower_strategies.core.registry import parse_run_config
 
     _, _, hp = parse_run_config(cfg)
     v = getattr(hp, "server_lr", None)

@@ -7,7 +7,7 @@ Charles & Konečný, *On the Outsized Importance of Learning Rates in Local Upda
 surrogate minimiser for Θ_{1:K} (FedAvg/Reptile), Θ_K (FOMAML) as γ varies; Θ_{1:2} is (4−3γ)/(6−5γ).
 Right: the continuum example of Fig. 1 (f_i(x) = ½ i x² − x, i ∈ [0.5, 2], density 8i/15) for Θ_{1:K};
 γ = 0 or K = 1 gives the true minimiser 1/E[i] ≈ 0.714, K → ∞ the mean client minimiser E[1/i] = 0.8.
-Pure NumPy (``flower_strategies.quadratic``) + matplotlib; runs in about a second.
+Pure NumPy (``flower_strategies.analysis.quadratic``) + matplotlib; runs in about a second.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_strategies import quadratic as QT
+from flower_strategies.analysis import quadratic as QT
 
 DEFAULT_OUT = Path("outputs") / "surrogate_fixed_point.png"
 

@@ -12,7 +12,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
 from client_app.app import app as client_app
-from flower_strategies import records as R
+from flower_strategies.core import records as R
 from client_app.task import build_model
 from simulations.engine import run_inprocess
 
@@ -157,7 +157,7 @@ def _loss_before_reply(extra_config, partition=1, server_round=2):
 
 
 def test_loss_before_is_over_all_examples_by_default_and_over_a_seeded_sample_when_capped():
-    from flower_strategies.client import loss_before_sample, mean_loss
+    from flower_strategies.core.client import loss_before_sample, mean_loss
 
     loss_fn = torch.nn.functional.cross_entropy
     model, x, y, m = _loss_before_reply({})
@@ -190,7 +190,7 @@ def test_loss_before_cap_and_test_sample_through_the_run_config(tmp_path):
 
 
 def test_negative_caps_are_rejected_before_round_one(tmp_path):
-    from flower_strategies.hparams import ConfigError
+    from flower_strategies.core.hparams import ConfigError
 
     for key in ("loss-before-max-examples", "test-max-examples"):
         with pytest.raises(ConfigError, match=key):

@@ -22,8 +22,8 @@ import torch
 
 import flower_strategies  # noqa: F401 - registers the methods
 from client_app.app import app as client_app
-from flower_strategies import checkpoint as ckpt
-from flower_strategies.registry import METHODS
+from flower_strategies.core import checkpoint as ckpt
+from flower_strategies.core.registry import METHODS
 from server_app.app import run
 from simulations.engine import LoopbackGrid
 
@@ -269,8 +269,8 @@ def test_start_round_loop_equals_flowers_loop():
     from flwr.app import ArrayRecord
 
     from client_app.task import build_model
-    from flower_strategies.registry import build_strategy
-    from flower_strategies.records import to_numpy
+    from flower_strategies.core.registry import build_strategy
+    from flower_strategies.core.records import to_numpy
 
     cfg = {**BASE, "method": "fedadam"}
     out = []

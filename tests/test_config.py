@@ -12,8 +12,8 @@ import torch
 
 import flower_strategies as fs
 from client_app.task import build_model
-from flower_strategies.hparams import ConfigError
-from flower_strategies.registry import METHODS, parse_run_config, run_config_defaults
+from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.registry import METHODS, parse_run_config, run_config_defaults
 from simulations import configgen
 
 ROOT = Path(__file__).resolve().parent.parent

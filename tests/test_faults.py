@@ -20,8 +20,8 @@ from flwr.common.constant import ErrorCode
 
 import flower_strategies  # noqa: F401 - registers the methods
 from client_app.app import app as client_app
-from flower_strategies.baselines import FedAvg
-from flower_strategies.registry import METHODS
+from flower_strategies.methods.baselines import FedAvg
+from flower_strategies.core.registry import METHODS
 from server_app.app import run
 from simulations.engine import LoopbackGrid
 from tests.helpers import NodesGrid, config, reply
@@ -188,7 +188,7 @@ def test_update_norm_is_measured_against_the_global_model_for_model_records():
 
 
 def test_update_norm_of_other_records_is_their_own_norm():
-    from flower_strategies.strategy import RecordSpec
+    from flower_strategies.core.strategy import RecordSpec
 
     strategy = FedAvg()
     strategy.current = {"w": np.zeros((2, 2))}

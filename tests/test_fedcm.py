@@ -11,14 +11,14 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401
-import flower_strategies.fedcm  # noqa: F401  (registers fedcm)
-import flower_strategies.fedlada  # noqa: F401
-from flower_strategies.baselines import FedAvg, FedAvgHParams
-from flower_strategies.fedcm import (
+import flower_strategies.methods.fedcm  # noqa: F401  (registers fedcm)
+import flower_strategies.methods.fedlada  # noqa: F401
+from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
+from flower_strategies.methods.fedcm import (
     GLOBAL_UPDATE, FedCM, FedCMHParams, FedCMOptimizer, averaging_step, global_offset, mean_local_steps,
 )
-from flower_strategies.fedlada import GLOBAL_OFFSET, VHAT, FedLADAOptimizer
-from flower_strategies.registry import METHODS, parse_run_config
+from flower_strategies.methods.fedlada import GLOBAL_OFFSET, VHAT, FedLADAOptimizer
+from flower_strategies.core.registry import METHODS, parse_run_config
 from tests.helpers import SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, recorded_run, synthetic_initial_arrays
 from tests.reference.fedcm_ref import CMConfig, run_fedcm
 from tests.reference.fedlada_ref import load_clients

@@ -12,12 +12,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401  (registers the core methods)
-import flower_strategies.fedda as fd
+import flower_strategies.methods.fedda as fd
 from client_app.task import build_model, synthetic_client
-from flower_strategies.baselines import FedAdagrad, FedAdagradHParams, FedAdam, FedAdamHParams, FedAvg, FedAvgHParams
-from flower_strategies.hparams import ConfigError
-from flower_strategies.records import to_record
-from flower_strategies.registry import METHODS, build_strategy
+from flower_strategies.methods.baselines import FedAdagrad, FedAdagradHParams, FedAdam, FedAdamHParams, FedAvg, FedAvgHParams
+from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.records import to_record
+from flower_strategies.core.registry import METHODS, build_strategy
 from simulations.engine import LoopbackGrid, simulate
 from tests.reference import fedda_ref as ref
 

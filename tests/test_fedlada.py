@@ -12,14 +12,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401  (core registrations first)
-import flower_strategies.fedlada  # noqa: F401  (registers fedlada, localadam)
-from flower_strategies.baselines import FedAvg, FedAvgHParams
-from flower_strategies.fedlada import (
+import flower_strategies.methods.fedlada  # noqa: F401  (registers fedlada, localadam)
+from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
+from flower_strategies.methods.fedlada import (
     DIRECTION_SUM, GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer, LocalAdam, LocalAdamHParams,
     fedlada_server_step,
 )
-from flower_strategies.hparams import ConfigError
-from flower_strategies.registry import METHODS, parse_run_config
+from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.registry import METHODS, parse_run_config
 from tests.helpers import SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, recorded_run, synthetic_initial_arrays
 from simulations.engine import simulate
 from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada

@@ -11,12 +11,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401  (registers the core methods)
-import flower_strategies.fedlamb as FL
+import flower_strategies.methods.fedlamb as FL
 from client_app.task import build_model, load_client_data
-from flower_strategies import records as R
-from flower_strategies.client import batch_indices
-from flower_strategies.hparams import ConfigError
-from flower_strategies.registry import get_method, parse_run_config
+from flower_strategies.core import records as R
+from flower_strategies.core.client import batch_indices
+from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.registry import get_method, parse_run_config
 from simulations.engine import simulate
 from tests.reference.fedlamb_ref import RefConfig, linear_grad, mlp_grad, run_reference
 

@@ -19,14 +19,14 @@ import pytest
 import torch
 
 import flower_strategies  # noqa: F401 - registers the core methods
-import flower_strategies.fedlocal as FL
+import flower_strategies.methods.fedlocal as FL
 from client_app.task import build_model, load_client_data
-from flower_strategies import records as R
-from flower_strategies.baselines import FedAvg, FedAvgHParams
-from flower_strategies.client import batch_indices
-from flower_strategies.hparams import ConfigError
-from flower_strategies.registry import build_strategy, get_method, parse_run_config
-from flower_strategies.server_opt import ServerOptimizer
+from flower_strategies.core import records as R
+from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
+from flower_strategies.core.client import batch_indices
+from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.registry import build_strategy, get_method, parse_run_config
+from flower_strategies.core.server_opt import ServerOptimizer
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 from simulations.engine import LoopbackGrid, simulate
 from tests.reference import fedlocal_ref as ref

@@ -10,7 +10,7 @@ from flwr.serverapp import strategy as flwr_strategy
 
 import flower_strategies as fs
 from client_app.task import build_model
-from flower_strategies.server_opt import ServerOptimizer
+from flower_strategies.core.server_opt import ServerOptimizer
 from simulations.engine import simulate
 from tests.helpers import NodesGrid, config, record, reply
 from tests.reference import fedopt_ref
@@ -35,15 +35,15 @@ def run_ours(strategy, rounds=ROUNDS):
 PLAN = dict(client_lr=0.05, local_steps=3, batch_size=8)
 
 CASES = [
-    ("fedavg", fs.FedAvg(fs.FedAvgHParams(server_lr=1.0), **PLAN), {}),
-    ("fedavg", fs.FedAvg(fs.FedAvgHParams(server_lr=0.7), **PLAN, weighting="uniform"), {"server_lr": 0.7, "weighting": "uniform"}),
-    ("fedavgm", fs.FedAvgM(fs.FedAvgMHParams(server_lr=0.5, server_momentum=0.9), **PLAN), {"server_lr": 0.5, "momentum": 0.9}),
-    ("fedadagrad", fs.FedAdagrad(fs.FedAdagradHParams(server_lr=0.05, tau=1e-2), **PLAN), {"server_lr": 0.05, "tau": 1e-2}),
-    ("fedadam", fs.FedAdam(fs.FedAdamHParams(server_lr=0.05, tau=1e-2), **PLAN), {"server_lr": 0.05, "tau": 1e-2}),
-    ("fedyogi", fs.FedYogi(fs.FedYogiHParams(server_lr=0.05, tau=1e-2, initial_v=0.5), **PLAN),
+    ("fedavg", fs.FedAvg(fs.FedAvg.make_hparams(server_lr=1.0), **PLAN), {}),
+    ("fedavg", fs.FedAvg(fs.FedAvg.make_hparams(server_lr=0.7), **PLAN, weighting="uniform"), {"server_lr": 0.7, "weighting": "uniform"}),
+    ("fedavgm", fs.FedAvgM(fs.FedAvgM.make_hparams(server_lr=0.5, beta1=0.9), **PLAN), {"server_lr": 0.5, "momentum": 0.9}),
+    ("fedadagrad", fs.FedAdagrad(fs.FedAdagrad.make_hparams(server_lr=0.05, tau=1e-2), **PLAN), {"server_lr": 0.05, "tau": 1e-2}),
+    ("fedadam", fs.FedAdam(fs.FedAdam.make_hparams(server_lr=0.05, tau=1e-2), **PLAN), {"server_lr": 0.05, "tau": 1e-2}),
+    ("fedyogi", fs.FedYogi(fs.FedYogi.make_hparams(server_lr=0.05, tau=1e-2, initial_v=0.5), **PLAN),
      {"server_lr": 0.05, "tau": 1e-2, "v0": 0.5}),
-    ("fedprox", fs.FedProx(fs.FedProxHParams(mu=0.5), **PLAN), {"mu": 0.5}),
-    ("fedadam", fs.FedAdam(fs.FedAdamHParams(server_lr=0.05, tau=1e-2), **PLAN, fraction_train=0.5),
+    ("fedprox", fs.FedProx(fs.FedProx.make_hparams(mu=0.5), **PLAN), {"mu": 0.5}),
+    ("fedadam", fs.FedAdam(fs.FedAdam.make_hparams(server_lr=0.05, tau=1e-2), **PLAN, fraction_train=0.5),
      {"server_lr": 0.05, "tau": 1e-2, "fraction": 0.5}),
 ]
 
@@ -60,16 +60,16 @@ def test_matches_float64_reference_over_10_rounds(kind, strategy, ref_kwargs):
 
 
 def test_fedavgm_momentum_zero_is_fedavg():
-    a = run_ours(fs.FedAvgM(fs.FedAvgMHParams(server_momentum=0.0), **PLAN))
+    a = run_ours(fs.FedAvgM(fs.FedAvgM.make_hparams(beta1=0.0), **PLAN))
     b = run_ours(fs.FedAvg(**PLAN))
     np.testing.assert_allclose(a[-1], b[-1], rtol=0, atol=1e-12)
 
 
 def test_fedprox_mu_zero_is_fedavg():
-    a = run_ours(fs.FedProx(fs.FedProxHParams(mu=0.0), **PLAN))
+    a = run_ours(fs.FedProx(fs.FedProx.make_hparams(mu=0.0), **PLAN))
     b = run_ours(fs.FedAvg(**PLAN))
     np.testing.assert_allclose(a[-1], b[-1], rtol=0, atol=1e-12)
-    c = run_ours(fs.FedProx(fs.FedProxHParams(mu=1.0), **PLAN))
+    c = run_ours(fs.FedProx(fs.FedProx.make_hparams(mu=1.0), **PLAN))
     assert np.abs(c[-1] - b[-1]).max() > 1e-4  # and μ > 0 really changes the run
 
 
@@ -85,13 +85,13 @@ def _replies(rng, keys, rnd):
 BUILTIN = [
     (lambda: flwr_strategy.FedAvg(), lambda: fs.FedAvg()),
     (lambda: flwr_strategy.FedAvgM(server_learning_rate=0.7, server_momentum=0.9),
-     lambda: fs.FedAvgM(fs.FedAvgMHParams(server_lr=0.7, server_momentum=0.9))),
+     lambda: fs.FedAvgM(fs.FedAvgM.make_hparams(server_lr=0.7, beta1=0.9))),
     (lambda: flwr_strategy.FedAdagrad(eta=0.1, tau=1e-3),
-     lambda: fs.FedAdagrad(fs.FedAdagradHParams(server_lr=0.1, tau=1e-3, beta1=0.0, initial_v=0.0))),
+     lambda: fs.FedAdagrad(fs.FedAdagrad.make_hparams(server_lr=0.1, tau=1e-3, beta1=0.0, initial_v=0.0))),
     (lambda: flwr_strategy.FedAdam(eta=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3),
-     lambda: fs.FedAdam(fs.FedAdamHParams(server_lr=0.1, tau=1e-3, initial_v=0.0, bias_correction="flower"))),
+     lambda: fs.FedAdam(fs.FedAdam.make_hparams(server_lr=0.1, tau=1e-3, initial_v=0.0, bias_correction="flower"))),
     (lambda: flwr_strategy.FedYogi(eta=0.01, beta_1=0.9, beta_2=0.99, tau=1e-3),
-     lambda: fs.FedYogi(fs.FedYogiHParams(server_lr=0.01, tau=1e-3, initial_v=0.0))),
+     lambda: fs.FedYogi(fs.FedYogi.make_hparams(server_lr=0.01, tau=1e-3, initial_v=0.0))),
 ]
 
 
@@ -142,7 +142,7 @@ def test_default_v0_is_tau_squared():
 
 
 def test_server_math_only_on_trainable_floats_buffers_averaged_ints_kept():
-    strat = fs.FedAdam(fs.FedAdamHParams(server_lr=0.1), trainable_keys=["w"])
+    strat = fs.FedAdam(fs.FedAdam.make_hparams(server_lr=0.1), trainable_keys=["w"])
     start = {"w": np.ones(3, np.float32), "bn.running_mean": np.zeros(3, np.float32),
              "bn.num_batches_tracked": np.array(7, np.int64)}
     grid = NodesGrid([1, 2])

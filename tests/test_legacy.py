@@ -10,9 +10,9 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 import flower_strategies as fs
 from client_app.task import build_model
-from flower_strategies import records as R
-from flower_strategies.legacy import LAYOUT, LegacyStrategy, pack, unpack
-from flower_strategies.registry import METHODS
+from flower_strategies.core import records as R
+from flower_strategies.compat.legacy import LAYOUT, LegacyStrategy, pack, unpack
+from flower_strategies.core.registry import METHODS
 from simulations.engine import simulate, simulate_legacy
 
 RUN_CONFIG = {"task": "synthetic-linear", "seed": 2, "precision": "float64", "synthetic-dim": 4}

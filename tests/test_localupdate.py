@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import flower_strategies  # noqa: F401
-import flower_strategies.localupdate as LU
-from flower_strategies import quadratic as QT
-from flower_strategies.baselines import FedAvg, FedAvgHParams
-from flower_strategies.hparams import ConfigError
-from flower_strategies.registry import METHODS, parse_run_config
+import flower_strategies.methods.localupdate as LU
+from flower_strategies.analysis import quadratic as QT
+from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
+from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.registry import METHODS, parse_run_config
 
 from client_app.task import build_model
 from simulations.engine import LoopbackGrid, simulate

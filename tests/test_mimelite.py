@@ -9,10 +9,10 @@ import torch
 from flwr.app import ConfigRecord
 
 import flower_strategies  # noqa: F401
-import flower_strategies.mimelite as ml
-from flower_strategies.baselines import FedAvg, FedAvgHParams
-from flower_strategies.records import to_record
-from flower_strategies.registry import METHODS, build_strategy
+import flower_strategies.methods.mimelite as ml
+from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
+from flower_strategies.core.records import to_record
+from flower_strategies.core.registry import METHODS, build_strategy
 from simulations.engine import LoopbackGrid
 from tests.reference import fedda_ref as ref
 from tests.test_fedda import BATCH, CLIENT_LR, SEED, STEPS, W0, _NoApp, _reply, client_data, max_err, run_sim

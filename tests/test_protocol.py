@@ -7,9 +7,9 @@ import pytest
 from flwr.app import MessageType
 
 import flower_strategies as fs
-from flower_strategies import records as R
-from flower_strategies.ops import StreamingAggregator, aggregate, safe_divide
-from flower_strategies.strategy import RecordSpec
+from flower_strategies.core import records as R
+from flower_strategies.core.ops import StreamingAggregator, aggregate, safe_divide
+from flower_strategies.core.strategy import RecordSpec
 from tests.helpers import NodesGrid, config, error_reply, record, reply
 
 START = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "n": np.array(5, np.int64)}

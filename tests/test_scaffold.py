@@ -12,11 +12,11 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401
-import flower_strategies.scaffold  # noqa: F401  (registers scaffold)
-from flower_strategies.baselines import FedAvg, FedAvgHParams
-from flower_strategies.records import STATE_PREFIX
-from flower_strategies.registry import METHODS, parse_run_config
-from flower_strategies.scaffold import (
+import flower_strategies.methods.scaffold  # noqa: F401  (registers scaffold)
+from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
+from flower_strategies.core.records import STATE_PREFIX
+from flower_strategies.core.registry import METHODS, parse_run_config
+from flower_strategies.methods.scaffold import (
     CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, Scaffold, ScaffoldHParams, ScaffoldOptimizer, scaffold_server_step,
 )
 from tests.helpers import SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, recorded_run, synthetic_initial_arrays

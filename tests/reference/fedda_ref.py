@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from flower_strategies.client import batch_indices
+from flower_strategies.core.client import batch_indices
 
 Data = Mapping[int, tuple[np.ndarray, np.ndarray]]  # partition id -> (A (n, d), y (n, 1))
 

@@ -3,7 +3,7 @@
 *FED-LAMB: Layer-wise and Dimension-wise Locally Adaptive Optimization* (Karimi, Li, Li, 2021), seed file
 ``004_0cb0825507252aef.txt``.  The line numbers below are those of Algorithm 1.
 
-Independence: this module imports neither torch nor ``flower_strategies.fedlamb``.  Gradients are closed forms in
+Independence: this module imports neither torch nor ``flower_strategies.methods.fedlamb``.  Gradients are closed forms in
 NumPy for the two models the tests use:
 
 * ``synthetic-linear``: ``L(w) = ½·mean((A wᵀ − y)²)`` → ``∇w = (A wᵀ − y)ᵀ A / B``;
@@ -11,7 +11,7 @@ NumPy for the two models the tests use:
   (ReLU derivative ``1[a > 0]``, as torch).
 
 Data, initial weights and mini-batch order come from outside (the task's loaders and
-``flower_strategies.client.batch_indices``, passed in by the caller) so that the reference sees exactly the
+``flower_strategies.core.client.batch_indices``, passed in by the caller) so that the reference sees exactly the
 clients' batches.  Every §5.6 ambiguity is a field of :class:`RefConfig` with the spec's default.
 """
 

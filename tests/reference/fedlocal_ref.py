@@ -1,7 +1,7 @@
 """Float64 NumPy transcription of paper 000's Algorithm 1 (ALGORITHMS.md §1.2–1.3), for the synthetic least-squares task.
 
 Wang, Xu, Garrett, Charles, Liu, Joshi, *Local Adaptivity in Federated Learning: Convergence and Consistency*
-(seed ``000_effec18ea8c14ed3.txt``).  Independent of torch and of ``flower_strategies.fedlocal``: it re-derives the
+(seed ``000_effec18ea8c14ed3.txt``).  Independent of torch and of ``flower_strategies.methods.fedlocal``: it re-derives the
 defaults, the client steps, the aggregation and the server optimizers (Keras and FedOpt forms) from the spec.
 Only the data (``client_app.task.synthetic_client``) and the mini-batch order (``batch_indices``) are shared.
 

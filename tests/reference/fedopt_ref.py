@@ -15,7 +15,7 @@ import random
 import numpy as np
 
 from client_app.task import synthetic_client
-from flower_strategies.client import batch_indices
+from flower_strategies.core.client import batch_indices
 
 
 def ls_grad(w: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ Charles & Konečný, *On the Outsized Importance of Learning Rates in Local Upda
 (window W, patience P, cooldown C) as written in ``ALGORITHMS.md`` §4.3 — both the ``paper`` and the ``tff``
 plateau pseudo-code, transcribed line by line.
 
-Independent of torch and of ``flower_strategies.localupdate``: it only borrows ``batch_indices`` (to replay the
+Independent of torch and of ``flower_strategies.methods.localupdate``: it only borrows ``batch_indices`` (to replay the
 clients' mini-batches) and the synthetic task's data generator.  Loss of client i: ``½·mean((a·w − y)²)``.
 """
 
@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from client_app.task import synthetic_client
-from flower_strategies.client import batch_indices
+from flower_strategies.core.client import batch_indices
 
 
 def client_data(pid: int, dim: int, heterogeneity: float = 1.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flower_strategies.client import batch_indices
+from flower_strategies.core.client import batch_indices
 from tests.reference.fedlada_ref import lsq_grad, steps_for, weights_for, wmean
 
 

@@ -6,7 +6,7 @@ from flwr.app import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from flower_strategies import get_method
-from flower_strategies.legacy import LegacyStrategy
+from flower_strategies.compat.legacy import LegacyStrategy
 
 from .task import new_model
 

@@ -42,13 +42,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import records as R
+from ..core import records as R
 from .fedcm import averaging_step, cast_like, global_offset, mean_local_steps
-from .hparams import ConfigError, HParams, param
-from .local import LocalOptimizer
-from .ops import NamedArrays, all_finite
-from .registry import register
-from .strategy import FedAdaptStrategy, RecordSpec
+from ..core.hparams import ConfigError, HParams, param
+from ..core.local import LocalOptimizer
+from ..core.ops import NamedArrays, all_finite
+from ..core.registry import register
+from ..core.strategy import FedAdaptStrategy, RecordSpec
 
 #: Record names (downlink and uplink share "v-hat").
 VHAT = "v-hat"

@@ -20,7 +20,7 @@ End of round, ``Δ_i = x_t − x``: ``none`` uploads the local model (the server
 ``D_i = Δ_i / N`` (divide-no-nan), ``joint`` uploads ``D_i`` and ``Ninv_i = 1/N``.
 
 Server: ``D̄ = mean_i D_i`` (``x_t − mean_i x_i`` without correction); joint: ``D̄ ← D̄ / mean_i Ninv_i``; then a FedOpt
-server optimizer (:class:`~flower_strategies.server_opt.ServerOptimizer`) in the Keras form (default; what the
+server optimizer (:class:`~flower_strategies.core.server_opt.ServerOptimizer`) in the Keras form (default; what the
 paper's Table 5 was tuned with) or the FedOpt form of Reddi et al.
 
 ``fedlocal-sync`` is the paper's comparison: the server averages the clients' final optimizer states (``m``,
@@ -42,13 +42,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import records as R
-from .hparams import ConfigError, HParams, param
-from .local import LocalOptimizer, Named
-from .ops import NamedArrays, safe_divide
-from .registry import register
-from .server_opt import SERVER_OPTIMIZERS, ServerOptimizer, ServerState
-from .strategy import FedAdaptStrategy, RecordSpec
+from ..core import records as R
+from ..core.hparams import ConfigError, HParams, param
+from ..core.local import LocalOptimizer, Named
+from ..core.ops import NamedArrays, safe_divide
+from ..core.registry import register
+from ..core.server_opt import SERVER_OPTIMIZERS, ServerOptimizer, ServerState
+from ..core.strategy import FedAdaptStrategy, RecordSpec
 
 CLIENT_OPTIMIZERS = ("sgd", "sgdm", "adagrad", "adam", "yogi")
 CORRECTIONS = ("none", "local", "joint")
@@ -278,7 +278,7 @@ class FedLocalSync(FedLocal):
 
 # ------------------------------------------------------------------------------------------ client
 def safe_divide_t(num: Tensor, den: Tensor) -> Tensor:
-    """Elementwise ``num / den`` with 0 where ``den == 0`` (torch twin of :func:`flower_strategies.ops.safe_divide`)."""
+    """Elementwise ``num / den`` with 0 where ``den == 0`` (torch twin of :func:`flower_strategies.core.ops.safe_divide`)."""
     nz = den != 0
     return torch.where(nz, num / torch.where(nz, den, torch.ones_like(den)), torch.zeros_like(num))
 

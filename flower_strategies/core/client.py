@@ -94,7 +94,7 @@ def local_train(
     seed: int = 0,
     client_key: int = 0,
 ) -> dict[str, float]:
-    """Run the round's local steps with ``optimizer`` (already ``begin_round``-ed); return metrics."""
+    """Run the round's local steps with ``optimizer``; return metrics (steps counted by the optimizer)."""
     n = len(x)
     steps = num_local_steps(n, config)
     full = bool(config.get(R.FULL_BATCH, False))
@@ -109,18 +109,17 @@ def local_train(
         loss.backward()
         optimizer.step()
         total += float(loss.detach())
-    return {R.NUM_STEPS: float(steps), R.TRAIN_LOSS: total / max(steps, 1)}
+    taken = optimizer.steps_taken
+    return {R.NUM_STEPS: float(taken), R.TRAIN_LOSS: total / max(steps, 1)}
 
 
-def _named_records(content: RecordDict) -> dict[str, dict[str, Tensor]]:
-    return {
-        name: rec.to_torch_state_dict()
-        for name, rec in content.array_records.items()
-        if name != R.MODEL
-    }
+def downlink_records(content: RecordDict) -> dict[str, dict[str, Tensor]]:
+    """The named extra records of a train message (everything but the model), as torch tensors."""
+    return {name: rec.to_torch_state_dict() for name, rec in content.array_records.items() if name != R.MODEL}
 
 
-def _load_state(state: RecordDict | None) -> dict[str, dict[str, Tensor]]:
+def load_client_state(state: RecordDict | None) -> dict[str, dict[str, Tensor]]:
+    """The method's saved client state from a node's ``Context.state`` (records ``fedadapt.<name>``)."""
     if state is None:
         return {}
     return {
@@ -128,6 +127,11 @@ def _load_state(state: RecordDict | None) -> dict[str, dict[str, Tensor]]:
         for name, rec in state.array_records.items()
         if name.startswith(R.STATE_PREFIX)
     }
+
+
+def save_client_state(state: RecordDict, arrays: Mapping[str, Mapping[str, Tensor]]) -> None:
+    for name, named in arrays.items():
+        state[R.STATE_PREFIX + name] = ArrayRecord({k: v.detach().cpu() for k, v in named.items()})
 
 
 def train_reply(
@@ -147,7 +151,7 @@ def train_reply(
     back to it (records named ``fedadapt.<name>``).  ``client_key`` (e.g. the partition id) and ``seed``
     determine the mini-batch order.
     """
-    from .registry import get_method  # local import: registry imports this module's package
+    from .registry import get_method  # local import: the registry imports the strategy base
 
     config = dict(content.config_records[R.CONFIG])
     spec = get_method(str(config[R.METHOD]))
@@ -159,17 +163,20 @@ def train_reply(
     else:
         idx = torch.from_numpy(sample)
         loss_before = mean_loss(model, x[idx], y[idx], loss_fn)
-    optimizer = spec.local_optimizer.from_config(model.named_parameters(), config)
-    optimizer.num_steps = num_local_steps(len(x), config)
-    optimizer.num_examples = len(x)
-    if optimizer.needs_full_gradient:
-        optimizer.full_gradient = full_gradient(model, x, y, loss_fn)
-    optimizer.begin_round(_named_records(content), _load_state(state))
+    opt_cls = spec.local_optimizer
+    optimizer = opt_cls(
+        model.named_parameters(),
+        lr=float(config[R.CLIENT_LR]),
+        downlink=downlink_records(content),
+        client_state=load_client_state(state),
+        full_gradient=full_gradient(model, x, y, loss_fn) if opt_cls.needs_full_gradient else None,
+        planned_steps=num_local_steps(len(x), config) if opt_cls.needs_planned_steps else None,
+        **spec.hparams.client_kwargs_from_wire(config, spec.name),
+    )
     metrics = local_train(model, optimizer, x, y, loss_fn, config, seed=seed, client_key=client_key)
-    uplink = optimizer.end_round()
+    uplink = optimizer.uplink()
     if state is not None:
-        for name, arrays in optimizer.persistent_state().items():
-            state[R.STATE_PREFIX + name] = ArrayRecord({k: v.detach().cpu() for k, v in arrays.items()})
+        save_client_state(state, optimizer.client_state())
 
     reply = RecordDict()
     if optimizer.sends_model:

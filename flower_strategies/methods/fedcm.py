@@ -33,12 +33,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import records as R
-from .hparams import HParams, param
-from .local import LocalOptimizer
-from .ops import NamedArrays, all_finite
-from .registry import register
-from .strategy import FedAdaptStrategy, RecordSpec
+from ..core import records as R
+from ..core.hparams import HParams, param
+from ..core.local import LocalOptimizer
+from ..core.ops import NamedArrays, all_finite
+from ..core.registry import register
+from ..core.strategy import FedAdaptStrategy, RecordSpec
 
 #: Downlink record name of the broadcast global update Δ_t.
 GLOBAL_UPDATE = "global-update"

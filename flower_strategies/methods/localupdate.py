@@ -39,14 +39,14 @@ from flwr.app import ArrayRecord, MetricRecord
 from flwr.common import log
 from torch import Tensor
 
-from . import records as R
-from .hparams import ConfigError, HParams, param
-from .local import LocalOptimizer
-from .ops import NamedArrays
-from .quadratic import THETA_PRESETS, normalize_theta, parse_theta
-from .registry import register
-from .server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, ServerOptimizer, ServerState
-from .strategy import FedAdaptStrategy, RecordSpec
+from ..core import records as R
+from ..core.hparams import ConfigError, HParams, param
+from ..core.local import LocalOptimizer
+from ..core.ops import NamedArrays
+from ..analysis.quadratic import THETA_PRESETS, normalize_theta, parse_theta
+from ..core.registry import register
+from ..core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, ServerOptimizer, ServerState
+from ..core.strategy import FedAdaptStrategy, RecordSpec
 
 #: Uplink record holding ``q_i = Σ_k θ_k g_k``.
 Q_RECORD = "q"

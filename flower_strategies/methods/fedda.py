@@ -59,11 +59,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .hparams import HParams, param
-from .local import LocalOptimizer, Named
-from .ops import NamedArrays
-from .registry import register
-from .strategy import FedAdaptStrategy, RecordSpec
+from ..core.hparams import HParams, param
+from ..core.local import LocalOptimizer, Named
+from ..core.ops import NamedArrays
+from ..core.registry import register
+from ..core.strategy import FedAdaptStrategy, RecordSpec
 
 #: Record names (downlink: MOMENTUM; uplink: MOMENTUM_SUM and MOMENTUM).
 MOMENTUM = "momentum"

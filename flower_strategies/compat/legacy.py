@@ -42,10 +42,10 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy as LegacyBase
 from torch import Tensor, nn
 
-from . import records as R
-from .client import LossFn, train_reply
-from .ops import NamedArrays
-from .strategy import FedAdaptStrategy
+from ..core import records as R
+from ..core.client import LossFn, train_reply
+from ..core.ops import NamedArrays
+from ..core.strategy import FedAdaptStrategy
 
 LAYOUT = "fedadapt.layout"
 
@@ -113,7 +113,7 @@ class FedAdaptNumPyClient(NumPyClient):
         keys = list(self.model.state_dict())
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, parameters)})
         if self.evaluate_fn is None:
-            from .client import mean_loss
+            from ..core.client import mean_loss
 
             return mean_loss(self.model, self.x, self.y, self.loss_fn), len(self.x), {}
         return self.evaluate_fn(self.model)

@@ -111,3 +111,28 @@ def all_finite(arrays: Mapping[str, np.ndarray]) -> str | None:
 
 def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
     return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+
+
+def averaging_step(
+    current: Mapping[str, np.ndarray], mean_model: Mapping[str, np.ndarray], keys: Iterable[str], server_lr: float
+) -> tuple[NamedArrays, NamedArrays]:
+    """``Δ̄ = x_t − mean_i x_i`` and ``x_{t+1} = x_t − η_g·Δ̄`` (float64) over ``keys``."""
+    delta = {k: np.asarray(current[k], np.float64) - np.asarray(mean_model[k], np.float64) for k in keys}
+    new = {k: np.asarray(current[k], np.float64) - server_lr * delta[k] for k in keys}
+    return delta, new
+
+
+def global_offset(mean_delta: Mapping[str, np.ndarray], client_lr: float, mean_steps: float) -> NamedArrays:
+    """``Δ̄ / (η_l·K̄)`` = ``(x_t − x_{t+1}) / (η_g·η_l·K̄)``: the average per-step global direction.
+
+    Zero when ``η_l·K̄ = 0`` (no local progress is possible, so there is no direction to estimate).
+    """
+    scale = client_lr * mean_steps
+    if scale == 0:
+        return {k: np.zeros_like(np.asarray(v, dtype=np.float64)) for k, v in mean_delta.items()}
+    return {k: np.asarray(v, dtype=np.float64) / scale for k, v in mean_delta.items()}
+
+
+def decayed_lr(lr: float, decay: float, server_round: int) -> float:
+    """``lr · decay^(round−1)``: a per-round exponential client-lr schedule (round 1 uses ``lr``)."""
+    return lr * decay ** max(server_round - 1, 0)

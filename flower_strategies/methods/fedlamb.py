@@ -61,13 +61,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import records as R
+from ..core import records as R
 from .baselines import FedAdam, FedAdamHParams
-from .hparams import ConfigError, HParams, param
-from .local import LocalOptimizer, Named, SGDOptimizer
-from .ops import NamedArrays
-from .registry import register
-from .strategy import FedAdaptStrategy, RecordSpec
+from ..core.hparams import ConfigError, HParams, param
+from ..core.local import LocalOptimizer, Named, SGDOptimizer
+from ..core.ops import NamedArrays
+from ..core.registry import register
+from ..core.strategy import FedAdaptStrategy, RecordSpec
 
 #: Record names (downlink server v̂, uplink local v) and persistent client state names.
 V_HAT = "v_hat"

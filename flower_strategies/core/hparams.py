@@ -31,12 +31,19 @@ def param(
     hi: float | None = None,
     lo_open: bool = False,
     choices: tuple[Any, ...] | None = None,
+    client: bool = False,
     help: str = "",  # noqa: A002 - mirrors argparse
 ) -> Any:
-    """Declare a hyper-parameter with its validation rule and one-line documentation."""
+    """Declare a hyper-parameter with its validation rule and one-line documentation.
+
+    ``client=True`` marks a hyper-parameter of the method's local optimizer: the server sends it in every
+    round's ConfigRecord under the same key as in the run-config (``"<method>.<field-with-dashes>"``), and
+    the optimizer takes it as a keyword argument of the same (snake_case) name and keeps it in its
+    ``param_groups``.  This one declaration is the only place the flag is written.
+    """
     return field(
         default=default,
-        metadata={"lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices, "help": help},
+        metadata={"lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices, "help": help, "client": client},
     )
 
 
@@ -60,14 +67,20 @@ class HParams:
         return {pre + to_key(f.name): f for f in dataclasses.fields(cls)}
 
     @classmethod
-    def defaults(cls, prefix: str | None) -> dict[str, Any]:
-        return {k: f.default for k, f in cls.keys(prefix).items()}
+    def defaults(cls, prefix: str | None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run-config defaults (``None`` is written as ``""``: TOML has no null); ``overrides`` by field name."""
+        over = overrides or {}
+        vals = {k: over.get(f.name, f.default) for k, f in cls.keys(prefix).items()}
+        return {k: ("" if v is None else v) for k, v in vals.items()}
 
     @classmethod
-    def from_run_config(cls: type[T], config: Mapping[str, Any], prefix: str | None) -> T:
-        """Build from the keys of ``config`` that belong to this dataclass (others are ignored)."""
+    def from_run_config(
+        cls: type[T], config: Mapping[str, Any], prefix: str | None, overrides: Mapping[str, Any] | None = None
+    ) -> T:
+        """Build from the keys of ``config`` that belong to this dataclass (others are ignored); fields absent
+        from ``config`` take ``overrides`` (an alias's defaults, by field name), then the declared default."""
         hints = typing.get_type_hints(cls)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(overrides or {})
         for key, f in cls.keys(prefix).items():
             if key in config:
                 kwargs[f.name] = _coerce(key, config[key], hints[f.name], f.metadata)
@@ -80,6 +93,39 @@ class HParams:
         pre = f"{prefix}." if prefix else ""
         return {pre + to_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
 
+    @classmethod
+    def client_fields(cls) -> tuple[str, ...]:
+        """Names of the fields declared with ``client=True`` (the local optimizer's hyper-parameters)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("client"))
+
+    def client_values(self) -> dict[str, Any]:
+        """``{field: value}`` of the client fields (the optimizer's keyword arguments)."""
+        return {name: getattr(self, name) for name in self.client_fields()}
+
+    def to_wire(self, prefix: str) -> dict[str, Any]:
+        """The client fields as ConfigRecord entries ``"<prefix>.<field-with-dashes>"`` (``None`` is not sent)."""
+        return {f"{prefix}.{to_key(k)}": v for k, v in self.client_values().items() if v is not None}
+
+    @classmethod
+    def client_kwargs_from_wire(cls, config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+        """Inverse of :meth:`to_wire`: the optimizer's keyword arguments found in a round's ConfigRecord."""
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        out: dict[str, Any] = {}
+        for name in cls.client_fields():
+            key = f"{prefix}.{to_key(name)}"
+            if key in config:
+                out[name] = _coerce(key, config[key], hints[name], fields[name].metadata)
+        return out
+
+    def replace(self: T, **changes: Any) -> T:
+        """A copy with ``changes`` applied (validated); unknown names raise :class:`ConfigError`."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ConfigError(f"{type(self).__name__} has no field(s) {unknown}; fields: {', '.join(sorted(names))}")
+        return dataclasses.replace(self, **changes)
+
 
 def _rename(msg: str, cls: type, prefix: str | None) -> str:
     for f in dataclasses.fields(cls):
@@ -87,14 +133,23 @@ def _rename(msg: str, cls: type, prefix: str | None) -> str:
     return msg
 
 
+def _optional(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
+
+
 def _base_type(tp: Any) -> type:
     if tp in (int, float, bool, str):
         return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) == 1 and args[0] in (int, float, bool, str):
+        return args[0]
     raise TypeError(f"unsupported hyper-parameter type {tp!r}")
 
 
 def _coerce(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
     base = _base_type(tp)
+    if value is None or (_optional(tp) and value == ""):  # run-configs cannot hold None: "" means "not set"
+        value = None
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if base is bool and isinstance(value, str) and value.lower() in ("true", "false"):
@@ -105,6 +160,10 @@ def _coerce(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
 
 def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
     base = _base_type(tp)
+    if value is None:
+        if _optional(tp):
+            return
+        raise ConfigError(f"{name} must be {base.__name__}, got None")
     ok_type = isinstance(value, base) and not (base is not bool and isinstance(value, bool))
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         ok_type = True
@@ -125,26 +184,18 @@ def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Settings shared by every method (plain kebab-case run-config keys)
+# Settings every strategy takes (plain kebab-case run-config keys)
 # --------------------------------------------------------------------------------------------------
-
-TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm",
-         "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")  # last five: hub data
-PARTITIONERS = ("iid", "dirichlet", "classes")
 
 
 @dataclass(frozen=True)
-class FederationConfig(HParams):
-    """Run-wide settings (keys without a method prefix)."""
+class StrategyConfig(HParams):
+    """Run-wide strategy settings (keys without a method prefix); an app may extend it with its own keys."""
 
     method: str = param("fedavg", help="registry name of the method (see `methods` table)")
     num_server_rounds: int = param(10, lo=1, help="number of federated rounds")
     seed: int = param(0, lo=0, help="seeds model init, data partitioning, client sampling and batch order")
-    task: str = param("digits-mlp", choices=TASKS, help="data set + model")
-    partitioner: str = param("dirichlet", choices=PARTITIONERS, help="how the training split is divided")
-    dirichlet_alpha: float = param(0.3, lo=0.0, lo_open=True, help="concentration of the Dirichlet label skew")
-    classes_per_client: int = param(2, lo=1, hi=10, help="labels per client for `partitioner=classes`")
-    client_lr: float = param(0.1, lo=0.0, help="client (local) learning rate η_l, sent by the server each round")
+    client_lr: float = param(0.1, lo=0.0, lo_open=True, help="client (local) learning rate η_l, sent by the server each round")
     local_epochs: int = param(1, lo=0, help="local epochs E (used when local-steps = 0)")
     local_steps: int = param(0, lo=0, help="local optimizer steps K per round; 0 = E·ceil(n_i/B)")
     batch_size: int = param(32, lo=1, help="local mini-batch size B")
@@ -154,16 +205,18 @@ class FederationConfig(HParams):
     min_replies: int = param(1, lo=1, help="rounds with fewer valid replies keep the previous model")
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
     weighting: str = param("default", choices=("default", "examples", "uniform"), help="client weights of means; default = the method's paper")
-    output_dir: str = param("outputs", help="metrics/model directory (relative paths: to the ServerApp's cwd)")
-    run_name: str = param("", help="sub-directory of output-dir; empty = <method>-<task>-seed<seed>")
-    synthetic_clients: int = param(10, lo=1, help="clients of the synthetic task (partitions)")
-    synthetic_dim: int = param(10, lo=1, help="dimension of the synthetic least-squares task")
-    synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")
-    precision: str = param("float32", choices=("float32", "float64"), help="model/data dtype (float64 for exactness checks)")
-    round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")
-    data_dir: str = param(".cache/fedadapt", help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
-    checkpoint_every: int = param(0, lo=0, help="write <output-dir>/<run-name>/checkpoint.pkl every N rounds, at the end and on SIGINT/SIGTERM; 0 = off")
-    resume: str = param("", help="path of a checkpoint to continue from (next round on; a trusted file); empty = fresh run")
     max_update_norm: float = param(0.0, lo=0.0, help="reject replies whose update norm exceeds this (0 = off)")
     loss_before_max_examples: int = param(0, lo=0, help="clients compute train-loss-before (metrics, LocalUpdateDecay's controller) on a seeded sample of at most this many of their examples; 0 = all")
-    test_max_examples: int = param(0, lo=0, help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all 360; shakespeare-lstm: 2,000)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.local_steps == 0 and self.local_epochs == 0:
+            raise ConfigError("local-steps and local-epochs are both 0: clients would not train")
+
+    def strategy_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`~flower_strategies.core.strategy.FedAdaptStrategy` (all but hparams)."""
+        names = {f.name for f in dataclasses.fields(StrategyConfig)} - {"method", "num_server_rounds", "weighting"}
+        kwargs = {name: getattr(self, name) for name in names}
+        kwargs["weighting"] = None if self.weighting == "default" else self.weighting
+        kwargs["num_rounds"] = self.num_server_rounds
+        return kwargs

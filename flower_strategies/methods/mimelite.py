@@ -38,11 +38,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .hparams import HParams, param
-from .local import LocalOptimizer, Named
-from .ops import NamedArrays
-from .registry import register
-from .strategy import FedAdaptStrategy, RecordSpec
+from ..core.hparams import HParams, param
+from ..core.local import LocalOptimizer, Named
+from ..core.ops import NamedArrays
+from ..core.registry import register
+from ..core.strategy import FedAdaptStrategy, RecordSpec
 
 MOMENTUM = "momentum"
 SECOND_MOMENT = "second-moment"

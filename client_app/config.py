@@ -1,0 +1,43 @@
+"""The fedadapt app's run-config: the library's strategy settings plus tasks, data, output and checkpoints.
+
+The library (``flower_strategies``) knows nothing about these keys; both apps parse them with
+:func:`parse` (one validation, one error naming the valid choices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flower_strategies.core.hparams import StrategyConfig, param
+
+TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm",
+         "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")  # last five: hub data
+PARTITIONERS = ("iid", "dirichlet", "classes")
+
+
+@dataclass(frozen=True)
+class AppConfig(StrategyConfig):
+    """The fedadapt app's run-wide settings: the strategy's (:class:`StrategyConfig`) plus data, model and output."""
+
+    task: str = param("digits-mlp", choices=TASKS, help="data set + model")
+    partitioner: str = param("dirichlet", choices=PARTITIONERS, help="how the training split is divided")
+    dirichlet_alpha: float = param(0.3, lo=0.0, lo_open=True, help="concentration of the Dirichlet label skew")
+    classes_per_client: int = param(2, lo=1, hi=10, help="labels per client for `partitioner=classes`")
+    output_dir: str = param("outputs", help="metrics/model directory (relative paths: to the ServerApp's cwd)")
+    run_name: str = param("", help="sub-directory of output-dir; empty = <method>-<task>-seed<seed>")
+    synthetic_clients: int = param(10, lo=1, help="clients of the synthetic task (partitions)")
+    synthetic_dim: int = param(10, lo=1, help="dimension of the synthetic least-squares task")
+    synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")
+    precision: str = param("float32", choices=("float32", "float64"), help="model/data dtype (float64 for exactness checks)")
+    round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")
+    data_dir: str = param(".cache/fedadapt", help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
+    checkpoint_every: int = param(0, lo=0, help="write <output-dir>/<run-name>/checkpoint.pkl every N rounds, at the end and on SIGINT/SIGTERM; 0 = off")
+    resume: str = param("", help="path of a checkpoint to continue from (next round on; a trusted file); empty = fresh run")
+    test_max_examples: int = param(0, lo=0, help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all 360; shakespeare-lstm: 2,000)")
+
+
+def parse(run_config: Mapping[str, Any]) -> AppConfig:
+    """The app settings of ``run_config`` (method keys are ignored here; the registry validates them)."""
+    return AppConfig.from_run_config({k: v for k, v in run_config.items() if k in AppConfig.keys(None)}, None)

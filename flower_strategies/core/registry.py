@@ -1,0 +1,128 @@
+"""The method registry: run-config ``method`` name → strategy class (+ its local optimizer and hyper-parameters).
+
+A method is one strategy class; an alias (``localadam``, ``fedda-adam``, ``fedadam``) is the same class
+registered under another name with other field defaults::
+
+    register(FedLADA, paper=..., summary=...)                                  # "fedlada"
+    register(FedLADA, name="localadam", amend_weight=1.0, paper=..., summary=...)
+
+Run-config keys (``<name>.<field-with-dashes>``), wire keys (the same), pyproject's config table, the docs'
+tables and the optimizer's keyword arguments all derive from the strategy's ``hparams_class``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .hparams import ConfigError, HParams, StrategyConfig
+from .local import LocalOptimizer
+from .strategy import FedAdaptStrategy
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    strategy: type[FedAdaptStrategy]
+    paper: str
+    summary: str
+    #: Field defaults of this registry name (an alias's variant), by field name.
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def hparams(self) -> type[HParams]:
+        return self.strategy.hparams_class
+
+    @property
+    def local_optimizer(self) -> type[LocalOptimizer]:
+        return self.strategy.local_optimizer
+
+    def default_hparams(self) -> HParams:
+        return self.hparams().replace(**self.overrides)
+
+    def defaults(self) -> dict[str, Any]:
+        """This name's run-config keys with their defaults."""
+        return self.hparams.defaults(self.name, self.overrides)
+
+    def hparams_from_run_config(self, run_config: Mapping[str, Any]) -> HParams:
+        return self.hparams.from_run_config(run_config, self.name, self.overrides)
+
+    def build(self, hparams: HParams | None = None, **kwargs: Any) -> FedAdaptStrategy:
+        """The strategy under this name (``hparams`` default: this name's defaults)."""
+        return self.strategy(self.default_hparams() if hparams is None else hparams, method=self.name, **kwargs)
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register(
+    strategy: type[FedAdaptStrategy], *, name: str | None = None, paper: str, summary: str, **overrides: Any
+) -> MethodSpec:
+    """Register ``strategy`` under ``name`` (default: its ``method``) with field-default ``overrides``."""
+    name = name or strategy.method
+    if not name or name in METHODS:
+        raise ValueError(f"method name {name!r} is empty or already registered")
+    client, opt_client = set(strategy.hparams_class.client_fields()), set(strategy.local_optimizer.hparams_class.client_fields())
+    if client != opt_client:
+        raise TypeError(f"{strategy.__name__}'s client fields {sorted(client)} differ from its optimizer's {sorted(opt_client)}")
+    spec = MethodSpec(name, strategy, paper, summary, {**strategy.variant, **overrides})
+    spec.default_hparams()  # validates the overrides now, not at the first run
+    METHODS[name] = spec
+    return spec
+
+
+def get_method(name: str) -> MethodSpec:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(sorted(METHODS))}") from None
+
+
+def run_config_defaults(settings: type[StrategyConfig] = StrategyConfig) -> dict[str, Any]:
+    """Every run-config key ``settings`` and the registered methods accept, with its default."""
+    out = settings.defaults(None)
+    for spec in METHODS.values():
+        out.update(spec.defaults())
+    return out
+
+
+def parse_run_config(
+    run_config: Mapping[str, Any], settings: type[StrategyConfig] = StrategyConfig, *, ignore_unknown: bool = False
+) -> tuple[StrategyConfig, MethodSpec, HParams]:
+    """Validate a run-config; raise :class:`ConfigError` naming the valid choices on any problem.
+
+    ``ignore_unknown=True`` reads only the keys it knows (for a user's app with run-config keys of its own).
+    """
+    known = run_config_defaults(settings)
+    unknown = sorted(set(run_config) - set(known))
+    if unknown and not ignore_unknown:
+        raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: {', '.join(sorted(known))}")
+    fed = settings.from_run_config({k: v for k, v in run_config.items() if k in settings.keys(None)}, None)
+    spec = get_method(fed.method)
+    hp = spec.hparams_from_run_config(run_config)
+    # A key of another method that differs from its default is a mistake (e.g. a FedDA flag on a FedAvg run).
+    # (Flower passes every declared key with its default, so only changed values can be detected.)
+    foreign = sorted(
+        key for name, other in METHODS.items() if name != spec.name
+        for key, default in other.defaults().items()
+        if key in run_config and run_config[key] != default
+    )
+    if foreign:
+        raise ConfigError(
+            f"run-config key(s) {foreign} belong to other methods, but method = {spec.name!r}; "
+            f"{spec.name}'s keys are: {', '.join(spec.defaults()) or '(none)'}"
+        )
+    return fed, spec, hp
+
+
+def build_strategy(
+    run_config: Mapping[str, Any],
+    trainable_keys: list[str] | None = None,
+    settings: type[StrategyConfig] = StrategyConfig,
+    *,
+    ignore_unknown: bool = False,
+) -> tuple[FedAdaptStrategy, StrategyConfig]:
+    """Build the configured strategy from a run-config (validated by :func:`parse_run_config`)."""
+    fed, spec, hp = parse_run_config(run_config, settings, ignore_unknown=ignore_unknown)
+    return spec.build(hp, trainable_keys=trainable_keys, **fed.strategy_kwargs()), fed

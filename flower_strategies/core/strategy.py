@@ -1,0 +1,494 @@
+"""The shared Message-API strategy every fedadapt method subclasses.
+
+A method writes only its math, through five hooks (none of them touches Flower messages):
+
+* :meth:`~FedAdaptStrategy.uplink_specs` — the records every train reply must carry and their aggregation rule;
+* :meth:`~FedAdaptStrategy.init_server_state` — the server state before round 1 (``{name: arrays or scalar}``);
+* :meth:`~FedAdaptStrategy.downlink` — named extra arrays sent with the model (read from the server state);
+* :meth:`~FedAdaptStrategy.client_config` — per-round client values beyond the declared client hyper-parameters;
+* :meth:`~FedAdaptStrategy.server_update` — ``(RoundInputs, state) → (arrays, state, round metrics)``, pure.
+
+The base samples nodes with its own seeded RNG, sends the model + extras + the round's ConfigRecord (the
+method's ``client=True`` hyper-parameters under their run-config keys), validates replies
+(:mod:`.validation`), folds them into streaming aggregates (:mod:`.ops`), calls :meth:`server_update` and
+commits the new arrays and state only when every value is finite.  Everything a resumed run needs is in
+:meth:`state_dict` (data only: arrays, numbers, strings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from . import records as R
+from .hparams import HParams
+from .local import LocalOptimizer, SGDOptimizer
+from .ops import NamedArrays, StreamingAggregator, all_finite, is_float, nbytes
+from .validation import RecordSpec, check_update_norms, layout, parse_reply
+
+#: Reply metrics that are identifiers or weights, not quantities to average.
+NOT_AVERAGED = frozenset({R.NUM_EXAMPLES, "partition-id", "num-partitions", "node-id"})
+
+#: Server state: named arrays (``{key: ndarray}``) or JSON-able scalars/lists, by name.
+ServerState = dict[str, Any]
+
+
+@dataclass
+class RoundLog:
+    """What happened in one training round (read by the ServerApp's metrics writer)."""
+
+    server_round: int
+    sampled: int = 0
+    replies_used: int = 0
+    replies_rejected: int = 0
+    rejections: list[str] = field(default_factory=list)
+    bytes_down: int = 0
+    bytes_up: int = 0
+    updated: bool = False
+    seconds: float = 0.0
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    #: The method's own per-round values returned by ``server_update`` (e.g. decayed learning rates).
+    round_metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """Everything :meth:`FedAdaptStrategy.server_update` may use (explicit; no attributes set elsewhere)."""
+
+    server_round: int
+    current: NamedArrays
+    aggregates: Mapping[str, NamedArrays]
+    #: Metrics of each valid reply (``num-examples``, ``num-steps``, ``train-loss-before``, …, ``node-id``).
+    reply_metrics: tuple[Mapping[str, Any], ...]
+    #: K̄: mean of the replies' ``num-steps`` with the strategy's weighting.
+    mean_steps: float
+    #: Trainable floating-point keys of ``current`` (what server optimizers act on).
+    trainable: tuple[str, ...]
+    #: Number of server updates before this one (server optimizer step counter).
+    num_updates: int
+    #: Most nodes ever seen available when sampling (SCAFFOLD's N).
+    nodes_seen: int
+
+
+def weighted_mean(values: Sequence[tuple[float, float]], weighting: str) -> float:
+    """Mean of ``(value, num_examples)`` pairs, example-weighted or uniform; NaN when empty."""
+    if not values:
+        return float("nan")
+    if weighting == "uniform":
+        return float(sum(v for v, _ in values) / len(values))
+    total = sum(n for _, n in values)
+    return float(sum(v * n for v, n in values) / total)
+
+
+def cast_like(arrays: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray]) -> NamedArrays:
+    """``arrays`` cast to the dtypes of the same keys in ``like``."""
+    return {k: np.asarray(v).astype(np.asarray(like[k]).dtype) for k, v in arrays.items()}
+
+
+def _finite_state(state: Mapping[str, Any]) -> str | None:
+    for name, value in state.items():
+        if isinstance(value, Mapping):
+            bad = all_finite(value)
+            if bad is not None:
+                return f"{name}/{bad}"
+        elif isinstance(value, float) and not np.isfinite(value):
+            return name
+    return None
+
+
+class FedAdaptStrategy(Strategy):
+    """Base class of all fedadapt strategies (Message API, ``flwr.serverapp.strategy``).
+
+    Parameters
+    ----------
+    hparams
+        The method's frozen hyper-parameter dataclass (paper defaults when omitted).
+    client_lr, local_epochs, local_steps, batch_size
+        Client training plan sent in every round's ConfigRecord (the server owns them).
+    fraction_train, min_train_nodes, min_available_nodes
+        Sampling: ``max(int(fraction·available), min_train_nodes)`` nodes per round.
+    min_replies
+        Minimum number of valid replies to update the model; otherwise the round keeps the old one.
+    fraction_evaluate, min_evaluate_nodes
+        Client-side evaluation (0 = off; the fedadapt ServerApp evaluates centrally).
+    weighting
+        ``"examples"`` (weight n_i) or ``"uniform"``; ``None`` = the method's paper default.
+    seed
+        Seed of the sampling RNG.
+    trainable_keys
+        Keys of the global arrays that are trainable parameters.  Server optimizers act only on these
+        (and only if floating point); other floating arrays (e.g. BatchNorm statistics) are averaged and
+        integer arrays keep the server's value.  ``None`` = every floating-point array.
+    wait_for_nodes_s
+        How long sampling waits for ``min_available_nodes`` nodes before failing.
+    loss_before_max_examples
+        > 0: clients estimate ``train-loss-before`` on a seeded sample of at most this many examples.
+    max_update_norm
+        Reject replies whose update norm exceeds this (0 = off); see :func:`.validation.check_update_norms`.
+    num_rounds
+        Total rounds of the run (round-dependent schedules); :meth:`start` sets it from its argument.
+    method
+        Registry name sent to clients (default: the class's); aliases pass their own name.
+    """
+
+    #: Registry name; sent to clients so that the generic ClientApp picks the matching local optimizer.
+    method: ClassVar[str] = ""
+    hparams_class: ClassVar[type[HParams]] = HParams
+    #: The client half: the local optimizer the ClientApp builds for this method.
+    local_optimizer: ClassVar[type[LocalOptimizer]] = SGDOptimizer
+    default_weighting: ClassVar[str] = "examples"
+    #: Field defaults that differ from ``hparams_class``'s (a variant class such as ``FedAdam``).
+    variant: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def make_hparams(cls, **changes: Any) -> HParams:
+        """This class's hyper-parameters: the declaration's defaults, its :attr:`variant`, then ``changes``."""
+        return cls.hparams_class(**{**cls.variant, **changes})
+
+    def __init__(
+        self,
+        hparams: HParams | None = None,
+        *,
+        client_lr: float = 0.1,
+        local_epochs: int = 1,
+        local_steps: int = 0,
+        batch_size: int = 32,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 2,
+        min_replies: int = 1,
+        fraction_evaluate: float = 0.0,
+        min_evaluate_nodes: int = 1,
+        weighting: str | None = None,
+        seed: int = 0,
+        trainable_keys: Iterable[str] | None = None,
+        wait_for_nodes_s: float = 600.0,
+        loss_before_max_examples: int = 0,
+        max_update_norm: float = 0.0,
+        num_rounds: int | None = None,
+        method: str | None = None,
+    ) -> None:
+        self.hparams = hparams if hparams is not None else self.make_hparams()
+        if not isinstance(self.hparams, self.hparams_class):
+            raise TypeError(f"{type(self).__name__} needs {self.hparams_class.__name__}, got {type(self.hparams).__name__}")
+        if method is not None:
+            self.method = method  # type: ignore[misc]  (an alias's registry name)
+        self.client_lr = float(client_lr)
+        self.local_epochs = int(local_epochs)
+        self.local_steps = int(local_steps)
+        self.batch_size = int(batch_size)
+        if not 0.0 < fraction_train <= 1.0:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        self.fraction_train = fraction_train
+        self.min_train_nodes = min_train_nodes
+        self.min_available_nodes = min_available_nodes
+        self.min_replies = min_replies
+        self.fraction_evaluate = fraction_evaluate
+        self.min_evaluate_nodes = min_evaluate_nodes
+        w = weighting or self.default_weighting
+        if w not in ("examples", "uniform"):
+            raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
+        self.weighting = w
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.trainable_keys = None if trainable_keys is None else list(trainable_keys)
+        self.wait_for_nodes_s = float(wait_for_nodes_s)
+        if int(loss_before_max_examples) < 0:
+            raise ValueError(f"loss_before_max_examples must be >= 0, got {loss_before_max_examples}")
+        self.loss_before_max_examples = int(loss_before_max_examples)
+        if not max_update_norm >= 0:
+            raise ValueError(f"max_update_norm must be >= 0, got {max_update_norm}")
+        self.max_update_norm = float(max_update_norm)
+        self.num_rounds = num_rounds
+        #: ``{node_id: sort_key}`` ordering nodes before sampling (see :meth:`order_nodes`).
+        self.node_order: dict[int, Any] = {}
+        self.current: NamedArrays | None = None
+        self.server_state: ServerState | None = None
+        self.num_updates = 0
+        self.nodes_seen = 0
+        self.history: list[RoundLog] = []
+        self._round: RoundLog | None = None
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def uplink_specs(self) -> tuple[RecordSpec, ...]:
+        """Records every train reply must carry (besides ``metrics``)."""
+        return (RecordSpec(R.MODEL, "mean", "model"),)
+
+    def init_server_state(self, arrays: NamedArrays) -> ServerState:
+        """The server state before round 1 (default: none)."""
+        return {}
+
+    def downlink(self, server_round: int) -> dict[str, NamedArrays]:
+        """Named extra arrays sent with the model this round (default: none)."""
+        return {}
+
+    def client_config(self, server_round: int) -> dict[str, Any]:
+        """Per-round client values beyond the declared client hyper-parameters (default: none)."""
+        return {}
+
+    def client_lr_at(self, server_round: int) -> float:
+        """Client learning rate of ``server_round`` (constant unless a method schedules it)."""
+        return self.client_lr
+
+    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+        """Pure server math: ``(new global arrays, new server state, round metrics)``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers for subclasses
+    def trainable(self, arrays: Mapping[str, np.ndarray]) -> list[str]:
+        """Trainable floating-point keys of ``arrays`` (what server optimizers act on)."""
+        keys = self.trainable_keys if self.trainable_keys is not None else list(arrays)
+        return [k for k in keys if k in arrays and is_float(np.asarray(arrays[k]))]
+
+    @staticmethod
+    def merge_buffers(new_params: NamedArrays, current: NamedArrays, averaged: NamedArrays | None) -> NamedArrays:
+        """Complete ``new_params`` (trainable keys) with the non-trainable arrays.
+
+        Floating buffers take the clients' average when available; integer arrays keep the server's value.
+        """
+        out: NamedArrays = {}
+        for k, x in current.items():
+            if k in new_params:
+                out[k] = new_params[k]
+            elif averaged is not None and k in averaged and is_float(np.asarray(x)):
+                out[k] = averaged[k]
+            else:
+                out[k] = x
+        return out
+
+    def round_config(self, server_round: int) -> dict[str, Any]:
+        """The round's ConfigRecord entries: plan + declared client hyper-parameters + :meth:`client_config`."""
+        cfg: dict[str, Any] = {
+            R.METHOD: self.method,
+            R.CLIENT_LR: self.client_lr_at(server_round),
+            R.LOCAL_EPOCHS: self.local_epochs,
+            R.LOCAL_STEPS: self.local_steps,
+            R.BATCH_SIZE: self.batch_size,
+        }
+        if self.loss_before_max_examples > 0:
+            cfg[R.LOSS_BEFORE_MAX] = self.loss_before_max_examples
+        cfg.update(self.hparams.to_wire(self.method))
+        cfg.update(self.client_config(server_round))
+        return cfg
+
+    def log_settings(self) -> list[str]:
+        return [f"{k} = {v}" for k, v in vars(self.hparams).items()]
+
+    def order_nodes(self, order: Mapping[int, Any]) -> None:
+        """Order nodes by ``order[node_id]`` (e.g. their partition id) before sampling (fallback: node id)."""
+        self.node_order = dict(order)
+
+    # ------------------------------------------------------------------ Strategy API
+    def summary(self) -> None:
+        log(INFO, "\t├──> %s (%s) settings:", type(self).__name__, self.method)
+        for line in self.log_settings():
+            log(INFO, "\t│\t├── %s", line)
+        log(
+            INFO,
+            "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
+            self.client_lr, self.local_steps, self.local_epochs, self.batch_size, self.weighting, self.seed,
+        )
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kwargs: Any) -> Result:  # type: ignore[override]
+        """Flower's ``Strategy.start``; records ``num_rounds`` for round-dependent schedules."""
+        self.num_rounds = int(num_rounds)
+        return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
+
+    def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
+        """Wait until enough nodes are connected, then :meth:`pick` from them."""
+        deadline = time.monotonic() + self.wait_for_nodes_s
+        need = max(self.min_available_nodes, minimum)
+        while len(nodes := list(grid.get_node_ids())) < need:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(nodes)} nodes connected after {self.wait_for_nodes_s}s; need {need}")
+            log(INFO, "Waiting for nodes: %d connected (need %d)", len(nodes), need)
+            time.sleep(1.0)
+        return self.pick(nodes, fraction, minimum)
+
+    def pick(self, nodes: Iterable[int], fraction: float, minimum: int) -> list[int]:
+        """``max(int(fraction·len), minimum)`` nodes drawn with the strategy's own RNG, in :attr:`node_order`."""
+        order = self.node_order
+        nodes = sorted(nodes, key=lambda n: (order.get(n, float("inf")), n))
+        self.nodes_seen = max(self.nodes_seen, len(nodes))
+        k = min(len(nodes), max(int(len(nodes) * fraction), minimum))
+        picked = self.rng.sample(nodes, k)
+        return sorted(picked, key=nodes.index)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        node_ids = self.sample(grid, self.fraction_train, self.min_train_nodes)
+        content = self.prepare_round(server_round, arrays, config, len(node_ids))
+        log(INFO, "configure_train: sampled %d of %d nodes", len(node_ids), len(list(grid.get_node_ids())))
+        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in node_ids]
+
+    def prepare_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, num_sampled: int) -> RecordDict:
+        """The train content of this round: model + downlink extras + round ConfigRecord (transport-agnostic;
+        the legacy adapter uses it too)."""
+        self._t0 = time.monotonic()
+        self.current = R.to_numpy(arrays)
+        if self.server_state is None:
+            self.server_state = self.init_server_state(self.current)
+        cfg = ConfigRecord(dict(config))
+        cfg[R.SERVER_ROUND] = server_round
+        for key, value in self.round_config(server_round).items():
+            cfg[key] = value
+        extras = self.downlink(server_round)
+        clash = set(extras) & {R.MODEL, R.CONFIG}
+        if clash:
+            raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
+        content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
+        per_msg = nbytes(self.current) + sum(nbytes(v) for v in extras.values())
+        self._round = RoundLog(server_round, sampled=num_sampled, bytes_down=per_msg * num_sampled)
+        return content
+
+    def expected_layouts(self) -> dict[str, dict[str, tuple[tuple[int, ...], np.dtype]]]:
+        """``{record: {key: (shape, dtype)}}`` every reply must match this round."""
+        assert self.current is not None
+        trainable = self.trainable(self.current)
+        return {s.name: layout(self.current, trainable if s.keys == "params" else None) for s in self.uplink_specs()}
+
+    def validate_reply(self, msg: Message) -> str | None:
+        """Return why ``msg`` must be rejected, or None if it is usable."""
+        return self._parse(msg, self.expected_layouts())[0]
+
+    def _parse(self, msg: Message, expected: Mapping[str, Any]) -> tuple[str | None, dict[str, NamedArrays]]:
+        reason, parsed = parse_reply(msg, expected)
+        if reason is None and self.max_update_norm > 0:
+            assert self.current is not None
+            reason = check_update_norms(parsed, self.uplink_specs(), self.current, self.max_update_norm)
+        return reason, ({} if reason else parsed)
+
+    def _rule(self, spec: RecordSpec) -> str:
+        if spec.rule == "mean":
+            return "wmean" if self.weighting == "examples" else "umean"
+        return spec.rule
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        rlog = self._round or RoundLog(server_round)
+        self._round = None
+        specs = self.uplink_specs()
+        expected = self.expected_layouts()
+        aggs = {s.name: StreamingAggregator(self._rule(s)) for s in specs}
+        reply_metrics: list[dict[str, Any]] = []
+        for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):  # deterministic fold order
+            if not msg.has_error():
+                rlog.bytes_up += sum(R.record_nbytes(r) for r in msg.content.array_records.values())
+            reason, parsed = self._parse(msg, expected)
+            if reason is not None:
+                rlog.replies_rejected += 1
+                rlog.rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
+                log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id, reason)
+                continue
+            metrics = dict(msg.content.metric_records[R.METRICS])
+            for spec in specs:
+                aggs[spec.name].add(parsed[spec.name], float(metrics[R.NUM_EXAMPLES]))
+            del parsed  # O(model): one reply's arrays are deserialised at a time
+            reply_metrics.append({**metrics, "node-id": msg.metadata.src_node_id})
+        rlog.replies_used = len(reply_metrics)
+        metrics_out = self.mean_reply_metrics(reply_metrics)
+        metrics_out["replies-used"] = rlog.replies_used
+        metrics_out["replies-rejected"] = rlog.replies_rejected
+        new_arrays: ArrayRecord | None = None
+        if rlog.replies_used < self.min_replies:
+            log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
+                server_round, rlog.replies_used, self.min_replies)
+        else:
+            new_arrays, round_metrics = self._update(server_round, {n: a.result() for n, a in aggs.items()}, reply_metrics)
+            metrics_out.update(round_metrics)
+            rlog.round_metrics = round_metrics
+            rlog.updated = new_arrays is not None
+        rlog.train_metrics = metrics_out
+        rlog.seconds = time.monotonic() - self._t0
+        self.history.append(rlog)
+        return new_arrays, MetricRecord(metrics_out)
+
+    def mean_reply_metrics(self, reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """Example-weighted means of the replies' numeric metrics, plus the total ``num-examples``."""
+        sums: dict[str, float] = {}
+        total = 0.0
+        for m in reply_metrics:
+            n = float(m[R.NUM_EXAMPLES])
+            for key, value in m.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in NOT_AVERAGED:
+                    sums[key] = sums.get(key, 0.0) + n * float(value)
+            total += n
+        out = {k: v / total for k, v in sums.items()} if total else {}
+        out[R.NUM_EXAMPLES] = total
+        return out
+
+    def _update(
+        self, server_round: int, aggregates: dict[str, NamedArrays], reply_metrics: list[dict[str, Any]]
+    ) -> tuple[ArrayRecord | None, dict[str, float]]:
+        assert self.current is not None and self.server_state is not None
+        steps = [(float(m.get(R.NUM_STEPS, 0.0)), float(m[R.NUM_EXAMPLES])) for m in reply_metrics]
+        inputs = RoundInputs(
+            server_round=server_round, current=self.current, aggregates=aggregates,
+            reply_metrics=tuple(reply_metrics), mean_steps=weighted_mean(steps, self.weighting),
+            trainable=tuple(self.trainable(self.current)), num_updates=self.num_updates, nodes_seen=self.nodes_seen,
+        )
+        new, state, round_metrics = self.server_update(inputs, self.server_state)
+        bad = all_finite(new) or _finite_state(state)
+        if bad is not None:  # never publish a corrupted model or keep a corrupted state
+            log(WARNING, "Round %d: server update produced NaN/Inf in '%s'; keeping the previous model and state",
+                server_round, bad)
+            return None, {}
+        self.server_state = state
+        self.num_updates += 1
+        return R.to_record(new), {k: float(v) for k, v in round_metrics.items()}
+
+    # ------------------------------------------------------------------ checkpoint state (data only)
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit-exactly, as data: the server state (arrays and
+        scalars), the sampling RNG, the update counter, the nodes seen and the per-round history."""
+        version, internal, gauss = self.rng.getstate()
+        return {
+            "server_state": self.server_state,
+            "rng": [version, list(internal), gauss],
+            "num_updates": self.num_updates,
+            "nodes_seen": self.nodes_seen,
+            "history": [dataclasses.asdict(h) for h in self.history],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` on a freshly built strategy of the same class and settings."""
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
+        self.server_state = None if state["server_state"] is None else dict(state["server_state"])
+        self.num_updates = int(state["num_updates"])
+        self.nodes_seen = int(state["nodes_seen"])
+        self.history = [RoundLog(**h) for h in state["history"]]
+
+    # ------------------------------------------------------------------ client-side evaluation
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.fraction_evaluate <= 0.0:
+            return []
+        node_ids = self.sample(grid, self.fraction_evaluate, self.min_evaluate_nodes)
+        cfg = ConfigRecord(dict(config))
+        cfg[R.SERVER_ROUND] = server_round
+        content = RecordDict({R.MODEL: arrays, R.CONFIG: cfg})
+        return [Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=n) for n in node_ids]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        usable = [
+            dict(m.content.metric_records[R.METRICS]) for m in replies
+            if not m.has_error() and R.METRICS in m.content.metric_records
+        ]
+        usable = [m for m in usable if isinstance(m.get(R.NUM_EXAMPLES), (int, float)) and m[R.NUM_EXAMPLES] > 0]
+        return MetricRecord(self.mean_reply_metrics(usable)) if usable else None

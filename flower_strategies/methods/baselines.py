@@ -1,0 +1,109 @@
+"""FedOpt-family baselines: FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi and FedProx.
+
+* FedAvg — McMahan et al., *Communication-Efficient Learning of Deep Networks from Decentralized Data*, 2017.
+* FedAvgM — Hsu et al., *Measuring the Effects of Non-Identical Data Distribution*, 2019 (server heavy-ball momentum).
+* FedAdagrad / FedAdam / FedYogi — Reddi et al., *Adaptive Federated Optimization*, ICLR 2021.
+* FedProx — Li et al., *Federated Optimization in Heterogeneous Networks*, MLSys 2020.
+
+Clients run local SGD (:class:`~flower_strategies.core.local.SGDOptimizer`) and upload their model; the server
+forms the descent-positive pseudo-gradient ``D̄ = x_t − mean_i x_i`` over the trainable floating-point keys
+and applies a :class:`~flower_strategies.core.server_opt.ServerOptimizer` (ALGORITHMS.md §6).  Non-trainable
+floating arrays take the clients' mean; integer arrays keep the server's value.
+
+Conventions and deviations
+--------------------------
+* Sign: ``D̄`` is descent-positive (``x ← x − lr·m/(√v+τ)``); Reddi et al. and Flower write the ascent
+  sign ``Δ = mean x_i − x`` with ``x ← x + …`` – the same update.
+* ``initial-v`` (``v₀``): empty/None (default) means ``τ²``; Flower's built-ins correspond to ``0``.
+* ``bias-correction``: ``none`` (Reddi et al., default), ``adam`` (Keras: lr·√(1−β2^s)/(1−β1^s), s = server
+  steps), ``flower`` (exponent = server round + 1, Flower 1.42's FedAdam).
+* FedAdagrad keeps the momentum ``β1`` (Reddi et al.'s Algorithm 2); ``beta1 = 0`` is classic AdaGrad and
+  Flower's FedAdagrad.
+* Weighting: example-weighted mean by default (``weighting="uniform"`` for papers 002/004).
+
+One strategy class, :class:`FedOpt`; the six baselines are registry names with other defaults of its
+declaration (:class:`FedOptHParams`): ``server_opt`` picks the server optimizer, ``mu > 0`` is FedProx.
+The classes ``FedAvg``, ``FedAdam``, … exist for ``from flower_strategies import FedAdam`` and are nothing
+but those defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..core.hparams import param
+from ..core.local import SGDHParams, SGDOptimizer
+from ..core.ops import NamedArrays
+from ..core.registry import register
+from ..core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, ServerOptimizer
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
+
+
+@dataclass(frozen=True)
+class FedOptHParams(SGDHParams):
+    """FedOpt: local SGD (client fields ``weight_decay``, ``mu``) + a server optimizer on ``D̄``."""
+
+    server_opt: str = param("sgd", choices=SERVER_OPTIMIZERS, help="server optimizer: sgd (FedAvg) | sgdm (FedAvgM) | adagrad | adam | yogi")
+    server_lr: float = param(1.0, lo=0.0, help="server learning rate η (1 with sgd = model averaging)")
+    beta1: float = param(0.9, lo=0.0, hi=1.0, help="server momentum β1 (heavy-ball β for sgdm; m₀ = 0)")
+    beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (adam, yogi)")
+    tau: float = param(1e-3, lo=0.0, help="adaptivity τ (added to √v)")
+    initial_v: float | None = param(None, lo=0.0, help="v₀; empty = τ² (Reddi et al.); 0 = Flower's built-ins")
+    bias_correction: str = param("none", choices=BIAS_CORRECTIONS, help="none | adam (Keras) | flower (Flower 1.42 FedAdam)")
+
+    def server_optimizer(self) -> ServerOptimizer:
+        return ServerOptimizer(
+            self.server_opt, lr=self.server_lr, beta1=self.beta1, beta2=self.beta2, tau=self.tau,
+            initial_v=self.initial_v, bias_correction=self.bias_correction,
+        )
+
+
+class FedOpt(FedAdaptStrategy):
+    """Clients upload their local model; the server applies a FedOpt server optimizer to ``D̄ = x_t − mean_i x_i``."""
+
+    method: ClassVar[str] = "fedavg"
+    hparams_class = FedOptHParams
+    local_optimizer = SGDOptimizer
+
+    def __init__(self, hparams: FedOptHParams | None = None, **kwargs: Any) -> None:
+        super().__init__(hparams, **kwargs)
+        self.opt = self.hparams.server_optimizer()
+
+    def init_server_state(self, arrays: NamedArrays) -> ServerState:
+        return dict(self.opt.init({k: arrays[k] for k in self.trainable(arrays)}))
+
+    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+        current, mean = inputs.current, inputs.aggregates["arrays"]
+        params = {k: current[k] for k in inputs.trainable}
+        pseudo_grad = {k: current[k].astype(np.float64) - mean[k].astype(np.float64) for k in inputs.trainable}
+        new_params, new_state = self.opt.step(
+            params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round
+        )
+        return self.merge_buffers(new_params, current, mean), dict(new_state), {}
+
+
+def _variant(name: str, doc: str, **defaults: Any) -> type[FedOpt]:
+    return type(name, (FedOpt,), {"__doc__": doc, "method": name.lower(), "variant": defaults, "__module__": __name__})
+
+
+_ADAPTIVE = {"server_lr": 0.01}
+FedAvg = _variant("FedAvg", "FedAvg (McMahan et al. 2017) with an optional server learning rate.")
+FedAvgM = _variant("FedAvgM", "FedAvgM (Hsu et al. 2019): heavy-ball server momentum ``u ← β1·u + D̄``, ``u₀ = 0``.", server_opt="sgdm")
+FedAdagrad = _variant("FedAdagrad", "FedAdagrad (Reddi et al. 2021): ``v ← v + D̄²``.", server_opt="adagrad", server_lr=0.03)
+FedAdam = _variant("FedAdam", "FedAdam (Reddi et al. 2021): ``v ← β2·v + (1−β2)·D̄²``.", server_opt="adam", **_ADAPTIVE)
+FedYogi = _variant("FedYogi", "FedYogi (Reddi et al. 2021): ``v ← v − (1−β2)·D̄²·sign(v − D̄²)``.", server_opt="yogi", **_ADAPTIVE)
+FedProx = _variant("FedProx", "FedProx (Li et al. 2020): FedAvg server; clients add ``mu·(w − x_t)`` to every local gradient.", mu=0.01)
+
+_REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021"
+for _cls, _paper, _summary in (
+    (FedAvg, "McMahan et al., AISTATS 2017", "local SGD + (weighted) model averaging"),
+    (FedAvgM, "Hsu et al., 2019", "FedAvg + server heavy-ball momentum"),
+    (FedAdagrad, _REDDI, "local SGD + server AdaGrad"),
+    (FedAdam, _REDDI, "local SGD + server Adam"),
+    (FedYogi, _REDDI, "local SGD + server Yogi"),
+    (FedProx, "Li et al., MLSys 2020", "local SGD with proximal term + FedAvg"),
+):
+    register(_cls, paper=_paper, summary=_summary)

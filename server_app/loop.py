@@ -1,0 +1,73 @@
+"""The ServerApp's round loop: Flower's ``Strategy.start`` loop, resumable and with a per-round hook.
+
+Flower's loop always starts at round 1; a resumed run must start after the checkpointed round (and skip the
+round-0 evaluation), and checkpoints are written once a round's evaluation is done.  This is the one place
+that loop lives; a strategy used in someone else's ServerApp runs under Flower's own ``start``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from logging import INFO
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from flower_strategies.core.strategy import FedAdaptStrategy
+
+
+def run_rounds(
+    strategy: FedAdaptStrategy,
+    grid: Grid,
+    initial_arrays: ArrayRecord,
+    num_rounds: int,
+    timeout: float,
+    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    *,
+    start_round: int = 1,
+    on_round_end: Callable[[int, ArrayRecord], None] | None = None,
+) -> Result:
+    """Rounds ``start_round … num_rounds`` (``start_round > 1``: ``initial_arrays`` are the global arrays after
+    round ``start_round − 1`` and the strategy's state was restored with ``load_state_dict``)."""
+    if start_round < 1:
+        raise ValueError(f"start_round must be >= 1, got {start_round}")
+    strategy.num_rounds = int(num_rounds)
+    log(INFO, "Starting %s strategy at round %d of %d", type(strategy).__name__, start_round, num_rounds)
+    strategy.summary()
+    result = Result()
+    t_start = time.time()
+    if evaluate_fn and start_round == 1:
+        res = evaluate_fn(0, initial_arrays)
+        if res is not None:
+            result.evaluate_metrics_serverapp[0] = res
+    arrays = initial_arrays
+    for current_round in range(start_round, num_rounds + 1):
+        log(INFO, "")
+        log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
+        replies = grid.send_and_receive(
+            messages=strategy.configure_train(current_round, arrays, ConfigRecord(), grid), timeout=timeout
+        )
+        agg_arrays, agg_metrics = strategy.aggregate_train(current_round, replies)
+        if agg_arrays is not None:
+            result.arrays = agg_arrays
+            arrays = agg_arrays
+        if agg_metrics is not None:
+            log(INFO, "\t└──> Aggregated MetricRecord: %s", agg_metrics)
+            result.train_metrics_clientapp[current_round] = agg_metrics
+        eval_replies = grid.send_and_receive(
+            messages=strategy.configure_evaluate(current_round, arrays, ConfigRecord(), grid), timeout=timeout
+        )
+        agg_eval = strategy.aggregate_evaluate(current_round, eval_replies)
+        if agg_eval is not None:
+            result.evaluate_metrics_clientapp[current_round] = agg_eval
+        if evaluate_fn:
+            res = evaluate_fn(current_round, arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[current_round] = res
+        if on_round_end is not None:
+            on_round_end(current_round, arrays)
+    log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+    return result
