@@ -1,32 +1,43 @@
-"""The client half of every method, usable from any ``@app.train()`` function.
+"""The client half of every method, inside any training loop.
 
-    from flower_strategies import train_reply
+Your own loop (your DataLoader, device, augmentation) with :class:`ClientRound`::
+
+    from flower_strategies import ClientRound
 
     @app.train()
     def train(msg, context):
-        model = MyNet()
-        content = train_reply(model, msg.content, x_train, y_train, torch.nn.functional.cross_entropy,
-                              state=context.state, seed=0, client_key=context.node_id)
-        return Message(content=content, reply_to=msg)
+        model = Net().to(device)
+        rnd = ClientRound(msg.content, state=context.state)   # method, lr, plan and downlink of this round
+        rnd.load_model(model)                                  # the global model x_t
+        opt = rnd.optimizer(model, num_examples=len(trainloader.dataset))
+        for x, y in rnd.batches(trainloader):                  # exactly the round's planned local steps
+            opt.zero_grad()
+            loss_fn(model(x.to(device)), y.to(device)).backward()
+            opt.step()
+        return Message(rnd.reply(model, opt, num_examples=len(trainloader.dataset)), reply_to=msg)
 
-The round's ConfigRecord names the method; the matching local optimizer comes from the registry and is
-built from the server-owned hyper-parameters in the same ConfigRecord.
+or the one-call convenience :func:`train_reply` (whole-partition tensors with seeded batches — what the fedadapt
+ClientApp and the exactness tests use — or any iterable of ``(x, y)`` batches).  The round's ConfigRecord names
+the method; the matching local optimizer comes from the registry and is built from the server-owned
+hyper-parameters in the same ConfigRecord.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from . import records as R
+from .local import LocalOptimizer
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
+Batch = tuple[Tensor, Tensor]
 
 
 def num_local_steps(n: int, config: Mapping[str, Any]) -> int:
@@ -103,7 +114,7 @@ def local_train(
     model.train()
     total = 0.0
     for idx in batch_indices(n, bs, steps, seed, server_round, client_key):
-        idx_t = torch.from_numpy(idx)
+        idx_t = torch.from_numpy(idx).to(x.device)
         optimizer.zero_grad(set_to_none=False)
         loss = loss_fn(model(x[idx_t]), y[idx_t])
         loss.backward()
@@ -134,56 +145,243 @@ def save_client_state(state: RecordDict, arrays: Mapping[str, Mapping[str, Tenso
         state[R.STATE_PREFIX + name] = ArrayRecord({k: v.detach().cpu() for k, v in named.items()})
 
 
+class ClientRound:
+    """One round of a method's client half, read from the train message; your loop drives it.
+
+    Parameters
+    ----------
+    content
+        The train message's ``RecordDict`` (``msg.content``).
+    state
+        The node's ``Context.state`` (persistent client state of methods such as SCAFFOLD and Fed-LAMB is read from
+        it and written back by :meth:`reply`); ``None`` for methods without one.
+    """
+
+    def __init__(self, content: RecordDict, state: RecordDict | None = None) -> None:
+        from .registry import get_method  # local import: the registry imports the strategy base
+
+        if R.CONFIG not in content.config_records or R.METHOD not in content.config_records[R.CONFIG]:
+            raise ValueError(
+                f"the train message has no '{R.CONFIG}' ConfigRecord naming the method: it was not sent by a "
+                "fedadapt strategy"
+            )
+        self.content = content
+        self.state = state
+        self.config: dict[str, Any] = dict(content.config_records[R.CONFIG])
+        self.spec = get_method(str(self.config[R.METHOD]))
+
+    # ----------------------------------------------------------------- the round's plan
+    @property
+    def method(self) -> str:
+        return self.spec.name
+
+    @property
+    def lr(self) -> float:
+        """The client learning rate η_l of this round (the server may schedule it)."""
+        return float(self.config[R.CLIENT_LR])
+
+    @property
+    def server_round(self) -> int:
+        return int(self.config.get(R.SERVER_ROUND, 0))
+
+    @property
+    def full_batch(self) -> bool:
+        """FedDA's stabilization phase: one full-batch step this round (:meth:`batches` yields one batch)."""
+        return bool(self.config.get(R.FULL_BATCH, False))
+
+    def num_steps(self, num_examples: int) -> int:
+        """The planned local steps K for ``num_examples`` examples (``local-steps``, else epochs·⌈n/B⌉)."""
+        return num_local_steps(num_examples, self.config)
+
+    def batches(self, loader: Iterable[Any], num_examples: int | None = None,
+                batch_fn: Callable[[Any], Batch] | None = None) -> Iterator[Batch]:
+        """Yield exactly the round's planned number of ``(x, y)`` batches from ``loader``, re-iterating it (epochs)
+        as needed; in the full-batch phase yield one batch holding every example.
+
+        ``num_examples`` defaults to ``len(loader.dataset)``; ``batch_fn`` maps a loader item to ``(x, y)``
+        (e.g. ``lambda b: (b["img"], b["label"])`` for a Hugging Face/flwr-datasets loader)."""
+        to_xy = batch_fn or _as_xy
+        if self.full_batch:
+            xs, ys = zip(*(to_xy(b) for b in loader))
+            yield torch.cat(xs), torch.cat(ys)
+            return
+        n = num_examples if num_examples is not None else _dataset_len(loader)
+        remaining = self.num_steps(n)
+        while remaining > 0:
+            produced = 0
+            for item in loader:
+                yield to_xy(item)
+                produced += 1
+                remaining -= 1
+                if remaining == 0:
+                    return
+            if produced == 0:
+                raise ValueError("the loader yielded no batch")
+
+    # ----------------------------------------------------------------- model, optimizer, reply
+    def load_model(self, model: nn.Module) -> None:
+        """Load the global model x_t into ``model`` (on whatever device it lives)."""
+        model.load_state_dict(self.content.array_records[R.MODEL].to_torch_state_dict(), strict=True)
+
+    def optimizer(
+        self, model: nn.Module, *, num_examples: int | None = None, full_gradient: Mapping[str, Tensor] | None = None
+    ) -> LocalOptimizer:
+        """The method's local optimizer for ``model`` with this round's lr, downlink records, saved client state and
+        client hyper-parameters.  ``num_examples`` is needed by methods that plan their steps (LocalUpdate,
+        FedLADA's ``K-1``); ``full_gradient`` by MimeLite (see :func:`full_gradient_from`)."""
+        cls = self.spec.local_optimizer
+        planned = None
+        if cls.needs_planned_steps:
+            if num_examples is None:
+                raise ValueError(f"method '{self.method}' plans its local steps: pass num_examples=")
+            planned = self.num_steps(num_examples)
+        return cls(
+            model.named_parameters(),
+            lr=self.lr,
+            downlink=downlink_records(self.content),
+            client_state=load_client_state(self.state),
+            full_gradient=full_gradient,
+            planned_steps=planned,
+            **self.spec.hparams.client_kwargs_from_wire(self.config, self.method),
+        )
+
+    @property
+    def needs_full_gradient(self) -> bool:
+        return self.spec.local_optimizer.needs_full_gradient
+
+    def reply(
+        self,
+        model: nn.Module,
+        optimizer: LocalOptimizer,
+        *,
+        num_examples: int,
+        train_loss: float | None = None,
+        train_loss_before: float | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> RecordDict:
+        """The reply content: model (if the method sends it), the optimizer's uplink records, ``metrics``
+        (``num-examples``, ``num-steps`` = steps actually taken, losses) and the method marker; saves the
+        client state into ``state``."""
+        if not isinstance(num_examples, int) or isinstance(num_examples, bool) or num_examples <= 0:
+            raise ValueError(f"num_examples must be a positive int, got {num_examples!r}")
+        uplink = optimizer.uplink()
+        if self.state is not None:
+            save_client_state(self.state, optimizer.client_state())
+        reply = RecordDict()
+        if optimizer.sends_model:
+            reply[R.MODEL] = ArrayRecord(model.state_dict())
+        for name, arrays in uplink.items():
+            reply[name] = ArrayRecord({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
+        out: dict[str, float] = dict(metrics or {})
+        out[R.NUM_EXAMPLES] = int(num_examples)
+        out[R.NUM_STEPS] = float(optimizer.steps_taken)
+        if train_loss is not None:
+            out[R.TRAIN_LOSS] = float(train_loss)
+        if train_loss_before is not None:
+            out[R.TRAIN_LOSS_BEFORE] = float(train_loss_before)
+        reply[R.METRICS] = MetricRecord(out)
+        reply[R.REPLY_INFO] = ConfigRecord({R.METHOD: self.method})
+        return reply
+
+
+def _as_xy(item: Any) -> Batch:
+    if isinstance(item, Mapping):
+        raise TypeError("the loader yields mappings: pass batch_fn=lambda b: (b['<input>'], b['<label>'])")
+    x, y = item[0], item[1]
+    return x, y
+
+
+def _dataset_len(loader: Iterable[Any]) -> int:
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        raise ValueError("pass num_examples= (the loader has no .dataset to count)")
+    return len(dataset)
+
+
+def full_gradient_from(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
+                       batch_fn: Callable[[Any], Batch] | None = None) -> dict[str, Tensor]:
+    """Gradient of the mean loss over every example of ``loader`` at the model's current parameters
+    (batch gradients weighted by batch size; ``loss_fn`` must average over its batch)."""
+    to_xy = batch_fn or _as_xy
+    device = next(model.parameters()).device
+    model.zero_grad(set_to_none=True)
+    total = 0
+    for item in loader:
+        x, y = to_xy(item)
+        x, y = x.to(device), y.to(device)
+        (loss_fn(model(x), y) * len(x)).backward()
+        total += len(x)
+    grads = {n: (p.grad.detach() / total if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
 def train_reply(
     model: nn.Module,
     content: RecordDict,
-    x: Tensor,
-    y: Tensor,
-    loss_fn: LossFn,
-    *,
+    data: Tensor | Iterable[Any],
+    *args: Any,
     state: RecordDict | None = None,
     seed: int = 0,
     client_key: int = 0,
+    batch_fn: Callable[[Any], Batch] | None = None,
 ) -> RecordDict:
-    """Do one fedadapt training round on ``(x, y)`` and return the reply ``RecordDict``.
+    """Do one fedadapt training round and return the reply ``RecordDict``.
 
-    ``state`` is the node's ``Context.state``: the method's persistent client state is read from and written
-    back to it (records named ``fedadapt.<name>``).  ``client_key`` (e.g. the partition id) and ``seed``
-    determine the mini-batch order.
+    ``train_reply(model, content, x, y, loss_fn)``: whole-partition tensors; mini-batches are drawn with a
+    permutation seeded by ``(seed, round, client_key)`` (bit-reproducible; what the exactness tests use).
+    ``train_reply(model, content, loader, loss_fn)``: any iterable of ``(x, y)`` batches (e.g. a DataLoader with
+    your transforms), re-iterated for the round's planned steps; ``batch_fn`` maps a loader item to ``(x, y)``.
+    Batches are moved to the model's device.  ``state`` is the node's ``Context.state`` (persistent client
+    state, records ``fedadapt.<name>``).
     """
-    from .registry import get_method  # local import: the registry imports the strategy base
+    rnd = ClientRound(content, state)
+    rnd.load_model(model)
+    device = next(model.parameters()).device
+    if isinstance(data, Tensor):
+        x, (y, loss_fn) = data, args
+        return _train_tensors(rnd, model, x.to(device), y.to(device), loss_fn, seed, client_key)
+    (loss_fn,) = args
+    n = _dataset_len(data)
+    loss_before = mean_loss_loader(model, data, loss_fn, batch_fn)
+    grad = full_gradient_from(model, data, loss_fn, batch_fn) if rnd.needs_full_gradient else None
+    optimizer = rnd.optimizer(model, num_examples=n, full_gradient=grad)
+    model.train()
+    total, steps = 0.0, 0
+    for x, y in rnd.batches(data, n, batch_fn):
+        optimizer.zero_grad(set_to_none=False)
+        loss = loss_fn(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        total, steps = total + float(loss.detach()), steps + 1
+    return rnd.reply(model, optimizer, num_examples=n, train_loss=total / max(steps, 1), train_loss_before=loss_before)
 
-    config = dict(content.config_records[R.CONFIG])
-    spec = get_method(str(config[R.METHOD]))
-    model.load_state_dict(content.array_records[R.MODEL].to_torch_state_dict(), strict=True)
 
-    sample = loss_before_sample(len(x), config, seed, client_key)
+@torch.no_grad()
+def mean_loss_loader(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
+                     batch_fn: Callable[[Any], Batch] | None = None) -> float:
+    to_xy = batch_fn or _as_xy
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, n = 0.0, 0
+    for item in loader:
+        x, y = to_xy(item)
+        total += float(loss_fn(model(x.to(device)), y.to(device))) * len(x)
+        n += len(x)
+    model.train(was_training)
+    return total / max(n, 1)
+
+
+def _train_tensors(rnd: ClientRound, model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn,
+                   seed: int, client_key: int) -> RecordDict:
+    sample = loss_before_sample(len(x), rnd.config, seed, client_key)
     if sample is None:
         loss_before = mean_loss(model, x, y, loss_fn)
     else:
-        idx = torch.from_numpy(sample)
+        idx = torch.from_numpy(sample).to(x.device)
         loss_before = mean_loss(model, x[idx], y[idx], loss_fn)
-    opt_cls = spec.local_optimizer
-    optimizer = opt_cls(
-        model.named_parameters(),
-        lr=float(config[R.CLIENT_LR]),
-        downlink=downlink_records(content),
-        client_state=load_client_state(state),
-        full_gradient=full_gradient(model, x, y, loss_fn) if opt_cls.needs_full_gradient else None,
-        planned_steps=num_local_steps(len(x), config) if opt_cls.needs_planned_steps else None,
-        **spec.hparams.client_kwargs_from_wire(config, spec.name),
-    )
-    metrics = local_train(model, optimizer, x, y, loss_fn, config, seed=seed, client_key=client_key)
-    uplink = optimizer.uplink()
-    if state is not None:
-        save_client_state(state, optimizer.client_state())
-
-    reply = RecordDict()
-    if optimizer.sends_model:
-        reply[R.MODEL] = ArrayRecord(model.state_dict())
-    for name, arrays in uplink.items():
-        reply[name] = ArrayRecord({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
-    reply[R.METRICS] = MetricRecord(
-        {**metrics, R.NUM_EXAMPLES: int(len(x)), R.TRAIN_LOSS_BEFORE: loss_before}
-    )
-    return reply
+    grad = full_gradient(model, x, y, loss_fn) if rnd.needs_full_gradient else None
+    optimizer = rnd.optimizer(model, num_examples=len(x), full_gradient=grad)
+    metrics = local_train(model, optimizer, x, y, loss_fn, rnd.config, seed=seed, client_key=client_key)
+    return rnd.reply(model, optimizer, num_examples=len(x), train_loss=metrics[R.TRAIN_LOSS], train_loss_before=loss_before)

@@ -136,3 +136,42 @@ def global_offset(mean_delta: Mapping[str, np.ndarray], client_lr: float, mean_s
 def decayed_lr(lr: float, decay: float, server_round: int) -> float:
     """``lr · decay^(round−1)``: a per-round exponential client-lr schedule (round 1 uses ``lr``)."""
     return lr * decay ** max(server_round - 1, 0)
+
+
+#: Robust replacements of the (weighted) mean for ``"mean"``-rule records.
+ROBUST_RULES = ("median", "trimmed-mean")
+
+
+class RobustAggregator:
+    """Coordinate-wise median or trimmed mean of the folded arrays (weights ignored).
+
+    Unlike :class:`StreamingAggregator` this keeps every reply's arrays until :meth:`result`: memory is
+    O(N·model).  ``trimmed-mean`` drops the ``floor(trim·N)`` smallest and largest values per coordinate.
+    """
+
+    def __init__(self, rule: str, trim: float = 0.1) -> None:
+        if rule not in ROBUST_RULES:
+            raise ValueError(f"unknown robust rule {rule!r}; valid: {', '.join(ROBUST_RULES)}")
+        if not 0.0 <= trim < 0.5:
+            raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+        self.rule, self.trim = rule, trim
+        self._items: list[Mapping[str, np.ndarray]] = []
+        self.count = 0
+
+    def add(self, arrays: Mapping[str, np.ndarray], weight: float = 1.0) -> None:
+        self._items.append(arrays)
+        self.count += 1
+
+    def result(self) -> NamedArrays:
+        if not self._items:
+            raise ValueError("no arrays were folded into the aggregator")
+        out: NamedArrays = {}
+        for key, first in self._items[0].items():
+            stack = np.stack([np.asarray(item[key], dtype=np.float64) for item in self._items])
+            if self.rule == "median":
+                value = np.median(stack, axis=0)
+            else:
+                k = int(np.floor(self.trim * len(self._items)))
+                value = np.sort(stack, axis=0)[k : len(self._items) - k].mean(axis=0)
+            out[key] = value.astype(np.asarray(first).dtype, copy=False)
+        return out

@@ -43,6 +43,9 @@ FULL_BATCH = "full-batch"
 # Optional: clients estimate train-loss-before on a seeded sample of at most this many examples (absent/0 = all).
 LOSS_BEFORE_MAX = "loss-before-max-examples"
 
+# Reply ConfigRecord naming the method whose client half produced the reply (``{"method": name}``).
+REPLY_INFO = "fedadapt"
+
 # Prefix of client persistent state in ``Context.state``.
 STATE_PREFIX = "fedadapt."
 

@@ -34,8 +34,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from . import records as R
 from .hparams import HParams
 from .local import LocalOptimizer, SGDOptimizer
-from .ops import NamedArrays, StreamingAggregator, all_finite, is_float, nbytes
-from .validation import RecordSpec, check_update_norms, layout, parse_reply
+from .ops import ROBUST_RULES, NamedArrays, RobustAggregator, StreamingAggregator, all_finite, is_float, nbytes
+from .validation import RecordSpec, check_update_norms, layout, parse_reply, update_norm
 
 #: Reply metrics that are identifiers or weights, not quantities to average.
 NOT_AVERAGED = frozenset({R.NUM_EXAMPLES, "partition-id", "num-partitions", "node-id"})
@@ -79,6 +79,10 @@ class RoundInputs:
     num_updates: int
     #: Most nodes ever seen available when sampling (SCAFFOLD's N).
     nodes_seen: int
+
+
+class ClientHalfMissing(RuntimeError):
+    """Every reply of a round came from a client without the method's client half: the run cannot train."""
 
 
 def weighted_mean(values: Sequence[tuple[float, float]], weighting: str) -> float:
@@ -136,6 +140,16 @@ class FedAdaptStrategy(Strategy):
         > 0: clients estimate ``train-loss-before`` on a seeded sample of at most this many examples.
     max_update_norm
         Reject replies whose update norm exceeds this (0 = off); see :func:`.validation.check_update_norms`.
+    update_norm_ratio
+        Reject replies whose update norm (per record) exceeds this multiple of the round's (lower) median norm
+        (0 = off).  The default 100 is never reached by honest training and stops magnitude attacks (one finite
+        reply of 1e38 would otherwise become the model).
+    max_weight_ratio
+        Clip every reply's ``num-examples`` weight at this multiple of the round's median reported count (0 = off):
+        one client cannot take over an example-weighted mean by reporting 1e12 examples.
+    aggregator, trim_fraction
+        ``"mean"`` (the method's rule), or a robust coordinate-wise ``"median"`` / ``"trimmed-mean"`` (dropping the
+        ``floor(trim_fraction·N)`` largest and smallest values) for every ``"mean"``-rule record; O(N·model) memory.
     num_rounds
         Total rounds of the run (round-dependent schedules); :meth:`start` sets it from its argument.
     method
@@ -176,6 +190,10 @@ class FedAdaptStrategy(Strategy):
         wait_for_nodes_s: float = 600.0,
         loss_before_max_examples: int = 0,
         max_update_norm: float = 0.0,
+        update_norm_ratio: float = 100.0,
+        max_weight_ratio: float = 3.0,
+        aggregator: str = "mean",
+        trim_fraction: float = 0.1,
         num_rounds: int | None = None,
         method: str | None = None,
     ) -> None:
@@ -210,6 +228,15 @@ class FedAdaptStrategy(Strategy):
         if not max_update_norm >= 0:
             raise ValueError(f"max_update_norm must be >= 0, got {max_update_norm}")
         self.max_update_norm = float(max_update_norm)
+        if not update_norm_ratio >= 0 or not max_weight_ratio >= 0:
+            raise ValueError(f"update_norm_ratio and max_weight_ratio must be >= 0, got {update_norm_ratio}, {max_weight_ratio}")
+        self.update_norm_ratio = float(update_norm_ratio)
+        self.max_weight_ratio = float(max_weight_ratio)
+        if aggregator not in ("mean", *ROBUST_RULES):
+            raise ValueError(f"aggregator must be one of mean, {', '.join(ROBUST_RULES)}; got {aggregator!r}")
+        RobustAggregator("trimmed-mean", trim_fraction)  # validates trim_fraction
+        self.aggregator = aggregator
+        self.trim_fraction = float(trim_fraction)
         self.num_rounds = num_rounds
         #: ``{node_id: sort_key}`` ordering nodes before sampling (see :meth:`order_nodes`).
         self.node_order: dict[int, Any] = {}
@@ -365,44 +392,118 @@ class FedAdaptStrategy(Strategy):
         return self._parse(msg, self.expected_layouts())[0]
 
     def _parse(self, msg: Message, expected: Mapping[str, Any]) -> tuple[str | None, dict[str, NamedArrays]]:
+        reason = self._check_client_half(msg)
+        if reason is not None:
+            return reason, {}
         reason, parsed = parse_reply(msg, expected)
         if reason is None and self.max_update_norm > 0:
             assert self.current is not None
             reason = check_update_norms(parsed, self.uplink_specs(), self.current, self.max_update_norm)
         return reason, ({} if reason else parsed)
 
+    @property
+    def needs_client_half(self) -> bool:
+        """Whether replies must come from this method's client half (anything beyond plain local SGD)."""
+        return self.local_optimizer is not SGDOptimizer or any(bool(v) for v in self.hparams.client_values().values())
+
+    def _check_client_half(self, msg: Message) -> str | None:
+        if msg.has_error() or not self.needs_client_half:
+            return None
+        info = msg.content.config_records.get(R.REPLY_INFO)
+        produced_by = None if info is None else info.get(R.METHOD)
+        if produced_by != self.method:
+            return (f"reply was not produced by fedadapt's '{self.method}' client half "
+                    f"(its '{R.REPLY_INFO}' ConfigRecord names {produced_by!r})")
+        return None
+
     def _rule(self, spec: RecordSpec) -> str:
         if spec.rule == "mean":
+            if self.aggregator != "mean":
+                return self.aggregator
             return "wmean" if self.weighting == "examples" else "umean"
         return spec.rule
+
+    def _aggregator(self, spec: RecordSpec) -> StreamingAggregator | RobustAggregator:
+        rule = self._rule(spec)
+        return RobustAggregator(rule, self.trim_fraction) if rule in ROBUST_RULES else StreamingAggregator(rule)
+
+    def _reject(self, rlog: RoundLog, msg: Message, reason: str) -> None:
+        rlog.replies_rejected += 1
+        rlog.rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
+        log(WARNING, "Round %d: rejected reply from node %s: %s", rlog.server_round, msg.metadata.src_node_id, reason)
+
+    def _screen(self, replies: list[Message], rlog: RoundLog) -> list[tuple[Message, dict[str, NamedArrays] | None]]:
+        """Validate every reply and screen update norms against the round's median; return the usable ones with
+        their parsed records (kept while they fit in a memory budget, else re-read when folding)."""
+        expected = self.expected_layouts()
+        specs = self.uplink_specs()
+        budget = 512 * 2**20  # bytes of parsed replies kept between the two passes
+        kept: list[tuple[Message, dict[str, NamedArrays] | None, list[float]]] = []
+        missing_half = 0
+        for msg in replies:
+            reason, parsed = self._parse(msg, expected)
+            if reason is not None:
+                missing_half += reason.startswith("reply was not produced")
+                self._reject(rlog, msg, reason)
+                continue
+            norms = []
+            if self.update_norm_ratio > 0:
+                assert self.current is not None
+                norms = [update_norm(parsed[s.name], self.current if s.keys == "model" else None) for s in specs]
+            fits = budget >= sum(nbytes(a) for a in parsed.values())
+            budget -= sum(nbytes(a) for a in parsed.values()) if fits else 0
+            kept.append((msg, parsed if fits else None, norms))
+        if replies and missing_half == len(replies):
+            raise ClientHalfMissing(
+                f"every reply of round {rlog.server_round} lacks the client half of method '{self.method}' "
+                f"(e.g. the ClientApp trains with its own optimizer). Fix: build the reply with "
+                f"flower_strategies.train_reply(...) or flower_strategies.ClientRound(...) in @app.train() "
+                f"(legacy apps: FedAdaptNumPyClient); see the README section 'Use a method in your own Flower app'."
+            )
+        if self.update_norm_ratio > 0 and len(kept) > 2:
+            for i, spec in enumerate(specs):
+                median = float(np.quantile([k[2][i] for k in kept], 0.5, method="lower"))
+                bound = self.update_norm_ratio * median
+                for item in [k for k in kept if not k[2][i] <= bound]:
+                    kept.remove(item)
+                    self._reject(rlog, item[0], f"record '{spec.name}' norm {item[2][i]:.4g} exceeds update-norm-ratio "
+                                 f"{self.update_norm_ratio:g} × the round's median {median:.4g}")
+        return [(msg, parsed) for msg, parsed, _ in kept]
+
+    def client_weights(self, reported: Sequence[float]) -> list[float]:
+        """The replies' weights: reported ``num-examples`` clipped at ``max_weight_ratio`` × their median."""
+        if self.max_weight_ratio <= 0 or not reported:
+            return list(reported)
+        cap = self.max_weight_ratio * float(np.median(reported))
+        return [min(n, cap) for n in reported]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         rlog = self._round or RoundLog(server_round)
         self._round = None
+        replies = sorted(replies, key=lambda m: m.metadata.src_node_id)  # deterministic fold order
+        rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error() for r in m.content.array_records.values())
+        usable = self._screen(replies, rlog)
+        reported = [float(msg.content.metric_records[R.METRICS][R.NUM_EXAMPLES]) for msg, _ in usable]
+        weights = self.client_weights(reported)
         specs = self.uplink_specs()
-        expected = self.expected_layouts()
-        aggs = {s.name: StreamingAggregator(self._rule(s)) for s in specs}
+        aggs = {s.name: self._aggregator(s) for s in specs}
         reply_metrics: list[dict[str, Any]] = []
-        for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):  # deterministic fold order
-            if not msg.has_error():
-                rlog.bytes_up += sum(R.record_nbytes(r) for r in msg.content.array_records.values())
-            reason, parsed = self._parse(msg, expected)
-            if reason is not None:
-                rlog.replies_rejected += 1
-                rlog.rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
-                log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id, reason)
-                continue
-            metrics = dict(msg.content.metric_records[R.METRICS])
+        expected = self.expected_layouts()
+        for (msg, parsed), weight in zip(usable, weights):
+            if parsed is None:
+                parsed = parse_reply(msg, expected)[1]
             for spec in specs:
-                aggs[spec.name].add(parsed[spec.name], float(metrics[R.NUM_EXAMPLES]))
-            del parsed  # O(model): one reply's arrays are deserialised at a time
-            reply_metrics.append({**metrics, "node-id": msg.metadata.src_node_id})
+                aggs[spec.name].add(parsed[spec.name], weight)
+            del parsed  # O(model) when the replies did not fit the budget: one reply deserialised at a time
+            metrics = dict(msg.content.metric_records[R.METRICS])
+            reply_metrics.append({**metrics, R.NUM_EXAMPLES: weight, "node-id": msg.metadata.src_node_id})
         rlog.replies_used = len(reply_metrics)
         metrics_out = self.mean_reply_metrics(reply_metrics)
         metrics_out["replies-used"] = rlog.replies_used
         metrics_out["replies-rejected"] = rlog.replies_rejected
+        metrics_out["weights-clipped"] = sum(w < n for w, n in zip(weights, reported))
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
@@ -417,18 +518,21 @@ class FedAdaptStrategy(Strategy):
         self.history.append(rlog)
         return new_arrays, MetricRecord(metrics_out)
 
-    def mean_reply_metrics(self, reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-        """Example-weighted means of the replies' numeric metrics, plus the total ``num-examples``."""
-        sums: dict[str, float] = {}
-        total = 0.0
+    @staticmethod
+    def mean_reply_metrics(reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """Example-weighted means of the replies' finite numeric metrics (a NaN/Inf value of one reply is left
+        out of that metric's mean, never poisons it), plus the total ``num-examples``."""
+        sums: dict[str, list[float]] = {}
         for m in reply_metrics:
             n = float(m[R.NUM_EXAMPLES])
             for key, value in m.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in NOT_AVERAGED:
-                    sums[key] = sums.get(key, 0.0) + n * float(value)
-            total += n
-        out = {k: v / total for k, v in sums.items()} if total else {}
-        out[R.NUM_EXAMPLES] = total
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in NOT_AVERAGED \
+                        and np.isfinite(value):
+                    acc = sums.setdefault(key, [0.0, 0.0])
+                    acc[0] += n * float(value)
+                    acc[1] += n
+        out = {k: v / w for k, (v, w) in sums.items() if w > 0 and np.isfinite(v / w)}
+        out[R.NUM_EXAMPLES] = float(sum(float(m[R.NUM_EXAMPLES]) for m in reply_metrics))
         return out
 
     def _update(
