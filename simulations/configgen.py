@@ -10,9 +10,10 @@ in ``[tool.flwr.app.config]``; generating the block keeps it equal to the regist
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from flower_strategies.core.hparams import _toml_value as _toml
 
 BEGIN = "# BEGIN GENERATED RUN-CONFIG"
 END = "# END GENERATED RUN-CONFIG"
@@ -86,16 +87,6 @@ def render_wire() -> str:
 def _replace(text: str, begin: str, end: str, block: str) -> str:
     start, stop = text.index(begin), text.index(end) + len(end)
     return text[:start] + block + text[stop:]
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
 
 
 def main(argv: list[str] | None = None) -> int:

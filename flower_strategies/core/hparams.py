@@ -133,6 +133,19 @@ def _rename(msg: str, cls: type, prefix: str | None) -> str:
     return msg
 
 
+def _toml_value(value: Any) -> str:
+    """``value`` as a TOML literal (run-config tables)."""
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
 def _optional(tp: Any) -> bool:
     return type(None) in typing.get_args(tp)
 

@@ -126,3 +126,45 @@ def build_strategy(
     """Build the configured strategy from a run-config (validated by :func:`parse_run_config`)."""
     fed, spec, hp = parse_run_config(run_config, settings, ignore_unknown=ignore_unknown)
     return spec.build(hp, trainable_keys=trainable_keys, **fed.strategy_kwargs()), fed
+
+
+def strategy_from_run_config(
+    run_config: Mapping[str, Any],
+    *,
+    method: str | None = None,
+    names: Mapping[str, str] | None = None,
+    trainable_keys: list[str] | None = None,
+    **overrides: Any,
+) -> FedAdaptStrategy:
+    """A strategy from a Flower app's own ``context.run_config``, reading only the keys it knows.
+
+    ``method``: the registry name (default: the run-config's ``method`` key).  ``names`` maps the app's own keys
+    to fedadapt's, e.g. ``{"learning-rate": "client-lr", "local-epochs": "local-epochs", "batch-size":
+    "batch-size"}``; every other key of the app is ignored.  Method keys are ``<method>.<key>`` (print the lines
+    to declare with ``python -m flower_strategies.config <method>``).  ``overrides``: strategy keyword arguments
+    (e.g. ``fraction_evaluate=1.0``).
+    """
+    config = {k: v for k, v in run_config.items() if "." in k or k in StrategyConfig.keys(None)}
+    for theirs, ours in (names or {}).items():
+        if ours not in StrategyConfig.keys(None):
+            raise ConfigError(f"names maps {theirs!r} to {ours!r}, which is not a strategy key; valid: "
+                              f"{', '.join(StrategyConfig.keys(None))}")
+        if theirs in run_config:
+            config[ours] = run_config[theirs]
+    if method is not None:
+        config["method"] = method
+    name = str(config.get("method", "fedavg"))
+    spec = get_method(name)
+    config = {k: v for k, v in config.items() if "." not in k or k.startswith(name + ".")}
+    fed, spec, hp = parse_run_config(config)
+    return spec.build(hp, trainable_keys=trainable_keys, **{**fed.strategy_kwargs(), **overrides})
+
+
+def config_lines(method: str) -> str:
+    """The ``[tool.flwr.app.config]`` lines an app declares to set ``method``'s keys with ``--run-config``."""
+    from .hparams import _toml_value
+
+    spec = get_method(method)
+    lines = [f"# fedadapt: {spec.name} ({spec.summary})", f'method = "{spec.name}"']
+    lines += [f"{k} = {_toml_value(v)}" for k, v in spec.defaults().items()]
+    return "\n".join(lines)

@@ -1,0 +1,40 @@
+"""Print the ``[tool.flwr.app.config]`` lines your Flower app declares to use a fedadapt method.
+
+    python -m flower_strategies.config fedlada          # one method
+    python -m flower_strategies.config --list           # every registered method
+
+Flower refuses ``--run-config`` keys the app does not declare; paste these lines under
+``[tool.flwr.app.config]`` in your ``pyproject.toml``, then build the strategy with
+``flower_strategies.strategy_from_run_config(context.run_config, names={...})``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import flower_strategies  # noqa: F401 - registers every method
+from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.registry import METHODS, config_lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flower_strategies.config", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("method", nargs="?", help="registry name of the method")
+    ap.add_argument("--list", action="store_true", help="list the registered methods")
+    args = ap.parse_args(argv)
+    if args.list or not args.method:
+        for name, spec in sorted(METHODS.items()):
+            print(f"{name:18s} {spec.summary}")
+        return 0
+    try:
+        print(config_lines(args.method))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
