@@ -142,7 +142,9 @@ def strategy_from_run_config(
     to fedadapt's, e.g. ``{"learning-rate": "client-lr", "local-epochs": "local-epochs", "batch-size":
     "batch-size"}``; every other key of the app is ignored.  Method keys are ``<method>.<key>`` (print the lines
     to declare with ``python -m flower_strategies.config <method>``).  ``overrides``: strategy keyword arguments
-    (e.g. ``fraction_evaluate=1.0``).
+    (e.g. ``fraction_evaluate=0.0``).  Unlike fedadapt's own app (which evaluates centrally), the default
+    ``fraction_evaluate`` here is Flower's 1.0: your ClientApp's ``@app.evaluate()`` runs on every node each round
+    unless the run-config sets ``fraction-evaluate``.
     """
     config = {k: v for k, v in run_config.items() if "." in k or k in StrategyConfig.keys(None)}
     for theirs, ours in (names or {}).items():
@@ -157,7 +159,10 @@ def strategy_from_run_config(
     spec = get_method(name)
     config = {k: v for k, v in config.items() if "." not in k or k.startswith(name + ".")}
     fed, spec, hp = parse_run_config(config)
-    return spec.build(hp, trainable_keys=trainable_keys, **{**fed.strategy_kwargs(), **overrides})
+    kwargs = fed.strategy_kwargs()
+    if "fraction-evaluate" not in config:
+        kwargs["fraction_evaluate"] = 1.0  # Flower's default for its own strategies
+    return spec.build(hp, trainable_keys=trainable_keys, **{**kwargs, **overrides})
 
 
 def config_lines(method: str) -> str:

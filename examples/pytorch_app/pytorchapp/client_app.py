@@ -3,6 +3,7 @@
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flower_strategies import ClientRound
 
 from pytorchapp.task import Net, load_data
 from pytorchapp.task import test as test_fn
@@ -18,10 +19,10 @@ def train(msg: Message, context: Context):
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     pid, n = context.node_config["partition-id"], context.node_config["num-partitions"]
     trainloader, _ = load_data(pid, n, context.run_config["batch-size"])
-    train_loss = train_fn(model, trainloader, context.run_config["local-epochs"], msg.content["config"]["lr"], device)
-    model_record = ArrayRecord(model.state_dict())
-    metrics = MetricRecord({"train_loss": train_loss, "num-examples": len(trainloader.dataset)})
-    content = RecordDict({"arrays": model_record, "metrics": metrics})
+    rnd = ClientRound(msg.content, context.state)
+    opt = rnd.optimizer(model)
+    train_loss = train_fn(model, trainloader, context.run_config["local-epochs"], rnd.lr, device, optimizer=opt)
+    content = rnd.reply(model, opt, num_examples=len(trainloader.dataset), train_loss=train_loss)
     return Message(content=content, reply_to=msg)
 
 

@@ -29,11 +29,11 @@ def load_data(partition_id: int, num_partitions: int, batch_size: int):
     return train, test
 
 
-def train(net, trainloader, epochs, lr, device):
+def train(net, trainloader, epochs, lr, device, optimizer=None):
     """Train with SGD + momentum and a light input-noise augmentation; return the mean training loss."""
     net.to(device)
     criterion = nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    optimizer = optimizer or torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     net.train()
     total, batches = 0.0, 0
     for _ in range(epochs):
