@@ -5,10 +5,12 @@ Flat exports and the method registry (:data:`METHODS`).  See the README for the 
 
 # Importing a method module registers its methods (each module ends with its register() calls).
 from .methods.baselines import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedOptHParams, FedProx, FedYogi
-from .core.client import local_train, train_reply
+from .core.client import ClientRound, full_gradient_from, local_train, train_reply
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer
-from .core.registry import METHODS, MethodSpec, build_strategy, get_method, parse_run_config, register, run_config_defaults
+from .core.registry import (
+    METHODS, MethodSpec, build_strategy, get_method, parse_run_config, register, run_config_defaults, strategy_from_run_config,
+)
 from .core.server_opt import ServerOptimizer
-from .core.strategy import FedAdaptStrategy, RoundInputs, RoundLog
+from .core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundInputs, RoundLog
 from .core.validation import RecordSpec
