@@ -6,6 +6,7 @@ Flat exports and the method registry (:data:`METHODS`).  See the README for the 
 # Importing a method module registers its methods (each module ends with its register() calls).
 from .methods.baselines import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedOptHParams, FedProx, FedYogi
 from .core.client import ClientRound, full_gradient_from, local_train, train_reply
+from .methods.mimelite import MimeLite, MimeLiteHParams, MimeLiteOptimizer
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer
 from .core.registry import (

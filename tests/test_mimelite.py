@@ -1,21 +1,68 @@
 """MimeLite (baseline of paper 001): real Strategy + real ClientApp vs the float64 reference, a FedAvg reduction,
-unit tests of the frozen-statistics step and the server math, and a mocked-reply protocol test."""
+unit tests of the frozen-statistics step and the server math, a mocked-reply protocol test, the optimizer in a
+plain torch loop vs ``train_reply``, a mid-round ``state_dict`` round-trip and misuse errors."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord
 
-import flower_strategies  # noqa: F401
 import flower_strategies.methods.mimelite as ml
-from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
-from flower_strategies.core.records import to_record
+from client_app.task import TASK_SPECS, build_model, synthetic_client
+from flower_strategies.core.client import batch_indices, train_reply
+from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, build_strategy
-from simulations.engine import LoopbackGrid
+from flower_strategies.core.strategy import RoundInputs
+from flower_strategies.methods.baselines import FedAvg
+from simulations.engine import simulate
+from tests.helpers import NodesGrid, record, reply
 from tests.reference import fedda_ref as ref
-from tests.test_fedda import BATCH, CLIENT_LR, SEED, STEPS, W0, _NoApp, _reply, client_data, max_err, run_sim
+
+# The paper-001 harness (same constants as tests/test_fedda.py, whose module is ported separately).
+DIM = 5
+SEED = 0
+NODES = 4
+ROUNDS = 10
+RUN_CONFIG = {"task": "synthetic-linear", "seed": SEED, "precision": "float64", "synthetic-dim": DIM}
+W0 = np.random.default_rng(123).normal(size=(1, DIM))
+CLIENT_LR = 0.05
+STEPS = 3
+BATCH = 8
+
+
+def client_data(nodes: int = NODES) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    return {i: tuple(np.asarray(a, np.float64) for a in synthetic_client(i, DIM, 1.0, SEED)[:2]) for i in range(nodes)}
+
+
+def model_at(w: np.ndarray = W0) -> torch.nn.Module:
+    model = build_model("synthetic-linear", SEED, DIM, "float64")
+    with torch.no_grad():
+        model.w.weight.copy_(torch.from_numpy(np.asarray(w, np.float64)))
+    return model
+
+
+def run_sim(strategy, rounds: int = ROUNDS):
+    """Run in-process; return (w after each round incl. round 0, sampled partition ids per round)."""
+    sampled: list[list[int]] = []
+    orig = strategy.configure_train
+
+    def configure_train(*args, **kwargs):
+        msgs = list(orig(*args, **kwargs))
+        sampled.append([m.metadata.dst_node_id - 1 for m in msgs])  # partition id = node id − 1
+        return msgs
+
+    strategy.configure_train = configure_train
+    snaps, _ = simulate(strategy, ArrayRecord(model_at().state_dict()), rounds, NODES, RUN_CONFIG)
+    return [s["w.weight"] for s in snaps], sampled
+
+
+def max_err(a, b) -> float:
+    assert len(a) == len(b)
+    return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(a, b))
 
 
 def _strategy(base: str, frac: float = 1.0, weighting: str | None = None, **kw):
@@ -47,7 +94,7 @@ def test_sgdm_beta0_is_fedavg():
     """β1 = 0: the frozen momentum has no effect ⇒ FedAvg (server lr η_g)."""
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     got, _ = run_sim(ml.MimeLite(ml.MimeLiteHParams(base="sgdm", beta1=0.0, server_lr=1.3), **kw))
-    want, _ = run_sim(FedAvg(FedAvgHParams(server_lr=1.3), **kw))
+    want, _ = run_sim(FedAvg(FedAvg.make_hparams(server_lr=1.3), **kw))
     assert max_err(got, want) < 1e-12
 
 
@@ -61,8 +108,8 @@ def test_server_statistics_track_full_gradient():
         g = ref.global_grad(x, data)
         m = 0.9 * m + 0.1 * g
         v = 0.99 * v + 0.01 * g * g
-    np.testing.assert_allclose(s.m_t["w.weight"], m, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(s.v_t["w.weight"], v, rtol=1e-9, atol=1e-14)
+    np.testing.assert_allclose(s.server_state[ml.MOMENTUM]["w.weight"], m, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(s.server_state[ml.SECOND_MOMENT]["w.weight"], v, rtol=1e-9, atol=1e-14)
 
 
 # ------------------------------------------------------------------------------------------ unit tests
@@ -71,12 +118,11 @@ def test_optimizer_step_uses_frozen_statistics(base):
     p = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
     m = torch.tensor([0.3, -0.1], dtype=torch.float64)
     v = torch.tensor([0.2, 0.5], dtype=torch.float64)
-    opt = ml.MimeLiteOptimizer.from_config(
-        [("w", p)], {"client-lr": 0.1, ml.CFG_BASE: base, ml.CFG_BETA1: 0.8, ml.CFG_BETA2: 0.9, ml.CFG_EPS: 0.01}
+    opt = ml.MimeLiteOptimizer(
+        [("w", p)], lr=0.1, downlink={ml.MOMENTUM: {"w": m.clone()}, ml.SECOND_MOMENT: {"w": v.clone()}},
+        full_gradient={"w": torch.tensor([9.0, 9.0], dtype=torch.float64)}, base=base, beta1=0.8, beta2=0.9, eps=0.01,
     )
     assert opt.needs_full_gradient and opt.sends_model
-    opt.full_gradient = {"w": torch.tensor([9.0, 9.0], dtype=torch.float64)}
-    opt.begin_round({ml.MOMENTUM: {"w": m.clone()}, ml.SECOND_MOMENT: {"w": v.clone()}})
     x = p.detach().clone()
     for g in ([1.0, 2.0], [-3.0, 0.5]):  # two steps: the statistics stay frozen
         gt = torch.tensor(g, dtype=torch.float64)
@@ -90,8 +136,17 @@ def test_optimizer_step_uses_frozen_statistics(base):
             d = gt / (torch.sqrt(v + gt * gt) + 0.01)
         x = x - 0.1 * d
         assert torch.allclose(p.data, x, rtol=1e-12)
-    up = opt.end_round()
+    up = opt.uplink()
     assert torch.equal(up[ml.FULL_GRADIENT]["w"], torch.tensor([9.0, 9.0], dtype=torch.float64))
+
+
+def _server_update(base: str, x, y, g, state, **hp):
+    s = ml.MimeLite(ml.MimeLiteHParams(base=base, **hp))
+    inputs = RoundInputs(server_round=1, current=x, aggregates={"arrays": y, ml.FULL_GRADIENT: g}, reply_metrics=(),
+                         mean_steps=1.0, trainable=tuple(x), num_updates=0, nodes_seen=1)
+    new, new_state, metrics = s.server_update(inputs, {r: state[r] for r in ml.STATISTICS[base]})
+    assert metrics == {} and set(new_state) == set(ml.STATISTICS[base])
+    return new, new_state
 
 
 def test_server_step_by_hand():
@@ -100,49 +155,168 @@ def test_server_step_by_hand():
     g = {"a": np.array([1.0, -2.0])}
     m = {"a": np.array([0.5, 0.5])}
     v = {"a": np.array([1.0, 1.0])}
-    new, m2, v2 = ml.mimelite_server_step("adam", x, y, g, m, v, server_lr=0.5, beta1=0.9, beta2=0.99)
+    state = {ml.MOMENTUM: m, ml.SECOND_MOMENT: v}
+    new, s2 = _server_update("adam", x, y, g, state, server_lr=0.5, beta1=0.9, beta2=0.99)
     np.testing.assert_allclose(new["a"], [0.5, 3.0])
-    np.testing.assert_allclose(m2["a"], 0.9 * m["a"] + 0.1 * g["a"])
-    np.testing.assert_allclose(v2["a"], 0.99 * v["a"] + 0.01 * g["a"] ** 2)
-    _, _, v3 = ml.mimelite_server_step("adagrad", x, y, g, m, v)
-    np.testing.assert_allclose(v3["a"], v["a"] + g["a"] ** 2)
-    _, m4, v4 = ml.mimelite_server_step("sgdm", x, y, g, m, {}, beta1=0.5)
-    np.testing.assert_allclose(m4["a"], [0.75, -0.75])
-    assert v4 == {}
+    np.testing.assert_allclose(s2[ml.MOMENTUM]["a"], 0.9 * m["a"] + 0.1 * g["a"])
+    np.testing.assert_allclose(s2[ml.SECOND_MOMENT]["a"], 0.99 * v["a"] + 0.01 * g["a"] ** 2)
+    _, s3 = _server_update("adagrad", x, y, g, state)
+    np.testing.assert_allclose(s3[ml.SECOND_MOMENT]["a"], v["a"] + g["a"] ** 2)
+    _, s4 = _server_update("sgdm", x, y, g, state, beta1=0.5)
+    np.testing.assert_allclose(s4[ml.MOMENTUM]["a"], [0.75, -0.75])
 
 
 def test_registry():
     assert METHODS["mimelite"].local_optimizer is ml.MimeLiteOptimizer
     s, _ = build_strategy({"method": "mimelite", "mimelite.base": "adam", "mimelite.eps": 0.1})
     assert isinstance(s, ml.MimeLite) and s.hparams.base == "adam" and s.hparams.eps == 0.1
+    with pytest.raises(ConfigError, match="mimelite.base"):
+        build_strategy({"method": "mimelite", "mimelite.base": "rmsprop"})
 
 
-@pytest.mark.parametrize("base,records", [("sgdm", {ml.MOMENTUM}), ("adam", {ml.MOMENTUM, ml.SECOND_MOMENT}),
-                                          ("adagrad", {ml.SECOND_MOMENT})])
-def test_protocol_with_mocked_replies(base, records):
-    grid = LoopbackGrid(_NoApp(), 3)
+@pytest.mark.parametrize("base", ml.BASES)
+def test_protocol_with_mocked_replies(base):
+    records = set(ml.STATISTICS[base])
+    grid = NodesGrid([1, 2, 3])
     s = ml.MimeLite(ml.MimeLiteHParams(base=base, beta1=0.5, beta2=0.5), client_lr=0.1, seed=0)
     w = np.array([[1.0, -1.0]], dtype=np.float32)
-    msgs = list(s.configure_train(1, to_record({"w": w}), ConfigRecord(), grid))
+    msgs = list(s.configure_train(1, record({"w": w}), ConfigRecord(), grid))
     c = msgs[0].content
     assert set(c.array_records) == {"arrays"} | records
-    assert c.config_records["config"][ml.CFG_BASE] == base
+    cfg = c.config_records["config"]
+    assert (cfg["mimelite.base"], cfg["mimelite.beta1"], cfg["mimelite.beta2"]) == (base, 0.5, 0.5)
+    assert "mimelite.server-lr" not in cfg  # server-only
     y1, y2 = np.array([[0.0, 0.0]], np.float32), np.array([[2.0, 2.0]], np.float32)
     g1, g2 = np.array([[1.0, 1.0]], np.float32), np.array([[3.0, -1.0]], np.float32)
     replies = [
-        _reply(1, 30, {"arrays": {"w": y1}, ml.FULL_GRADIENT: {"w": g1}}),
-        _reply(2, 10, {"arrays": {"w": y2}, ml.FULL_GRADIENT: {"w": g2}}),
-        _reply(3, 10, {"arrays": {"w": y2}}),  # no full gradient → rejected
+        reply(1, {"arrays": {"w": y1}, ml.FULL_GRADIENT: {"w": g1}}, num_examples=30),
+        reply(2, {"arrays": {"w": y2}, ml.FULL_GRADIENT: {"w": g2}}, num_examples=10),
+        reply(3, {"arrays": {"w": y2}}, num_examples=10),  # no full gradient → rejected
     ]
     arrays, metrics = s.aggregate_train(1, replies)
     assert metrics["replies-used"] == 2 and metrics["replies-rejected"] == 1
     np.testing.assert_allclose(arrays["w"].numpy(), [[0.5, 0.5]])
     g_bar = np.array([[1.5, 0.5]])
     if base != "adagrad":
-        np.testing.assert_allclose(s.m_t["w"], 0.5 * g_bar)
+        np.testing.assert_allclose(s.server_state[ml.MOMENTUM]["w"], 0.5 * g_bar)
     if base != "sgdm":
-        np.testing.assert_allclose(s.v_t["w"], (0.5 if base == "adam" else 1.0) * g_bar**2)
+        np.testing.assert_allclose(s.server_state[ml.SECOND_MOMENT]["w"], (0.5 if base == "adam" else 1.0) * g_bar**2)
     msgs = list(s.configure_train(2, arrays, ConfigRecord(), grid))
-    rec = ml.MOMENTUM if base != "adagrad" else ml.SECOND_MOMENT
-    want = s.m_t["w"] if base != "adagrad" else s.v_t["w"]
-    np.testing.assert_allclose(msgs[0].content.array_records[rec]["w"].numpy(), want, rtol=1e-6)
+    for rec in records:
+        got = msgs[0].content.array_records[rec]["w"].numpy()
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, s.server_state[rec]["w"], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ the optimizer on its own
+LOSS = TASK_SPECS["synthetic-linear"].loss_fn()
+PID = 1
+
+
+def _round_content(base: str):
+    """Round 2's train content of a MimeLite strategy whose (non-zero) statistics come from one real round."""
+    s = _strategy(base, beta1=0.7, beta2=0.9, eps=0.05)
+    run_sim(s, rounds=1)
+    return s.prepare_round(2, ArrayRecord(model_at().state_dict()), ConfigRecord(), num_sampled=1)
+
+
+def _data():
+    a, y = client_data()[PID]
+    return torch.from_numpy(a), torch.from_numpy(y)
+
+
+def _own_optimizer(model, content):
+    """The optimizer built from a train message by hand (what train_reply does, spelled out)."""
+    config = dict(content.config_records["config"])
+    model.load_state_dict(content.array_records["arrays"].to_torch_state_dict())
+    downlink = {n: r.to_torch_state_dict() for n, r in content.array_records.items() if n != "arrays"}
+    x, y = _data()
+    model.zero_grad()
+    LOSS(model(x), y).backward()  # full-batch gradient at x_t
+    full = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return ml.MimeLiteOptimizer(
+        model.named_parameters(), lr=float(config["client-lr"]), downlink=downlink, full_gradient=full,
+        **METHODS["mimelite"].hparams.client_kwargs_from_wire(config, "mimelite"),
+    ), config
+
+
+def _batches(config):
+    x, y = _data()
+    idx = batch_indices(len(x), BATCH, STEPS, SEED, int(config["server-round"]), PID)
+    return [(x[torch.from_numpy(i)], y[torch.from_numpy(i)]) for i in idx]
+
+
+def _steps(model, opt, batches):
+    for xb, yb in batches:
+        opt.zero_grad()
+        LOSS(model(xb), yb).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("base", ml.BASES)
+def test_plain_torch_loop_equals_train_reply(base):
+    content = _round_content(base)
+    assert all(np.abs(content.array_records[r]["w.weight"].numpy()).max() > 0 for r in ml.STATISTICS[base])
+    model = model_at()
+    opt, config = _own_optimizer(model, content)
+    assert opt.hparams == ml.MimeLiteHParams(base=base, beta1=0.7, beta2=0.9, eps=0.05)
+    _steps(model, opt, _batches(config))
+    uplink = opt.uplink()
+
+    x, y = _data()
+    got = train_reply(model_at(), content, x, y, LOSS, seed=SEED, client_key=PID)
+    assert set(got.array_records) == {"arrays", ml.FULL_GRADIENT}
+    for name, mine in (("arrays", model.state_dict()), (ml.FULL_GRADIENT, uplink[ml.FULL_GRADIENT])):
+        theirs = got[name].to_torch_state_dict()
+        assert set(theirs) == set(mine) and all(torch.equal(theirs[k], t) for k, t in mine.items()), name
+    assert got["metrics"]["num-steps"] == opt.steps_taken == STEPS
+
+
+@pytest.mark.parametrize("base", ml.BASES)
+def test_state_dict_round_trip_mid_round(base):
+    content = _round_content(base)
+    model_a = model_at()
+    opt_a, config = _own_optimizer(model_a, content)
+    batches = _batches(config)
+    _steps(model_a, opt_a, batches[:1])
+    saved_model, saved_opt = copy.deepcopy(model_a.state_dict()), copy.deepcopy(opt_a.state_dict())
+    _steps(model_a, opt_a, batches[1:])
+
+    model_b = model_at()
+    opt_b, _ = _own_optimizer(model_b, content)
+    model_b.load_state_dict(saved_model)
+    opt_b.load_state_dict(saved_opt)
+    assert opt_b.steps_taken == 1
+    _steps(model_b, opt_b, batches[1:])
+    assert opt_b.steps_taken == opt_a.steps_taken == STEPS
+    assert torch.equal(model_a.w.weight, model_b.w.weight)
+    for name, p_a in model_a.named_parameters():
+        p_b = dict(model_b.named_parameters())[name]
+        assert all(torch.equal(opt_a.state[p_a][k], opt_b.state[p_b][k]) for k in opt_a.state[p_a])
+    for k, t in opt_a.uplink()[ml.FULL_GRADIENT].items():
+        assert torch.equal(opt_b.uplink()[ml.FULL_GRADIENT][k], t)
+
+
+def test_misuse_raises_clear_errors():
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    m = {"w": torch.ones(2, dtype=torch.float64)}
+    full = {"w": torch.ones(2, dtype=torch.float64)}
+    with pytest.raises(ValueError, match="second-moment"):  # adam needs v too
+        ml.MimeLiteOptimizer([("w", p)], lr=0.1, downlink={ml.MOMENTUM: m}, full_gradient=full, base="adam")
+    with pytest.raises(ValueError, match="full_gradient"):
+        ml.MimeLiteOptimizer([("w", p)], lr=0.1, downlink={ml.MOMENTUM: m})
+    with pytest.raises(TypeError, match="unknown hyper-parameter"):
+        ml.MimeLiteOptimizer([("w", p)], lr=0.1, downlink={ml.MOMENTUM: m}, full_gradient=full, momentum=0.9)
+    with pytest.raises(ValueError, match="beta1"):
+        ml.MimeLiteOptimizer([("w", p)], lr=0.1, downlink={ml.MOMENTUM: m}, full_gradient=full, beta1=1.0)
+    with pytest.raises(ValueError, match="rmsprop"):
+        ml.MimeLiteOptimizer([("w", p)], lr=0.1, downlink={ml.MOMENTUM: m}, full_gradient=full, base="rmsprop")
+    with pytest.raises(ConfigError, match="server_lr"):
+        ml.MimeLiteHParams(server_lr=0.0)
+    opt = ml.MimeLiteOptimizer([("w", p)], lr=0.1, downlink={ml.MOMENTUM: m}, full_gradient=full)
+    with pytest.raises(RuntimeError, match="no local step"):
+        opt.uplink()
+    opt = ml.MimeLiteOptimizer([("w", p)], lr=0.1, downlink={ml.MOMENTUM: m}, full_gradient={"v": full["w"]})
+    p.grad = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="full_gradient has no entry for parameter 'w'"):
+        opt.step()
