@@ -23,7 +23,7 @@ import flower_strategies.methods.fedlocal as FL
 from client_app.task import build_model, load_client_data
 from flower_strategies.core import records as R
 from flower_strategies.methods.baselines import FedAvg
-from flower_strategies.core.client import batch_indices
+from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy, get_method, parse_run_config
 from flower_strategies.core.server_opt import ServerOptimizer
@@ -503,3 +503,157 @@ def test_presets_are_valid_run_configs():
     for name, overrides in presets.items():
         fed, spec, hp = parse_run_config(overrides)
         assert spec.name in ("fedlocal", "fedlocal-sync"), name
+
+
+# ------------------------------------------------------------------------------------------ new core API
+# The client half driven by an ordinary torch loop, checkpointed mid-round, and misused; for both methods.
+# fedlocal-sync is exercised in round 3 (non-trivial downlinked m, v and step offset).
+API_CASES = {
+    "fedlocal": ({"client_opt": "adam", "correction": "joint"}, 0),
+    "fedlocal-sync": ({"client_opt": "adam", "correction": "local", "server_opt": "sgd", "server_lr": 1.0}, 2),
+}
+KEY = 1  # client key (mini-batch order)
+
+
+def _train_content(method: str) -> tuple:
+    """(spec, the RecordDict a client receives) from a real strategy, after ``rounds_before`` simulated rounds."""
+    hp, rounds_before = API_CASES[method]
+    spec = get_method(method)
+    strategy = spec.build(spec.default_hparams().replace(**hp), client_lr=0.05, local_steps=5, batch_size=8)
+    arrays = initial_arrays(x_start())
+    if rounds_before:
+        snaps, _ = simulate(strategy, arrays, rounds_before, 3, RUN_CONFIG)
+        arrays = R.to_record(snaps[-1])
+    return spec, strategy.prepare_round(rounds_before + 1, arrays, ConfigRecord(), num_sampled=1)
+
+
+def _client_xy():
+    x, y = load_client_data("synthetic-linear", 0, 3, partitioner="iid", seed=SEED, alpha=0.3, classes_per_client=2,
+                            synthetic_dim=DIM, precision="float64")
+    return x, y
+
+
+def _model_and_optimizer(spec, content):
+    """What a user's own client does with the train message: the model + the method's optimizer built from it."""
+    model = build_model("synthetic-linear", SEED, DIM, "float64")
+    model.load_state_dict(content[R.MODEL].to_torch_state_dict())
+    config = dict(content[R.CONFIG])
+    downlink = {name: rec.to_torch_state_dict() for name, rec in content.array_records.items() if name != R.MODEL}
+    opt = spec.local_optimizer(model.named_parameters(), lr=config[R.CLIENT_LR], downlink=downlink,
+                               **spec.hparams.client_kwargs_from_wire(config, spec.name))
+    return model, opt
+
+
+def _batches(content, n):
+    cfg = content[R.CONFIG]
+    return [torch.from_numpy(i) for i in batch_indices(n, cfg[R.BATCH_SIZE], cfg[R.LOCAL_STEPS], SEED, cfg[R.SERVER_ROUND], KEY)]
+
+
+def _steps(model, opt, x, y, batches):
+    from client_app.task import half_mse
+
+    for idx in batches:
+        opt.zero_grad()
+        half_mse(model(x[idx]), y[idx]).backward()
+        opt.step()
+
+
+def _reply_arrays(model, opt) -> dict[str, dict[str, np.ndarray]]:
+    out = {name: {k: v.detach().numpy() for k, v in arrs.items()} for name, arrs in opt.uplink().items()}
+    if opt.sends_model:
+        out[R.MODEL] = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    return out
+
+
+@pytest.mark.parametrize("method", list(API_CASES))
+def test_plain_torch_loop_equals_train_reply(method):
+    from client_app.task import half_mse
+
+    spec, content = _train_content(method)
+    x, y = _client_xy()
+    model, opt = _model_and_optimizer(spec, content)
+    assert set(opt.downlink) == set(spec.default_hparams().replace(**API_CASES[method][0]).sync_records())
+    _steps(model, opt, x, y, _batches(content, len(x)))
+    ours = _reply_arrays(model, opt)
+    reply = train_reply(build_model("synthetic-linear", SEED, DIM, "float64"), content, x, y, half_mse, seed=SEED,
+                        client_key=KEY)
+    assert set(reply.array_records) == set(ours)
+    for name, arrays in ours.items():
+        theirs = R.to_numpy(reply[name])
+        assert set(theirs) == set(arrays)
+        for k in arrays:
+            np.testing.assert_array_equal(arrays[k], theirs[k], err_msg=f"{name}/{k}")
+    assert reply[R.METRICS][R.NUM_STEPS] == 5.0
+    if method == "fedlocal-sync":  # the round really started from non-trivial synced states
+        assert content[R.CONFIG]["fedlocal-sync.step-offset"] == 10.0
+        assert np.abs(R.to_numpy(content[FL.M_RECORD])["w.weight"]).max() > 0
+
+
+@pytest.mark.parametrize("method", list(API_CASES))
+def test_state_dict_mid_round_resumes_identically(method):
+    import copy
+
+    spec, content = _train_content(method)
+    x, y = _client_xy()
+    batches = _batches(content, len(x))
+    model, opt = _model_and_optimizer(spec, content)
+    _steps(model, opt, x, y, batches)
+    uninterrupted = _reply_arrays(model, opt)
+
+    model_a, opt_a = _model_and_optimizer(spec, content)
+    _steps(model_a, opt_a, x, y, batches[:2])
+    saved_model, saved_opt = copy.deepcopy(model_a.state_dict()), copy.deepcopy(opt_a.state_dict())
+    del model_a, opt_a
+    model_b, opt_b = _model_and_optimizer(spec, content)
+    model_b.load_state_dict(saved_model)
+    opt_b.load_state_dict(saved_opt)
+    assert opt_b.steps_taken == 2
+    _steps(model_b, opt_b, x, y, batches[2:])
+    assert opt_b.steps_taken == len(batches)
+    resumed = _reply_arrays(model_b, opt_b)
+    assert set(resumed) == set(uninterrupted)
+    for name in resumed:
+        for k in resumed[name]:
+            np.testing.assert_array_equal(resumed[name][k], uninterrupted[name][k], err_msg=f"{name}/{k}")
+
+
+def test_misuse_is_a_clear_error():
+    p = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    named = [("w", p)]
+    # fedlocal-sync's optimizer without the synced states it starts from
+    with pytest.raises(ValueError, match="fedlocal-m.*fedlocal-v"):
+        FL.FedLocalOptimizer(named, lr=0.1, client_opt="adam", sync=True)
+    with pytest.raises(ValueError, match="no entry for parameter 'w'"):
+        opt = FL.FedLocalOptimizer(named, lr=0.1, client_opt="adagrad", sync=True, downlink={FL.V_RECORD: {"b": torch.ones(3)}})
+        p.grad = torch.ones(3, dtype=torch.float64)
+        opt.step()
+    # fedlocal needs no downlink record; sgd has no state to sync
+    FL.FedLocalOptimizer(named, lr=0.1, client_opt="adam")
+    FL.FedLocalOptimizer(named, lr=0.1, client_opt="sgd", sync=True)
+    # the reply before any step
+    with pytest.raises(RuntimeError, match="no local step"):
+        FL.FedLocalOptimizer(named, lr=0.1, correction="joint").uplink()
+    # unknown keywords: the pre-port names are gone
+    for old in ({"beta1": 0.9}, {"initial_v": 0.1}, {"eps": 1e-7}, {"bias_correction": True}):
+        with pytest.raises(TypeError, match="unknown hyper-parameter"):
+            FL.FedLocalOptimizer(named, lr=0.1, **old)
+    # out-of-range / invalid values
+    for bad, match in (({"client_beta2": 1.5}, "client_beta2"), ({"client_beta1": 1.0}, "client-beta1"),
+                       ({"client_opt": "lamb"}, "choose one of"), ({"step_offset": 3.0}, "sync"),
+                       ({"client_opt": "adam", "eps_placement": "none"}, "positive initial")):
+        with pytest.raises(ValueError, match=match):
+            FL.FedLocalOptimizer(named, lr=0.1, **bad)
+    with pytest.raises(ValueError, match="lr"):
+        FL.FedLocalOptimizer(named, lr=-1.0)
+
+
+def test_one_declaration_wire_keys_equal_run_config_keys():
+    for method in ("fedlocal", "fedlocal-sync"):
+        spec = get_method(method)
+        client = set(FL.FedLocalClientHParams.client_fields())
+        assert set(spec.hparams.client_fields()) == client
+        wire = spec.default_hparams().to_wire(method)
+        assert set(wire) <= set(spec.defaults())  # every wire key is a run-config key of this name
+        assert f"{method}.client-beta2" in wire and f"{method}.server-lr" not in wire
+    assert get_method("fedlocal-sync").default_hparams().sync is True
+    assert get_method("fedlocal").default_hparams().sync is False
