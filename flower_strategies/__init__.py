@@ -7,6 +7,7 @@ Flat exports and the method registry (:data:`METHODS`).  See the README for the 
 from .methods.baselines import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedOptHParams, FedProx, FedYogi
 from .core.client import ClientRound, full_gradient_from, local_train, train_reply
 from .methods.mimelite import MimeLite, MimeLiteHParams, MimeLiteOptimizer
+from .methods.fedlocal import FedLocal, FedLocalClientHParams, FedLocalHParams, FedLocalOptimizer, FedLocalSync
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer
 from .core.registry import (

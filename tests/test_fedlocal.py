@@ -22,8 +22,8 @@ import flower_strategies  # noqa: F401 - registers the core methods
 import flower_strategies.methods.fedlocal as FL
 from client_app.task import build_model, load_client_data
 from flower_strategies.core import records as R
-from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
-from flower_strategies.core.client import batch_indices
+from flower_strategies.methods.baselines import FedAvg
+from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy, get_method, parse_run_config
 from flower_strategies.core.server_opt import ServerOptimizer
@@ -65,8 +65,8 @@ def run_sim(hp_kwargs: dict, *, method: str = "fedlocal", rounds: int = 10, node
             weighting: str | None = None, x0: np.ndarray | None = None):
     """Run the real strategy against the real ClientApp; return (trajectory, strategy, sampled partition ids)."""
     spec = get_method(method)
-    strategy = spec.strategy(
-        spec.hparams(**hp_kwargs), client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs,
+    strategy = spec.build(
+        spec.default_hparams().replace(**hp_kwargs), client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs,
         batch_size=batch_size, fraction_train=fraction_train, min_train_nodes=2, weighting=weighting, seed=SEED,
     )
     sampled: list[list[int]] = []
@@ -78,6 +78,14 @@ def run_sim(hp_kwargs: dict, *, method: str = "fedlocal", rounds: int = 10, node
         return ids
 
     strategy.sample = recording_sample  # type: ignore[method-assign]
+    strategy.round_inputs = []  # the RoundInputs of every server update (read by the tests)
+    orig_update = strategy.server_update
+
+    def recording_update(inputs, state):
+        strategy.round_inputs.append(inputs)
+        return orig_update(inputs, state)
+
+    strategy.server_update = recording_update  # type: ignore[method-assign]
     x0 = x_start() if x0 is None else x0
     snaps, _ = simulate(strategy, initial_arrays(x0), rounds, nodes, RUN_CONFIG)
     traj = [s["w.weight"].reshape(-1) for s in snaps]
@@ -156,7 +164,7 @@ def test_heterogeneous_steps_partial_participation_and_weighting(weighting):
     sim, strat, sampled = run_sim(hp, fraction_train=0.5, weighting=weighting, **kw)
     assert all(len(s) == 2 for s in sampled) and len({tuple(s) for s in sampled}) > 1
     assert_traj_close(sim, run_ref(hp, sampled, weighting=weighting, **kw))
-    steps = sorted({float(m[R.NUM_STEPS]) for m in strat.reply_metrics})
+    steps = sorted({float(m[R.NUM_STEPS]) for m in strat.round_inputs[-1].reply_metrics})
     assert all(k in (2.0, 3.0, 4.0) for k in steps)
 
 
@@ -183,7 +191,7 @@ def test_sync_variant_matches_reference(hp):
 def test_sgd_no_correction_server_sgd_lr1_is_fedavg():
     hp = {"client_opt": "sgd", "correction": "none", "server_opt": "sgd", "server_lr": 1.0}
     sim, _, sampled = run_sim(hp, fraction_train=0.5, nodes=4)
-    fedavg = FedAvg(FedAvgHParams(server_lr=1.0), client_lr=0.05, local_steps=3, batch_size=8, fraction_train=0.5,
+    fedavg = FedAvg(FedAvg.make_hparams(server_lr=1.0), client_lr=0.05, local_steps=3, batch_size=8, fraction_train=0.5,
                     min_train_nodes=2, seed=SEED)
     snaps, _ = simulate(fedavg, initial_arrays(x_start()), 10, 4, RUN_CONFIG)
     for a, b in zip(sim, snaps):
@@ -209,13 +217,12 @@ def _tiny_opt(values, **kw):
 
 def test_sgd_local_correction_is_delta_over_k():
     rng = np.random.default_rng(0)
-    p, opt = _tiny_opt([0.3, -1.0, 2.0], lr=0.2, client_opt="sgd", correction="local", beta1=0.0)
-    opt.begin_round()
+    p, opt = _tiny_opt([0.3, -1.0, 2.0], lr=0.2, client_opt="sgd", correction="local", client_beta1=0.0)
     start = p.detach().clone()
     for _ in range(4):
         p.grad = torch.from_numpy(rng.normal(size=3))
         opt.step()
-    up = opt.end_round()
+    up = opt.uplink()
     torch.testing.assert_close(opt.correction_matrix()["w"], torch.full((3,), 4.0, dtype=torch.float64))
     torch.testing.assert_close(up[FL.D_RECORD]["w"], (start - p.detach()) / 4.0, rtol=0, atol=1e-15)
     assert not opt.sends_model and FL.NINV_RECORD not in up
@@ -223,11 +230,11 @@ def test_sgd_local_correction_is_delta_over_k():
 
 def test_adagrad_one_step_local_correction_is_fedsgd():
     g = torch.tensor([0.5, -2.0, 1e-3], dtype=torch.float64)
-    p, opt = _tiny_opt([1.0, 1.0, 1.0], lr=0.3, client_opt="adagrad", correction="joint", beta1=0.0, initial_v=0.1)
-    opt.begin_round()
+    p, opt = _tiny_opt([1.0, 1.0, 1.0], lr=0.3, client_opt="adagrad", correction="joint", client_beta1=0.0,
+                       initial_accumulator=0.1)
     p.grad = g.clone()
     opt.step()
-    up = opt.end_round()
+    up = opt.uplink()
     torch.testing.assert_close(up[FL.D_RECORD]["w"], 0.3 * g, rtol=1e-12, atol=1e-15)  # D_i = η·g_i
     P = 1.0 / (torch.sqrt(0.1 + g**2) + 1e-7)
     torch.testing.assert_close(up[FL.NINV_RECORD]["w"], 1.0 / P, rtol=1e-12, atol=0)
@@ -241,17 +248,26 @@ W = np.array([0.4, 0.6])
 TAU = [5, 5]
 
 
+class FixedPreconditioner(FL.FedLocalOptimizer):
+    """Test-only: the computed P replaced by a given ``{name: Tensor}`` (the preconditioned GD of Theorem 2)."""
+
+    def __init__(self, params, fixed, **kw):
+        super().__init__(params, **kw)
+        self.fixed = fixed
+
+    def preconditioner(self, name, p, state, group):
+        return self.fixed[name].to(p)
+
+
 def _client_uplink(x, i, lr, correction, include_lr_in_n=True):
     p = torch.nn.Parameter(torch.tensor(x, dtype=torch.float64))
-    opt = FL.FedLocalOptimizer([("x", p)], lr=lr, client_opt="sgd", correction=correction, beta1=0.0,
-                               include_lr_in_n=include_lr_in_n,
-                               fixed_preconditioner={"x": torch.tensor(PRE[i], dtype=torch.float64)})
-    opt.begin_round()
+    opt = FixedPreconditioner([("x", p)], {"x": torch.tensor(PRE[i], dtype=torch.float64)}, lr=lr, client_opt="sgd",
+                              correction=correction, client_beta1=0.0, include_lr_in_n=include_lr_in_n)
     Hi, ei = torch.tensor(H[i]), torch.tensor(H[i] @ XSTAR_I[i])
     for _ in range(TAU[i]):
         p.grad = Hi @ p.detach() - ei  # ∇F_i(x) = H_i x − e_i
         opt.step()
-    up = opt.end_round()
+    up = opt.uplink()
     if correction == "none":
         return x - p.detach().numpy(), None
     ninv = up[FL.NINV_RECORD]["x"].numpy() if correction == "joint" else None
@@ -313,11 +329,13 @@ def test_theorem2_local_correction_removes_bias(correction):
 
 def test_restart_every_round():
     # a fresh optimizer (what the client builds each round) starts from m = 0, v = acc0, N = M = 0
-    _, opt = _tiny_opt([1.0, 2.0], lr=0.1, client_opt="adagrad", correction="local", beta1=0.5, initial_v=0.1)
-    opt.begin_round({}, {})
-    st = next(iter(opt.state.values()))
+    p, opt = _tiny_opt([1.0, 2.0], lr=0.1, client_opt="adagrad", correction="local", client_beta1=0.5,
+                       initial_accumulator=0.1)
+    st = opt.param_state("w", p, opt.param_groups[0])  # the state the first step starts from
     assert torch.all(st["m"] == 0) and torch.all(st["v"] == 0.1) and torch.all(st["N"] == 0) and torch.all(st["M"] == 0)
-    assert opt.persistent_state() == {}
+    p.grad = torch.ones_like(p)
+    opt.step()
+    assert opt.client_state() == {}
     # two consecutive rounds on the same node from the same x_t and config give identical replies
     strategy = FL.FedLocal(FL.FedLocalHParams(client_opt="adam", correction="joint"), client_lr=0.05, local_steps=3,
                            batch_size=8)
@@ -368,7 +386,9 @@ def test_mocked_joint_replies():
     assert len(msgs) == 3
     cfg = msgs[0].content[R.CONFIG]
     assert cfg["fedlocal.client-opt"] == "adagrad" and cfg["fedlocal.correction"] == "joint"
-    assert cfg["fedlocal.beta1"] == 0.0 and cfg["fedlocal.initial-v"] == 0.1 and cfg["fedlocal.eps"] == 1e-7
+    assert "fedlocal.client-beta1" not in cfg  # not set (None): the client resolves the optimizer default
+    assert cfg["fedlocal.initial-accumulator"] == 0.1 and cfg["fedlocal.client-eps"] == 1e-7
+    assert not any(k.startswith("fedlocal.server-") for k in cfg)  # server fields stay on the server
     assert set(msgs[0].content.array_records) == {R.MODEL}  # no downlink extras
     rng = np.random.default_rng(1)
     D = [rng.normal(size=(1, DIM)) for _ in range(3)]
@@ -385,7 +405,7 @@ def test_mocked_joint_replies():
 
 
 def test_mocked_sync_downlink_and_state():
-    hp = FL.FedLocalHParams(client_opt="adam", correction="none", server_opt="sgd", server_lr=1.0)
+    hp = FL.FedLocalSync.make_hparams(client_opt="adam", correction="none", server_opt="sgd", server_lr=1.0)
     strategy = FL.FedLocalSync(hp, client_lr=0.1, local_steps=3)
     x0 = x_start()
     grid = LoopbackGrid(None, 2)
@@ -393,7 +413,7 @@ def test_mocked_sync_downlink_and_state():
     down = msgs[0].content
     assert set(down.array_records) == {R.MODEL, FL.M_RECORD, FL.V_RECORD}
     assert np.all(R.to_numpy(down[FL.M_RECORD])["w.weight"] == 0) and np.all(R.to_numpy(down[FL.V_RECORD])["w.weight"] == 0)
-    assert down[R.CONFIG]["fedlocal.step-offset"] == 0.0
+    assert down[R.CONFIG]["fedlocal-sync.step-offset"] == 0.0
     m = [np.full((1, DIM), 1.0), np.full((1, DIM), 4.0)]
     v = [np.full((1, DIM), 2.0), np.full((1, DIM), 8.0)]
     models = [np.full((1, DIM), 0.5), np.full((1, DIM), -0.5)]
@@ -404,7 +424,7 @@ def test_mocked_sync_downlink_and_state():
     msgs = list(strategy.configure_train(2, new, ConfigRecord({}), grid))
     np.testing.assert_allclose(R.to_numpy(msgs[0].content[FL.M_RECORD])["w.weight"], 0.25 * 1 + 0.75 * 4)
     np.testing.assert_allclose(R.to_numpy(msgs[0].content[FL.V_RECORD])["w.weight"], 0.25 * 2 + 0.75 * 8)
-    assert msgs[0].content[R.CONFIG]["fedlocal.step-offset"] == 3.0
+    assert msgs[0].content[R.CONFIG]["fedlocal-sync.step-offset"] == 3.0
 
 
 # ------------------------------------------------------------------------------------------ unit tests
@@ -422,7 +442,7 @@ def test_pseudo_gradient_pure():
 
 def test_server_optimizer_mapping():
     def so(**kw):
-        return FL.make_server_optimizer(FL.FedLocalHParams(**kw))
+        return FL.FedLocalHParams(**kw).server_optimizer()
 
     assert so(server_opt="adagrad") == ServerOptimizer("adagrad", lr=0.1, beta1=0.0, beta2=0.999, tau=1e-3, initial_v=0.1)
     assert so(server_opt="adam", server_eps=1e-5, server_lr=0.03) == ServerOptimizer(
@@ -437,9 +457,8 @@ def test_server_optimizer_mapping():
 def test_optimizer_step_adam_and_yogi_by_hand():
     g1, g2 = np.array([0.5, -1.0]), np.array([-0.2, 0.4])
     for kind in ("adam", "yogi"):
-        p, opt = _tiny_opt([0.0, 0.0], lr=0.1, client_opt=kind, correction="local", beta1=0.9, beta2=0.999,
-                           eps=1e-7, initial_v=0.0 if kind == "adam" else 1.0)
-        opt.begin_round()
+        p, opt = _tiny_opt([0.0, 0.0], lr=0.1, client_opt=kind, correction="local", client_beta1=0.9, client_beta2=0.999,
+                           client_eps=1e-7, adam_initial_v=0.0, yogi_initial_v=1.0)
         x, m, v = np.zeros(2), np.zeros(2), np.full(2, 0.0 if kind == "adam" else 1.0)
         M, N = np.zeros(2), np.zeros(2)
         for s, g in enumerate((g1, g2), start=1):
@@ -453,7 +472,7 @@ def test_optimizer_step_adam_and_yogi_by_hand():
             N = N + M
         np.testing.assert_allclose(p.detach().numpy(), x, rtol=1e-13)
         np.testing.assert_allclose(opt.correction_matrix()["w"].numpy(), N, rtol=1e-13)
-        np.testing.assert_allclose(opt.end_round()[FL.D_RECORD]["w"].numpy(), -x / N, rtol=1e-13)
+        np.testing.assert_allclose(opt.uplink()[FL.D_RECORD]["w"].numpy(), -x / N, rtol=1e-13)
 
 
 def test_safe_divide_t():
@@ -468,7 +487,7 @@ def test_run_config_parsing_and_validation():
     assert spec.name == "fedlocal" and hp.client_opt == "yogi" and hp.include_lr_in_n is True
     assert hp.resolved_beta1() == 0.9 and hp.resolved_initial_v() == 1.0
     strat, _ = build_strategy({"method": "fedlocal-sync", "fedlocal-sync.client-opt": "sgdm"})
-    assert isinstance(strat, FL.FedLocalSync) and strat.sync_records() == (FL.M_RECORD,)
+    assert isinstance(strat, FL.FedLocalSync) and strat.hparams.sync_records() == (FL.M_RECORD,)
     with pytest.raises(ConfigError, match="choose one of"):
         parse_run_config({"method": "fedlocal", "fedlocal.correction": "global"})
     with pytest.raises(ConfigError):
@@ -484,3 +503,157 @@ def test_presets_are_valid_run_configs():
     for name, overrides in presets.items():
         fed, spec, hp = parse_run_config(overrides)
         assert spec.name in ("fedlocal", "fedlocal-sync"), name
+
+
+# ------------------------------------------------------------------------------------------ new core API
+# The client half driven by an ordinary torch loop, checkpointed mid-round, and misused; for both methods.
+# fedlocal-sync is exercised in round 3 (non-trivial downlinked m, v and step offset).
+API_CASES = {
+    "fedlocal": ({"client_opt": "adam", "correction": "joint"}, 0),
+    "fedlocal-sync": ({"client_opt": "adam", "correction": "local", "server_opt": "sgd", "server_lr": 1.0}, 2),
+}
+KEY = 1  # client key (mini-batch order)
+
+
+def _train_content(method: str) -> tuple:
+    """(spec, the RecordDict a client receives) from a real strategy, after ``rounds_before`` simulated rounds."""
+    hp, rounds_before = API_CASES[method]
+    spec = get_method(method)
+    strategy = spec.build(spec.default_hparams().replace(**hp), client_lr=0.05, local_steps=5, batch_size=8)
+    arrays = initial_arrays(x_start())
+    if rounds_before:
+        snaps, _ = simulate(strategy, arrays, rounds_before, 3, RUN_CONFIG)
+        arrays = R.to_record(snaps[-1])
+    return spec, strategy.prepare_round(rounds_before + 1, arrays, ConfigRecord(), num_sampled=1)
+
+
+def _client_xy():
+    x, y = load_client_data("synthetic-linear", 0, 3, partitioner="iid", seed=SEED, alpha=0.3, classes_per_client=2,
+                            synthetic_dim=DIM, precision="float64")
+    return x, y
+
+
+def _model_and_optimizer(spec, content):
+    """What a user's own client does with the train message: the model + the method's optimizer built from it."""
+    model = build_model("synthetic-linear", SEED, DIM, "float64")
+    model.load_state_dict(content[R.MODEL].to_torch_state_dict())
+    config = dict(content[R.CONFIG])
+    downlink = {name: rec.to_torch_state_dict() for name, rec in content.array_records.items() if name != R.MODEL}
+    opt = spec.local_optimizer(model.named_parameters(), lr=config[R.CLIENT_LR], downlink=downlink,
+                               **spec.hparams.client_kwargs_from_wire(config, spec.name))
+    return model, opt
+
+
+def _batches(content, n):
+    cfg = content[R.CONFIG]
+    return [torch.from_numpy(i) for i in batch_indices(n, cfg[R.BATCH_SIZE], cfg[R.LOCAL_STEPS], SEED, cfg[R.SERVER_ROUND], KEY)]
+
+
+def _steps(model, opt, x, y, batches):
+    from client_app.task import half_mse
+
+    for idx in batches:
+        opt.zero_grad()
+        half_mse(model(x[idx]), y[idx]).backward()
+        opt.step()
+
+
+def _reply_arrays(model, opt) -> dict[str, dict[str, np.ndarray]]:
+    out = {name: {k: v.detach().numpy() for k, v in arrs.items()} for name, arrs in opt.uplink().items()}
+    if opt.sends_model:
+        out[R.MODEL] = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    return out
+
+
+@pytest.mark.parametrize("method", list(API_CASES))
+def test_plain_torch_loop_equals_train_reply(method):
+    from client_app.task import half_mse
+
+    spec, content = _train_content(method)
+    x, y = _client_xy()
+    model, opt = _model_and_optimizer(spec, content)
+    assert set(opt.downlink) == set(spec.default_hparams().replace(**API_CASES[method][0]).sync_records())
+    _steps(model, opt, x, y, _batches(content, len(x)))
+    ours = _reply_arrays(model, opt)
+    reply = train_reply(build_model("synthetic-linear", SEED, DIM, "float64"), content, x, y, half_mse, seed=SEED,
+                        client_key=KEY)
+    assert set(reply.array_records) == set(ours)
+    for name, arrays in ours.items():
+        theirs = R.to_numpy(reply[name])
+        assert set(theirs) == set(arrays)
+        for k in arrays:
+            np.testing.assert_array_equal(arrays[k], theirs[k], err_msg=f"{name}/{k}")
+    assert reply[R.METRICS][R.NUM_STEPS] == 5.0
+    if method == "fedlocal-sync":  # the round really started from non-trivial synced states
+        assert content[R.CONFIG]["fedlocal-sync.step-offset"] == 10.0
+        assert np.abs(R.to_numpy(content[FL.M_RECORD])["w.weight"]).max() > 0
+
+
+@pytest.mark.parametrize("method", list(API_CASES))
+def test_state_dict_mid_round_resumes_identically(method):
+    import copy
+
+    spec, content = _train_content(method)
+    x, y = _client_xy()
+    batches = _batches(content, len(x))
+    model, opt = _model_and_optimizer(spec, content)
+    _steps(model, opt, x, y, batches)
+    uninterrupted = _reply_arrays(model, opt)
+
+    model_a, opt_a = _model_and_optimizer(spec, content)
+    _steps(model_a, opt_a, x, y, batches[:2])
+    saved_model, saved_opt = copy.deepcopy(model_a.state_dict()), copy.deepcopy(opt_a.state_dict())
+    del model_a, opt_a
+    model_b, opt_b = _model_and_optimizer(spec, content)
+    model_b.load_state_dict(saved_model)
+    opt_b.load_state_dict(saved_opt)
+    assert opt_b.steps_taken == 2
+    _steps(model_b, opt_b, x, y, batches[2:])
+    assert opt_b.steps_taken == len(batches)
+    resumed = _reply_arrays(model_b, opt_b)
+    assert set(resumed) == set(uninterrupted)
+    for name in resumed:
+        for k in resumed[name]:
+            np.testing.assert_array_equal(resumed[name][k], uninterrupted[name][k], err_msg=f"{name}/{k}")
+
+
+def test_misuse_is_a_clear_error():
+    p = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    named = [("w", p)]
+    # fedlocal-sync's optimizer without the synced states it starts from
+    with pytest.raises(ValueError, match="fedlocal-m.*fedlocal-v"):
+        FL.FedLocalOptimizer(named, lr=0.1, client_opt="adam", sync=True)
+    with pytest.raises(ValueError, match="no entry for parameter 'w'"):
+        opt = FL.FedLocalOptimizer(named, lr=0.1, client_opt="adagrad", sync=True, downlink={FL.V_RECORD: {"b": torch.ones(3)}})
+        p.grad = torch.ones(3, dtype=torch.float64)
+        opt.step()
+    # fedlocal needs no downlink record; sgd has no state to sync
+    FL.FedLocalOptimizer(named, lr=0.1, client_opt="adam")
+    FL.FedLocalOptimizer(named, lr=0.1, client_opt="sgd", sync=True)
+    # the reply before any step
+    with pytest.raises(RuntimeError, match="no local step"):
+        FL.FedLocalOptimizer(named, lr=0.1, correction="joint").uplink()
+    # unknown keywords: the pre-port names are gone
+    for old in ({"beta1": 0.9}, {"initial_v": 0.1}, {"eps": 1e-7}, {"bias_correction": True}):
+        with pytest.raises(TypeError, match="unknown hyper-parameter"):
+            FL.FedLocalOptimizer(named, lr=0.1, **old)
+    # out-of-range / invalid values
+    for bad, match in (({"client_beta2": 1.5}, "client_beta2"), ({"client_beta1": 1.0}, "client-beta1"),
+                       ({"client_opt": "lamb"}, "choose one of"), ({"step_offset": 3.0}, "sync"),
+                       ({"client_opt": "adam", "eps_placement": "none"}, "positive initial")):
+        with pytest.raises(ValueError, match=match):
+            FL.FedLocalOptimizer(named, lr=0.1, **bad)
+    with pytest.raises(ValueError, match="lr"):
+        FL.FedLocalOptimizer(named, lr=-1.0)
+
+
+def test_one_declaration_wire_keys_equal_run_config_keys():
+    for method in ("fedlocal", "fedlocal-sync"):
+        spec = get_method(method)
+        client = set(FL.FedLocalClientHParams.client_fields())
+        assert set(spec.hparams.client_fields()) == client
+        wire = spec.default_hparams().to_wire(method)
+        assert set(wire) <= set(spec.defaults())  # every wire key is a run-config key of this name
+        assert f"{method}.client-beta2" in wire and f"{method}.server-lr" not in wire
+    assert get_method("fedlocal-sync").default_hparams().sync is True
+    assert get_method("fedlocal").default_hparams().sync is False
