@@ -14,7 +14,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 import flower_strategies  # noqa: F401  (registers the core methods)
 import flower_strategies.methods.fedda as fd
 from client_app.task import build_model, synthetic_client
-from flower_strategies.methods.baselines import FedAdagrad, FedAdagradHParams, FedAdam, FedAdamHParams, FedAvg, FedAvgHParams
+from flower_strategies.core import records as R
+from flower_strategies.methods.baselines import FedAdagrad, FedAdam, FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.records import to_record
 from flower_strategies.core.registry import METHODS, build_strategy
@@ -74,13 +75,12 @@ def ref_cfg(variant: str, **kw) -> dict:
 
 
 def hp_for(variant: str, **kw):
-    cls = CLASSES[variant].hparams_class
     kw.setdefault("server_lr", ALPHA[variant])
     kw.setdefault("full_batch_last", 0.0)
     if variant == "sgdm":
         for k in ("beta2", "eps", "bias_correction", "v_hat", "initial_v"):
             kw.pop(k, None)
-    return cls(**kw)
+    return CLASSES[variant].make_hparams(**kw)
 
 
 # ------------------------------------------------------------------------------------------ equivalence vs reference
@@ -143,7 +143,7 @@ def test_generic_fedda_equals_fixed_variant():
 
 def test_default_full_batch_schedule_runs_last_rounds():
     # default full-batch-last = 0.05 of 20 rounds -> round 20 only; compare with the reference
-    hp = fd.FedDASGDMHParams(server_lr=1.0)
+    hp = fd.FedDASGDM.make_hparams(server_lr=1.0)
     strategy = fd.FedDASGDM(hp, client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     got, sampled = run_sim(strategy, rounds=20)
     assert [h.train_metrics["num-steps"] for h in strategy.history] == [STEPS] * 19 + [1.0]
@@ -176,7 +176,7 @@ def test_sgdm_beta0_is_fedopt_server_sgd():
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED, fraction_train=0.5)
     for alpha in (1.0, 1.7):
         err, moved = _fedopt_pair(fd.FedDASGDM(hp_for("sgdm", beta1=0.0, server_lr=alpha), **kw),
-                                  FedAvg(FedAvgHParams(server_lr=alpha), **kw))
+                                  FedAvg(FedAvg.make_hparams(server_lr=alpha), **kw))
         assert err < 1e-9 and moved > 1e-2
 
 
@@ -186,7 +186,7 @@ def test_adagrad_beta0_is_fedadagrad():
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     err, moved = _fedopt_pair(
         fd.FedDAAdagrad(hp_for("adagrad", beta1=0.0, server_lr=alpha, eps=eps), **kw),
-        FedAdagrad(FedAdagradHParams(server_lr=alpha * CLIENT_LR, beta1=0.0, tau=CLIENT_LR * eps, initial_v=0.0), **kw),
+        FedAdagrad(FedAdagrad.make_hparams(server_lr=alpha * CLIENT_LR, beta1=0.0, tau=CLIENT_LR * eps, initial_v=0.0), **kw),
     )
     assert err < 1e-9 and moved > 1e-2
 
@@ -197,7 +197,7 @@ def test_adam_beta0_is_bias_corrected_fedadam():
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     err, moved = _fedopt_pair(
         fd.FedDAAdam(hp_for("adam", beta1=0.0, server_lr=alpha, eps=0.0), **kw),
-        FedAdam(FedAdamHParams(server_lr=alpha * CLIENT_LR, beta1=0.0, beta2=0.99, tau=0.0, initial_v=0.0,
+        FedAdam(FedAdam.make_hparams(server_lr=alpha * CLIENT_LR, beta1=0.0, beta2=0.99, tau=0.0, initial_v=0.0,
                                bias_correction="adam"), **kw),
     )
     assert err < 1e-9 and moved > 1e-2
@@ -230,12 +230,11 @@ def test_adagrad_one_step_gradient_independent_of_momentum():
     torch.manual_seed(0)
     for m_r in (torch.zeros(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)):
         p = torch.nn.Parameter(torch.randn(2, 3, dtype=torch.float64))
-        opt = fd.FedDAOptimizer([("p", p)], lr=0.1, beta1=0.9)
-        opt.begin_round({fd.MOMENTUM: {"p": m_r}})
+        opt = fd.FedDAOptimizer([("p", p)], lr=0.1, beta1=0.9, downlink={fd.MOMENTUM: {"p": m_r}})
         g = torch.randn(2, 3, dtype=torch.float64)
         p.grad = g.clone()
         opt.step()
-        up = opt.end_round()
+        up = opt.uplink()
         G = fd.recover_gradient(up[fd.MOMENTUM_SUM]["p"].numpy(), m_r.numpy(), 0.9)
         np.testing.assert_allclose(G, g.numpy(), rtol=1e-12, atol=1e-12)
 
@@ -245,8 +244,7 @@ def test_optimizer_steps_by_hand():
     x0 = torch.tensor([1.0, -2.0], dtype=torch.float64)
     p = torch.nn.Parameter(x0.clone())
     m0 = torch.tensor([0.5, 0.25], dtype=torch.float64)
-    opt = fd.FedDAOptimizer([("w", p)], lr=0.1, beta1=0.8, mu=0.5)
-    opt.begin_round({fd.MOMENTUM: {"w": m0}})
+    opt = fd.FedDAOptimizer([("w", p)], lr=0.1, beta1=0.8, prox_mu=0.5, downlink={fd.MOMENTUM: {"w": m0}})
     g1, g2 = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([-1.0, 3.0], dtype=torch.float64)
     p.grad = g1.clone()
     opt.step()
@@ -259,7 +257,7 @@ def test_optimizer_steps_by_hand():
     d2 = g2 + 0.5 * (x1 - x0)
     x2 = x1 - 0.1 * d2
     m2 = 0.8 * m1 + 0.2 * d2
-    up = opt.end_round()
+    up = opt.uplink()
     assert torch.allclose(p.data, x2)
     assert torch.allclose(up[fd.MOMENTUM]["w"], m2)
     assert torch.allclose(up[fd.MOMENTUM_SUM]["w"], m1 + m2)
@@ -267,13 +265,13 @@ def test_optimizer_steps_by_hand():
     assert fd.FedDAOptimizer.sends_model is False
 
 
-def test_optimizer_eta_in_momentum_and_missing_downlink():
+def test_optimizer_eta_in_momentum():
     p = torch.nn.Parameter(torch.tensor([1.0, 1.0], dtype=torch.float64))
-    opt = fd.FedDAOptimizer.from_config([("w", p)], {"client-lr": 0.5, fd.CFG_BETA1: 0.5, fd.CFG_ETA_IN_MOMENTUM: True})
-    opt.begin_round({})  # first round without a momentum record: m = 0
+    zeros = {fd.MOMENTUM: {"w": torch.zeros(2, dtype=torch.float64)}}  # round 1: the server sends m_0 = 0
+    opt = fd.FedDAOptimizer([("w", p)], lr=0.5, beta1=0.5, eta_in_momentum=True, downlink=zeros)
     p.grad = torch.tensor([2.0, -4.0], dtype=torch.float64)
     opt.step()
-    up = opt.end_round()
+    up = opt.uplink()
     assert torch.allclose(up[fd.MOMENTUM]["w"], torch.tensor([0.5, -1.0], dtype=torch.float64))  # 0.5·(0.5·g)
     assert torch.allclose(p.data, torch.tensor([0.0, 3.0], dtype=torch.float64))
 
@@ -303,24 +301,23 @@ def test_server_step_by_hand():
 
 def test_full_batch_schedule():
     def rounds(hp, total):
-        s = fd.FedDASGDM(hp)
-        s.num_rounds = total
+        s = fd.FedDASGDM(hp, num_rounds=total)
         return [r for r in range(1, total + 1) if s.full_batch(r)]
 
-    assert rounds(fd.FedDASGDMHParams(), 20) == [20]
-    assert rounds(fd.FedDASGDMHParams(), 60) == [58, 59, 60]
-    assert rounds(fd.FedDASGDMHParams(), 1500) == list(range(1426, 1501))
-    assert rounds(fd.FedDASGDMHParams(full_batch_last=0.0), 60) == []
-    assert rounds(fd.FedDASGDMHParams(full_batch_from=7), 10) == [7, 8, 9, 10]
+    assert rounds(fd.FedDASGDM.make_hparams(), 20) == [20]
+    assert rounds(fd.FedDASGDM.make_hparams(), 60) == [58, 59, 60]
+    assert rounds(fd.FedDASGDM.make_hparams(), 1500) == list(range(1426, 1501))
+    assert rounds(fd.FedDASGDM.make_hparams(full_batch_last=0.0), 60) == []
+    assert rounds(fd.FedDASGDM.make_hparams(full_batch_from=7), 10) == [7, 8, 9, 10]
 
 
 def test_registry_and_run_config():
     for name in ("fedda", "fedda-sgdm", "fedda-adam", "fedda-adagrad"):
         assert METHODS[name].local_optimizer is fd.FedDAOptimizer
     s, _ = build_strategy({"method": "fedda", "fedda.variant": "adagrad", "fedda.prox-mu": 0.01})
-    assert isinstance(s, fd.FedDA) and s.variant == "adagrad" and s.server_lr == 0.1 and s.hparams.prox_mu == 0.01
+    assert isinstance(s, fd.FedDA) and s.hparams.variant == "adagrad" and s.hparams.alpha == 0.1 and s.hparams.prox_mu == 0.01
     s, _ = build_strategy({"method": "fedda-sgdm", "fedda-sgdm.full-batch-from": 3})
-    assert s.variant == "sgdm" and s.server_lr == 1.0 and s.full_batch(3) and not s.full_batch(2)
+    assert s.hparams.variant == "sgdm" and s.hparams.alpha == 1.0 and s.full_batch(3) and not s.full_batch(2)
     with pytest.raises(ConfigError, match="sgdm"):
         build_strategy({"method": "fedda", "fedda.variant": "yogi"})
     with pytest.raises(ConfigError):
@@ -343,7 +340,7 @@ def _reply(node: int, n: int, records: dict[str, dict[str, np.ndarray]]) -> Mess
 
 def test_protocol_with_mocked_replies():
     grid = LoopbackGrid(_NoApp(), 4)
-    hp = fd.FedDAAdamHParams(server_lr=2.0, beta1=0.5, beta2=0.9, eps=0.1, full_batch_from=2)
+    hp = fd.FedDAAdam.make_hparams(server_lr=2.0, beta1=0.5, beta2=0.9, eps=0.1, full_batch_from=2)
     s = fd.FedDAAdam(hp, client_lr=0.1, seed=0)
     w = np.array([[1.0, -1.0, 0.5]], dtype=np.float32)
     msgs = list(s.configure_train(1, to_record({"w": w}), ConfigRecord(), grid))
@@ -351,8 +348,8 @@ def test_protocol_with_mocked_replies():
     c = msgs[0].content
     np.testing.assert_array_equal(c.array_records[fd.MOMENTUM]["w"].numpy(), np.zeros((1, 3), np.float32))
     cfg = c.config_records["config"]
-    assert cfg["method"] == "fedda-adam" and cfg[fd.CFG_BETA1] == 0.5 and cfg[fd.CFG_FULL_BATCH] is False
-    assert cfg[fd.CFG_PROX_MU] == 0.0 and cfg[fd.CFG_ETA_IN_MOMENTUM] is False
+    assert cfg["method"] == "fedda-adam" and cfg["fedda-adam.beta1"] == 0.5 and cfg[R.FULL_BATCH] is False
+    assert cfg["fedda-adam.prox-mu"] == 0.0 and cfg["fedda-adam.eta-in-momentum"] is False
 
     p1, m1 = np.array([[1.0, 2.0, 3.0]], np.float32), np.array([[0.5, 0.5, 0.5]], np.float32)
     p2, m2 = np.array([[-1.0, 0.0, 1.0]], np.float32), np.array([[0.0, 1.0, 2.0]], np.float32)
@@ -374,12 +371,12 @@ def test_protocol_with_mocked_replies():
     new = arrays["w"].numpy()
     assert new.dtype == np.float32
     np.testing.assert_allclose(new, expect, rtol=1e-5)
-    np.testing.assert_allclose(s.m_t["w"], m_bar, rtol=1e-6)
+    np.testing.assert_allclose(s.server_state["m_t"]["w"], m_bar, rtol=1e-6)
 
     msgs = list(s.configure_train(2, arrays, ConfigRecord(), grid))
     c = msgs[0].content
     np.testing.assert_allclose(c.array_records[fd.MOMENTUM]["w"].numpy(), m_bar, rtol=1e-6)
-    assert c.config_records["config"][fd.CFG_FULL_BATCH] is True
+    assert c.config_records["config"][R.FULL_BATCH] is True
     # a reply carrying the model instead of P is rejected, and the model is kept
     arrays2, metrics2 = s.aggregate_train(2, [_reply(1, 10, {"arrays": {"w": w}})])
     assert arrays2 is None and metrics2["replies-rejected"] == 1
