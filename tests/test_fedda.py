@@ -4,6 +4,7 @@ of the client optimizer, and mocked-reply protocol tests."""
 
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -13,8 +14,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 
 import flower_strategies  # noqa: F401  (registers the core methods)
 import flower_strategies.methods.fedda as fd
-from client_app.task import build_model, synthetic_client
+from client_app.task import build_model, half_mse, synthetic_client
 from flower_strategies.core import records as R
+from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.methods.baselines import FedAdagrad, FedAdam, FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.records import to_record
@@ -380,3 +382,153 @@ def test_protocol_with_mocked_replies():
     # a reply carrying the model instead of P is rejected, and the model is kept
     arrays2, metrics2 = s.aggregate_train(2, [_reply(1, 10, {"arrays": {"w": w}})])
     assert arrays2 is None and metrics2["replies-rejected"] == 1
+
+
+# ------------------------------------------------------------------------------------------ the optimizer outside the app
+NAMES = ("fedda", "fedda-sgdm", "fedda-adam", "fedda-adagrad")
+PID = 1  # the client whose data and batch order the tests below use
+
+
+def _round_content(name: str, server_round: int) -> RecordDict:
+    """The RecordDict a client receives in ``server_round`` of a ``ROUNDS``-round run, after one real round (so the
+    broadcast momentum is not zero); FedDA+Prox so that the round start ``W_r`` matters."""
+    spec = METHODS[name]
+    hp = spec.default_hparams().replace(prox_mu=0.3)
+    kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
+    warm = spec.build(hp, **kw)
+    snaps, _ = simulate(warm, initial_arrays(), 1, NODES, RUN_CONFIG)
+    strategy = spec.build(hp, num_rounds=ROUNDS, **kw)
+    strategy.load_state_dict(warm.state_dict())
+    content = strategy.prepare_round(server_round, to_record(snaps[-1]), ConfigRecord(), num_sampled=1)
+    assert np.abs(content.array_records[fd.MOMENTUM]["w.weight"].numpy()).max() > 1e-3
+    return content
+
+
+def _client_tensors():
+    a, y = client_data()[PID]
+    return torch.from_numpy(a), torch.from_numpy(y)
+
+
+def _optimizer(name: str, content: RecordDict, model: torch.nn.Module) -> fd.FedDAOptimizer:
+    """The client optimizer built by hand from a train message (downlink = every record but the model)."""
+    spec = METHODS[name]
+    config = dict(content.config_records["config"])
+    downlink = {k: rec.to_torch_state_dict() for k, rec in content.array_records.items() if k != "arrays"}
+    return spec.local_optimizer(model.named_parameters(), lr=config["client-lr"], downlink=downlink,
+                                **spec.hparams.client_kwargs_from_wire(config, name))
+
+
+def _model_from(content: RecordDict) -> torch.nn.Module:
+    model = build_model("synthetic-linear", SEED, DIM, "float64")
+    model.load_state_dict(content.array_records["arrays"].to_torch_state_dict())
+    return model
+
+
+def _batches(content: RecordDict, n: int) -> list[np.ndarray]:
+    config = content.config_records["config"]
+    full = bool(config[R.FULL_BATCH])
+    return batch_indices(n, n if full else BATCH, 1 if full else STEPS, SEED, int(config[R.SERVER_ROUND]), PID)
+
+
+@pytest.mark.parametrize("server_round", [2, ROUNDS])  # a mini-batch round and a full-batch round (A8)
+@pytest.mark.parametrize("name", NAMES)
+def test_plain_torch_loop_equals_train_reply(name, server_round):
+    content = _round_content(name, server_round)
+    assert content.config_records["config"][R.FULL_BATCH] is (server_round == ROUNDS)
+    x, y = _client_tensors()
+    model = _model_from(content)
+    opt = _optimizer(name, content, model)
+    for idx in _batches(content, len(x)):
+        i = torch.from_numpy(idx)
+        opt.zero_grad()
+        half_mse(model(x[i]), y[i]).backward()
+        opt.step()
+    uplink = opt.uplink()
+
+    app_model = build_model("synthetic-linear", SEED, DIM, "float64")
+    reply = train_reply(app_model, content, x, y, half_mse, seed=SEED, client_key=PID)
+    assert "arrays" not in reply.array_records  # FedDA's reply carries P and m, not the model
+    assert set(reply.array_records) == set(uplink) == {fd.MOMENTUM_SUM, fd.MOMENTUM}
+    for record, arrays in uplink.items():
+        for key, t in arrays.items():
+            assert np.array_equal(reply.array_records[record][key].numpy(), t.numpy()), (record, key)
+    for (k, p), (k2, q) in zip(model.named_parameters(), app_model.named_parameters()):
+        assert k == k2 and torch.equal(p, q)
+    assert reply.metric_records["metrics"]["num-steps"] == opt.steps_taken == (1 if server_round == ROUNDS else STEPS)
+    assert not torch.equal(model.w.weight, content.array_records["arrays"].to_torch_state_dict()["w.weight"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dict_round_trip_mid_round(name):
+    content = _round_content(name, 2)
+    x, y = _client_tensors()
+    batches = [torch.from_numpy(i) for i in _batches(content, len(x))]
+
+    def run(model, opt, idx):
+        for i in idx:
+            opt.zero_grad()
+            half_mse(model(x[i]), y[i]).backward()
+            opt.step()
+
+    straight = _model_from(content)
+    opt = _optimizer(name, content, straight)
+    run(straight, opt, batches)
+
+    first = _model_from(content)
+    opt1 = _optimizer(name, content, first)
+    run(first, opt1, batches[:2])
+    saved_opt, saved_model = copy.deepcopy(opt1.state_dict()), copy.deepcopy(first.state_dict())
+    resumed = build_model("synthetic-linear", SEED, DIM, "float64")
+    resumed.load_state_dict(saved_model)
+    opt2 = _optimizer(name, content, resumed)
+    opt2.load_state_dict(saved_opt)
+    assert opt2.steps_taken == 2
+    run(resumed, opt2, batches[2:])
+
+    assert opt2.steps_taken == opt.steps_taken == STEPS
+    assert torch.equal(resumed.w.weight, straight.w.weight)
+    want, got = opt.uplink(), opt2.uplink()
+    for record in want:
+        for key in want[record]:
+            assert torch.equal(got[record][key], want[record][key]), (record, key)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_misuse_raises_clear_errors(name):
+    spec = METHODS[name]
+    model = build_model("synthetic-linear", SEED, DIM, "float64")
+    momentum = {fd.MOMENTUM: {k: torch.zeros_like(p) for k, p in model.named_parameters()}}
+    opt_cls = spec.local_optimizer
+    with pytest.raises(ValueError, match="downlink record.*'momentum'"):
+        opt_cls(model.named_parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="has no tensor 'w.weight'"):  # a record that lacks a parameter
+        opt = opt_cls(model.named_parameters(), lr=0.1, downlink={fd.MOMENTUM: {}})
+        model(torch.zeros(1, DIM, dtype=torch.float64)).sum().backward()
+        opt.step()
+    opt = opt_cls(model.named_parameters(), lr=0.1, downlink=momentum)
+    with pytest.raises(RuntimeError, match="no local step"):
+        opt.uplink()
+    with pytest.raises(TypeError, match="unknown hyper-parameter.*'mu'.*prox_mu"):
+        opt_cls(model.named_parameters(), lr=0.1, downlink=momentum, mu=0.1)
+    with pytest.raises(TypeError, match="unknown hyper-parameter.*'variant'"):  # a server field
+        opt_cls(model.named_parameters(), lr=0.1, downlink=momentum, variant="adam")
+    with pytest.raises(ValueError, match="beta1 = 1.0 is out of range"):
+        opt_cls(model.named_parameters(), lr=0.1, downlink=momentum, beta1=1.0)
+    with pytest.raises(ValueError, match="prox_mu = -0.1 is out of range"):
+        opt_cls(model.named_parameters(), lr=0.1, downlink=momentum, prox_mu=-0.1)
+    with pytest.raises(TypeError, match="named_parameters"):
+        opt_cls(model.parameters(), lr=0.1, downlink=momentum)
+    # server side
+    with pytest.raises(ConfigError, match="server_lr = 0.0 is out of range"):
+        spec.default_hparams().replace(server_lr=0.0)
+    with pytest.raises(ConfigError, match="full_batch_from = 0 is out of range"):
+        spec.default_hparams().replace(full_batch_from=0)
+    with pytest.raises(ConfigError, match=f"{name}.full-batch-from = 0 is out of range"):
+        build_strategy({"method": name, f"{name}.full-batch-from": 0})
+    other = "adam" if spec.default_hparams().variant != "adam" else "sgdm"
+    if spec.strategy is not fd.FedDA:  # a variant class refuses hyper-parameters of another variant
+        with pytest.raises(ConfigError, match="make_hparams"):
+            spec.strategy(fd.FedDAHParams(variant=other))
+    # full-batch-last needs the run's number of rounds (Strategy.start sets it; a bare driver passes num_rounds=)
+    with pytest.raises(ConfigError, match="num_rounds="):
+        spec.build().prepare_round(1, initial_arrays(), ConfigRecord(), num_sampled=1)
