@@ -158,7 +158,9 @@ class FedDAHParams(FedDAClientHParams):
     """FedDA (Algorithms 1–2); the server optimizer is the ``variant`` field.  Defaults: Table 12, EMNIST."""
 
     variant: str = param("sgdm", choices=VARIANTS, help="server optimizer: sgdm (Algorithm 1) | adam | adagrad (Algorithm 2)")
-    server_lr: float | None = param(None, lo=0.0, lo_open=True, help="server learning rate α; empty = Table 12 EMNIST value of the variant (sgdm 1, adam/adagrad 0.1)")
+    server_lr: float | None = param(
+        None, lo=0.0, lo_open=True, help="server learning rate α; empty = the variant's Table 12 EMNIST value (sgdm 1, adam/adagrad 0.1)"
+    )
     beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (Table 12: 0.99; adam only)")
     eps: float = param(0.1, lo=0.0, help="fuzz factor ε outside the square root (Table 12 EMNIST: 0.1; adam, adagrad)")
     initial_v: float = param(0.0, lo=0.0, help="V_0 (A10: 0; adam, adagrad)")
