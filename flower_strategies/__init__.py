@@ -8,6 +8,7 @@ from .methods.baselines import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, Fed
 from .core.client import ClientRound, full_gradient_from, local_train, train_reply
 from .methods.mimelite import MimeLite, MimeLiteHParams, MimeLiteOptimizer
 from .methods.fedlocal import FedLocal, FedLocalClientHParams, FedLocalHParams, FedLocalOptimizer, FedLocalSync
+from .methods.fedda import FedDA, FedDAAdagrad, FedDAAdam, FedDAClientHParams, FedDAHParams, FedDAOptimizer, FedDASGDM
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer
 from .core.registry import (

@@ -4,6 +4,7 @@ of the client optimizer, and mocked-reply protocol tests."""
 
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -13,8 +14,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 
 import flower_strategies  # noqa: F401  (registers the core methods)
 import flower_strategies.methods.fedda as fd
-from client_app.task import build_model, synthetic_client
-from flower_strategies.methods.baselines import FedAdagrad, FedAdagradHParams, FedAdam, FedAdamHParams, FedAvg, FedAvgHParams
+from client_app.task import build_model, half_mse, synthetic_client
+from flower_strategies.core import records as R
+from flower_strategies.core.client import batch_indices, train_reply
+from flower_strategies.methods.baselines import FedAdagrad, FedAdam, FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.records import to_record
 from flower_strategies.core.registry import METHODS, build_strategy
@@ -74,13 +77,12 @@ def ref_cfg(variant: str, **kw) -> dict:
 
 
 def hp_for(variant: str, **kw):
-    cls = CLASSES[variant].hparams_class
     kw.setdefault("server_lr", ALPHA[variant])
     kw.setdefault("full_batch_last", 0.0)
     if variant == "sgdm":
         for k in ("beta2", "eps", "bias_correction", "v_hat", "initial_v"):
             kw.pop(k, None)
-    return cls(**kw)
+    return CLASSES[variant].make_hparams(**kw)
 
 
 # ------------------------------------------------------------------------------------------ equivalence vs reference
@@ -143,7 +145,7 @@ def test_generic_fedda_equals_fixed_variant():
 
 def test_default_full_batch_schedule_runs_last_rounds():
     # default full-batch-last = 0.05 of 20 rounds -> round 20 only; compare with the reference
-    hp = fd.FedDASGDMHParams(server_lr=1.0)
+    hp = fd.FedDASGDM.make_hparams(server_lr=1.0)
     strategy = fd.FedDASGDM(hp, client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     got, sampled = run_sim(strategy, rounds=20)
     assert [h.train_metrics["num-steps"] for h in strategy.history] == [STEPS] * 19 + [1.0]
@@ -176,7 +178,7 @@ def test_sgdm_beta0_is_fedopt_server_sgd():
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED, fraction_train=0.5)
     for alpha in (1.0, 1.7):
         err, moved = _fedopt_pair(fd.FedDASGDM(hp_for("sgdm", beta1=0.0, server_lr=alpha), **kw),
-                                  FedAvg(FedAvgHParams(server_lr=alpha), **kw))
+                                  FedAvg(FedAvg.make_hparams(server_lr=alpha), **kw))
         assert err < 1e-9 and moved > 1e-2
 
 
@@ -186,7 +188,7 @@ def test_adagrad_beta0_is_fedadagrad():
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     err, moved = _fedopt_pair(
         fd.FedDAAdagrad(hp_for("adagrad", beta1=0.0, server_lr=alpha, eps=eps), **kw),
-        FedAdagrad(FedAdagradHParams(server_lr=alpha * CLIENT_LR, beta1=0.0, tau=CLIENT_LR * eps, initial_v=0.0), **kw),
+        FedAdagrad(FedAdagrad.make_hparams(server_lr=alpha * CLIENT_LR, beta1=0.0, tau=CLIENT_LR * eps, initial_v=0.0), **kw),
     )
     assert err < 1e-9 and moved > 1e-2
 
@@ -197,7 +199,7 @@ def test_adam_beta0_is_bias_corrected_fedadam():
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     err, moved = _fedopt_pair(
         fd.FedDAAdam(hp_for("adam", beta1=0.0, server_lr=alpha, eps=0.0), **kw),
-        FedAdam(FedAdamHParams(server_lr=alpha * CLIENT_LR, beta1=0.0, beta2=0.99, tau=0.0, initial_v=0.0,
+        FedAdam(FedAdam.make_hparams(server_lr=alpha * CLIENT_LR, beta1=0.0, beta2=0.99, tau=0.0, initial_v=0.0,
                                bias_correction="adam"), **kw),
     )
     assert err < 1e-9 and moved > 1e-2
@@ -230,12 +232,11 @@ def test_adagrad_one_step_gradient_independent_of_momentum():
     torch.manual_seed(0)
     for m_r in (torch.zeros(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)):
         p = torch.nn.Parameter(torch.randn(2, 3, dtype=torch.float64))
-        opt = fd.FedDAOptimizer([("p", p)], lr=0.1, beta1=0.9)
-        opt.begin_round({fd.MOMENTUM: {"p": m_r}})
+        opt = fd.FedDAOptimizer([("p", p)], lr=0.1, beta1=0.9, downlink={fd.MOMENTUM: {"p": m_r}})
         g = torch.randn(2, 3, dtype=torch.float64)
         p.grad = g.clone()
         opt.step()
-        up = opt.end_round()
+        up = opt.uplink()
         G = fd.recover_gradient(up[fd.MOMENTUM_SUM]["p"].numpy(), m_r.numpy(), 0.9)
         np.testing.assert_allclose(G, g.numpy(), rtol=1e-12, atol=1e-12)
 
@@ -245,8 +246,7 @@ def test_optimizer_steps_by_hand():
     x0 = torch.tensor([1.0, -2.0], dtype=torch.float64)
     p = torch.nn.Parameter(x0.clone())
     m0 = torch.tensor([0.5, 0.25], dtype=torch.float64)
-    opt = fd.FedDAOptimizer([("w", p)], lr=0.1, beta1=0.8, mu=0.5)
-    opt.begin_round({fd.MOMENTUM: {"w": m0}})
+    opt = fd.FedDAOptimizer([("w", p)], lr=0.1, beta1=0.8, prox_mu=0.5, downlink={fd.MOMENTUM: {"w": m0}})
     g1, g2 = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([-1.0, 3.0], dtype=torch.float64)
     p.grad = g1.clone()
     opt.step()
@@ -259,7 +259,7 @@ def test_optimizer_steps_by_hand():
     d2 = g2 + 0.5 * (x1 - x0)
     x2 = x1 - 0.1 * d2
     m2 = 0.8 * m1 + 0.2 * d2
-    up = opt.end_round()
+    up = opt.uplink()
     assert torch.allclose(p.data, x2)
     assert torch.allclose(up[fd.MOMENTUM]["w"], m2)
     assert torch.allclose(up[fd.MOMENTUM_SUM]["w"], m1 + m2)
@@ -267,13 +267,13 @@ def test_optimizer_steps_by_hand():
     assert fd.FedDAOptimizer.sends_model is False
 
 
-def test_optimizer_eta_in_momentum_and_missing_downlink():
+def test_optimizer_eta_in_momentum():
     p = torch.nn.Parameter(torch.tensor([1.0, 1.0], dtype=torch.float64))
-    opt = fd.FedDAOptimizer.from_config([("w", p)], {"client-lr": 0.5, fd.CFG_BETA1: 0.5, fd.CFG_ETA_IN_MOMENTUM: True})
-    opt.begin_round({})  # first round without a momentum record: m = 0
+    zeros = {fd.MOMENTUM: {"w": torch.zeros(2, dtype=torch.float64)}}  # round 1: the server sends m_0 = 0
+    opt = fd.FedDAOptimizer([("w", p)], lr=0.5, beta1=0.5, eta_in_momentum=True, downlink=zeros)
     p.grad = torch.tensor([2.0, -4.0], dtype=torch.float64)
     opt.step()
-    up = opt.end_round()
+    up = opt.uplink()
     assert torch.allclose(up[fd.MOMENTUM]["w"], torch.tensor([0.5, -1.0], dtype=torch.float64))  # 0.5·(0.5·g)
     assert torch.allclose(p.data, torch.tensor([0.0, 3.0], dtype=torch.float64))
 
@@ -303,24 +303,23 @@ def test_server_step_by_hand():
 
 def test_full_batch_schedule():
     def rounds(hp, total):
-        s = fd.FedDASGDM(hp)
-        s.num_rounds = total
+        s = fd.FedDASGDM(hp, num_rounds=total)
         return [r for r in range(1, total + 1) if s.full_batch(r)]
 
-    assert rounds(fd.FedDASGDMHParams(), 20) == [20]
-    assert rounds(fd.FedDASGDMHParams(), 60) == [58, 59, 60]
-    assert rounds(fd.FedDASGDMHParams(), 1500) == list(range(1426, 1501))
-    assert rounds(fd.FedDASGDMHParams(full_batch_last=0.0), 60) == []
-    assert rounds(fd.FedDASGDMHParams(full_batch_from=7), 10) == [7, 8, 9, 10]
+    assert rounds(fd.FedDASGDM.make_hparams(), 20) == [20]
+    assert rounds(fd.FedDASGDM.make_hparams(), 60) == [58, 59, 60]
+    assert rounds(fd.FedDASGDM.make_hparams(), 1500) == list(range(1426, 1501))
+    assert rounds(fd.FedDASGDM.make_hparams(full_batch_last=0.0), 60) == []
+    assert rounds(fd.FedDASGDM.make_hparams(full_batch_from=7), 10) == [7, 8, 9, 10]
 
 
 def test_registry_and_run_config():
     for name in ("fedda", "fedda-sgdm", "fedda-adam", "fedda-adagrad"):
         assert METHODS[name].local_optimizer is fd.FedDAOptimizer
     s, _ = build_strategy({"method": "fedda", "fedda.variant": "adagrad", "fedda.prox-mu": 0.01})
-    assert isinstance(s, fd.FedDA) and s.variant == "adagrad" and s.server_lr == 0.1 and s.hparams.prox_mu == 0.01
+    assert isinstance(s, fd.FedDA) and s.hparams.variant == "adagrad" and s.hparams.alpha == 0.1 and s.hparams.prox_mu == 0.01
     s, _ = build_strategy({"method": "fedda-sgdm", "fedda-sgdm.full-batch-from": 3})
-    assert s.variant == "sgdm" and s.server_lr == 1.0 and s.full_batch(3) and not s.full_batch(2)
+    assert s.hparams.variant == "sgdm" and s.hparams.alpha == 1.0 and s.full_batch(3) and not s.full_batch(2)
     with pytest.raises(ConfigError, match="sgdm"):
         build_strategy({"method": "fedda", "fedda.variant": "yogi"})
     with pytest.raises(ConfigError):
@@ -343,7 +342,7 @@ def _reply(node: int, n: int, records: dict[str, dict[str, np.ndarray]]) -> Mess
 
 def test_protocol_with_mocked_replies():
     grid = LoopbackGrid(_NoApp(), 4)
-    hp = fd.FedDAAdamHParams(server_lr=2.0, beta1=0.5, beta2=0.9, eps=0.1, full_batch_from=2)
+    hp = fd.FedDAAdam.make_hparams(server_lr=2.0, beta1=0.5, beta2=0.9, eps=0.1, full_batch_from=2)
     s = fd.FedDAAdam(hp, client_lr=0.1, seed=0)
     w = np.array([[1.0, -1.0, 0.5]], dtype=np.float32)
     msgs = list(s.configure_train(1, to_record({"w": w}), ConfigRecord(), grid))
@@ -351,8 +350,8 @@ def test_protocol_with_mocked_replies():
     c = msgs[0].content
     np.testing.assert_array_equal(c.array_records[fd.MOMENTUM]["w"].numpy(), np.zeros((1, 3), np.float32))
     cfg = c.config_records["config"]
-    assert cfg["method"] == "fedda-adam" and cfg[fd.CFG_BETA1] == 0.5 and cfg[fd.CFG_FULL_BATCH] is False
-    assert cfg[fd.CFG_PROX_MU] == 0.0 and cfg[fd.CFG_ETA_IN_MOMENTUM] is False
+    assert cfg["method"] == "fedda-adam" and cfg["fedda-adam.beta1"] == 0.5 and cfg[R.FULL_BATCH] is False
+    assert cfg["fedda-adam.prox-mu"] == 0.0 and cfg["fedda-adam.eta-in-momentum"] is False
 
     p1, m1 = np.array([[1.0, 2.0, 3.0]], np.float32), np.array([[0.5, 0.5, 0.5]], np.float32)
     p2, m2 = np.array([[-1.0, 0.0, 1.0]], np.float32), np.array([[0.0, 1.0, 2.0]], np.float32)
@@ -374,12 +373,162 @@ def test_protocol_with_mocked_replies():
     new = arrays["w"].numpy()
     assert new.dtype == np.float32
     np.testing.assert_allclose(new, expect, rtol=1e-5)
-    np.testing.assert_allclose(s.m_t["w"], m_bar, rtol=1e-6)
+    np.testing.assert_allclose(s.server_state["m_t"]["w"], m_bar, rtol=1e-6)
 
     msgs = list(s.configure_train(2, arrays, ConfigRecord(), grid))
     c = msgs[0].content
     np.testing.assert_allclose(c.array_records[fd.MOMENTUM]["w"].numpy(), m_bar, rtol=1e-6)
-    assert c.config_records["config"][fd.CFG_FULL_BATCH] is True
+    assert c.config_records["config"][R.FULL_BATCH] is True
     # a reply carrying the model instead of P is rejected, and the model is kept
     arrays2, metrics2 = s.aggregate_train(2, [_reply(1, 10, {"arrays": {"w": w}})])
     assert arrays2 is None and metrics2["replies-rejected"] == 1
+
+
+# ------------------------------------------------------------------------------------------ the optimizer outside the app
+NAMES = ("fedda", "fedda-sgdm", "fedda-adam", "fedda-adagrad")
+PID = 1  # the client whose data and batch order the tests below use
+
+
+def _round_content(name: str, server_round: int) -> RecordDict:
+    """The RecordDict a client receives in ``server_round`` of a ``ROUNDS``-round run, after one real round (so the
+    broadcast momentum is not zero); FedDA+Prox so that the round start ``W_r`` matters."""
+    spec = METHODS[name]
+    hp = spec.default_hparams().replace(prox_mu=0.3)
+    kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
+    warm = spec.build(hp, **kw)
+    snaps, _ = simulate(warm, initial_arrays(), 1, NODES, RUN_CONFIG)
+    strategy = spec.build(hp, num_rounds=ROUNDS, **kw)
+    strategy.load_state_dict(warm.state_dict())
+    content = strategy.prepare_round(server_round, to_record(snaps[-1]), ConfigRecord(), num_sampled=1)
+    assert np.abs(content.array_records[fd.MOMENTUM]["w.weight"].numpy()).max() > 1e-3
+    return content
+
+
+def _client_tensors():
+    a, y = client_data()[PID]
+    return torch.from_numpy(a), torch.from_numpy(y)
+
+
+def _optimizer(name: str, content: RecordDict, model: torch.nn.Module) -> fd.FedDAOptimizer:
+    """The client optimizer built by hand from a train message (downlink = every record but the model)."""
+    spec = METHODS[name]
+    config = dict(content.config_records["config"])
+    downlink = {k: rec.to_torch_state_dict() for k, rec in content.array_records.items() if k != "arrays"}
+    return spec.local_optimizer(model.named_parameters(), lr=config["client-lr"], downlink=downlink,
+                                **spec.hparams.client_kwargs_from_wire(config, name))
+
+
+def _model_from(content: RecordDict) -> torch.nn.Module:
+    model = build_model("synthetic-linear", SEED, DIM, "float64")
+    model.load_state_dict(content.array_records["arrays"].to_torch_state_dict())
+    return model
+
+
+def _batches(content: RecordDict, n: int) -> list[np.ndarray]:
+    config = content.config_records["config"]
+    full = bool(config[R.FULL_BATCH])
+    return batch_indices(n, n if full else BATCH, 1 if full else STEPS, SEED, int(config[R.SERVER_ROUND]), PID)
+
+
+@pytest.mark.parametrize("server_round", [2, ROUNDS])  # a mini-batch round and a full-batch round (A8)
+@pytest.mark.parametrize("name", NAMES)
+def test_plain_torch_loop_equals_train_reply(name, server_round):
+    content = _round_content(name, server_round)
+    assert content.config_records["config"][R.FULL_BATCH] is (server_round == ROUNDS)
+    x, y = _client_tensors()
+    model = _model_from(content)
+    opt = _optimizer(name, content, model)
+    for idx in _batches(content, len(x)):
+        i = torch.from_numpy(idx)
+        opt.zero_grad()
+        half_mse(model(x[i]), y[i]).backward()
+        opt.step()
+    uplink = opt.uplink()
+
+    app_model = build_model("synthetic-linear", SEED, DIM, "float64")
+    reply = train_reply(app_model, content, x, y, half_mse, seed=SEED, client_key=PID)
+    assert "arrays" not in reply.array_records  # FedDA's reply carries P and m, not the model
+    assert set(reply.array_records) == set(uplink) == {fd.MOMENTUM_SUM, fd.MOMENTUM}
+    for record, arrays in uplink.items():
+        for key, t in arrays.items():
+            assert np.array_equal(reply.array_records[record][key].numpy(), t.numpy()), (record, key)
+    for (k, p), (k2, q) in zip(model.named_parameters(), app_model.named_parameters()):
+        assert k == k2 and torch.equal(p, q)
+    assert reply.metric_records["metrics"]["num-steps"] == opt.steps_taken == (1 if server_round == ROUNDS else STEPS)
+    assert not torch.equal(model.w.weight, content.array_records["arrays"].to_torch_state_dict()["w.weight"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dict_round_trip_mid_round(name):
+    content = _round_content(name, 2)
+    x, y = _client_tensors()
+    batches = [torch.from_numpy(i) for i in _batches(content, len(x))]
+
+    def run(model, opt, idx):
+        for i in idx:
+            opt.zero_grad()
+            half_mse(model(x[i]), y[i]).backward()
+            opt.step()
+
+    straight = _model_from(content)
+    opt = _optimizer(name, content, straight)
+    run(straight, opt, batches)
+
+    first = _model_from(content)
+    opt1 = _optimizer(name, content, first)
+    run(first, opt1, batches[:2])
+    saved_opt, saved_model = copy.deepcopy(opt1.state_dict()), copy.deepcopy(first.state_dict())
+    resumed = build_model("synthetic-linear", SEED, DIM, "float64")
+    resumed.load_state_dict(saved_model)
+    opt2 = _optimizer(name, content, resumed)
+    opt2.load_state_dict(saved_opt)
+    assert opt2.steps_taken == 2
+    run(resumed, opt2, batches[2:])
+
+    assert opt2.steps_taken == opt.steps_taken == STEPS
+    assert torch.equal(resumed.w.weight, straight.w.weight)
+    want, got = opt.uplink(), opt2.uplink()
+    for record in want:
+        for key in want[record]:
+            assert torch.equal(got[record][key], want[record][key]), (record, key)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_misuse_raises_clear_errors(name):
+    spec = METHODS[name]
+    model = build_model("synthetic-linear", SEED, DIM, "float64")
+    momentum = {fd.MOMENTUM: {k: torch.zeros_like(p) for k, p in model.named_parameters()}}
+    opt_cls = spec.local_optimizer
+    with pytest.raises(ValueError, match="downlink record.*'momentum'"):
+        opt_cls(model.named_parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="has no tensor 'w.weight'"):  # a record that lacks a parameter
+        opt = opt_cls(model.named_parameters(), lr=0.1, downlink={fd.MOMENTUM: {}})
+        model(torch.zeros(1, DIM, dtype=torch.float64)).sum().backward()
+        opt.step()
+    opt = opt_cls(model.named_parameters(), lr=0.1, downlink=momentum)
+    with pytest.raises(RuntimeError, match="no local step"):
+        opt.uplink()
+    with pytest.raises(TypeError, match="unknown hyper-parameter.*'mu'.*prox_mu"):
+        opt_cls(model.named_parameters(), lr=0.1, downlink=momentum, mu=0.1)
+    with pytest.raises(TypeError, match="unknown hyper-parameter.*'variant'"):  # a server field
+        opt_cls(model.named_parameters(), lr=0.1, downlink=momentum, variant="adam")
+    with pytest.raises(ValueError, match="beta1 = 1.0 is out of range"):
+        opt_cls(model.named_parameters(), lr=0.1, downlink=momentum, beta1=1.0)
+    with pytest.raises(ValueError, match="prox_mu = -0.1 is out of range"):
+        opt_cls(model.named_parameters(), lr=0.1, downlink=momentum, prox_mu=-0.1)
+    with pytest.raises(TypeError, match="named_parameters"):
+        opt_cls(model.parameters(), lr=0.1, downlink=momentum)
+    # server side
+    with pytest.raises(ConfigError, match="server_lr = 0.0 is out of range"):
+        spec.default_hparams().replace(server_lr=0.0)
+    with pytest.raises(ConfigError, match="full_batch_from = 0 is out of range"):
+        spec.default_hparams().replace(full_batch_from=0)
+    with pytest.raises(ConfigError, match=f"{name}.full-batch-from = 0 is out of range"):
+        build_strategy({"method": name, f"{name}.full-batch-from": 0})
+    other = "adam" if spec.default_hparams().variant != "adam" else "sgdm"
+    if spec.strategy is not fd.FedDA:  # a variant class refuses hyper-parameters of another variant
+        with pytest.raises(ConfigError, match="make_hparams"):
+            spec.strategy(fd.FedDAHParams(variant=other))
+    # full-batch-last needs the run's number of rounds (Strategy.start sets it; a bare driver passes num_rounds=)
+    with pytest.raises(ConfigError, match="num_rounds="):
+        spec.build().prepare_round(1, initial_arrays(), ConfigRecord(), num_sampled=1)

@@ -21,9 +21,11 @@ not sent.  Server (:func:`fedda_server_step`), with ``P̄ = mean_i P_i``, ``m_{r
              V ← β2·V + (1−β2)·G² ;    V̂ = V/(1−β2^s) ;   W ← W − η·α·m̂/(√V̂ + ε)
     AdaGrad  G = (P̄ − β1·m_r)/(1−β1) ;  V ← V + G² ;        W ← W − η·α·G/(√V + ε)
 
-Symbol ↔ variable: ``W`` model, ``m`` ``momentum`` (server ``self.m_t``), ``P`` ``momentum-sum``, ``V``
-``self.v_t``, ``η`` ``client-lr``, ``α`` ``server-lr``, ``β1`` ``beta1``, ``β2`` ``beta2``, ``ε`` ``eps``, ``μ``
-``prox-mu``, ``T`` ``local-steps``.
+Symbol ↔ variable: ``W`` model, ``m`` record ``"momentum"`` (server state ``"m_t"``, client
+``state[p]["momentum"]``), ``P`` record ``"momentum-sum"`` (client ``state[p]["momentum_sum"]``), ``V`` server
+state ``"v_t"``, ``η`` ``client-lr``, ``α`` ``server-lr``, ``β1`` ``beta1``, ``β2`` ``beta2``, ``ε`` ``eps``,
+``μ`` ``prox-mu``, ``T`` the local steps taken (``steps_taken``; the run's ``local-steps``).  Every key is
+``<method>.<key>`` (method ∈ ``fedda``, ``fedda-sgdm``, ``fedda-adam``, ``fedda-adagrad``).
 
 Conventions and deviations (each ALGORITHMS.md §2.6 ambiguity is a flag; default = the spec's reading)
 ------------------------------------------------------------------------------------------------------
@@ -36,22 +38,26 @@ Conventions and deviations (each ALGORITHMS.md §2.6 ambiguity is a flag; defaul
 * A6 aggregation weights: the run's ``weighting`` (examples = ``n_i``, the paper's choice, default).
 * A7 ``T`` is the run's ``local-steps`` (0 = epochs, the framework's default).
 * A8 full-batch stabilization: ``full-batch-last`` (fraction of the final rounds, default 0.05 ⇒ the last
-  ``ceil(0.05·R)`` rounds) or ``full-batch-from`` (first full-batch round, overrides); in that phase the round
-  config carries ``"full-batch": True`` and each client takes exactly one full-batch step.
+  ``ceil(0.05·R)`` rounds, R = the strategy's ``num_rounds``) or ``full-batch-from`` (first full-batch round,
+  overrides; empty = unset); in that phase the round config carries ``"full-batch": True``
+  (:meth:`FedDA.client_config`) and each client takes exactly one full-batch step.
 * A9 FedDA+Prox: ``prox-mu`` μ, the same prox-augmented gradient in the local step and the momentum.
 * A10 ``m_0 = 0``, ``V_0 = initial-v`` (default 0).
+* A11 ``server-lr``: Table 12 (EMNIST) per variant: ``fedda-sgdm`` 1, ``fedda-adam``/``fedda-adagrad`` 0.1;
+  ``fedda``'s empty default takes the value of its ``variant``.
 * A12 ``G`` is used as written (no rescaling for ``T > 1``).
+* A parameter without a gradient counts as ``g = 0`` (its momentum track keeps running: the recursion stays linear).
 * Only trainable floating-point arrays are updated; other arrays keep the server's value (our models have
   no buffers).
 
-Registry: ``fedda`` (variant chosen by ``fedda.variant``) and the fixed-variant ``fedda-sgdm``,
-``fedda-adam``, ``fedda-adagrad``.
+Registry: ``fedda`` (variant chosen by ``fedda.variant``) and ``fedda-sgdm``, ``fedda-adam``,
+``fedda-adagrad`` (the same class with that ``variant`` and its Table 12 server lr as defaults).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -59,26 +65,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.hparams import HParams, param
-from ..core.local import LocalOptimizer, Named
+from ..core import records as R
+from ..core.hparams import ConfigError, HParams, param
+from ..core.local import LocalOptimizer
 from ..core.ops import NamedArrays
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
 
 #: Record names (downlink: MOMENTUM; uplink: MOMENTUM_SUM and MOMENTUM).
 MOMENTUM = "momentum"
 MOMENTUM_SUM = "momentum-sum"
 
-#: Round-config keys read by :class:`FedDAOptimizer`.
-CFG_BETA1 = "fedda-beta1"
-CFG_ETA_IN_MOMENTUM = "fedda-eta-in-momentum"
-CFG_PROX_MU = "prox-mu"
-CFG_FULL_BATCH = "full-batch"
-
 VARIANTS = ("sgdm", "adam", "adagrad")
 BIAS_CORRECTIONS = ("updates", "round", "none")
 V_HATS = ("new", "stale")
-#: Table 12 server learning rates α on EMNIST (used by ``fedda`` when ``server-lr = 0``).
+#: Table 12 server learning rates α on EMNIST (used by ``fedda`` when ``server-lr`` is empty).
 TABLE12_SERVER_LR = {"sgdm": 1.0, "adam": 0.1, "adagrad": 0.1}
 
 
@@ -144,228 +145,202 @@ def fedda_server_step(
 
 # ------------------------------------------------------------------------------------------ hyper-parameters
 @dataclass(frozen=True)
-class FedDASGDMHParams(HParams):
-    """FedDA+SGDM (Algorithm 1); defaults: Table 12, EMNIST."""
+class FedDAClientHParams(HParams):
+    """The client half of FedDA's declaration (:class:`FedDAOptimizer`'s hyper-parameters besides ``lr``)."""
 
-    server_lr: float = param(1.0, lo=0.0, lo_open=True, help="server learning rate α (Table 12 EMNIST: 1)")
-    beta1: float = param(0.9, lo=0.0, hi=0.999, help="momentum β1 (Table 12: 0.9)")
-    prox_mu: float = param(0.0, lo=0.0, help="FedDA+Prox μ (local step and momentum); 0 = off")
-    full_batch_last: float = param(0.05, lo=0.0, hi=1.0, help="fraction of final rounds with one full-batch step (A8)")
-    full_batch_from: int = param(0, lo=0, help="first full-batch round; > 0 overrides full-batch-last")
+    beta1: float = param(0.9, lo=0.0, hi=0.999, client=True, help="momentum β1 (Table 12: 0.9)")
+    prox_mu: float = param(0.0, lo=0.0, client=True, help="FedDA+Prox μ (local step and momentum); 0 = off")
+    eta_in_momentum: bool = param(False, client=True, help="A1: momentum fed with η·g (Eq. 25) vs g (Algorithm 1)")
+
+
+@dataclass(frozen=True)
+class FedDAHParams(FedDAClientHParams):
+    """FedDA (Algorithms 1–2); the server optimizer is the ``variant`` field.  Defaults: Table 12, EMNIST."""
+
+    variant: str = param("sgdm", choices=VARIANTS, help="server optimizer: sgdm (Algorithm 1) | adam | adagrad (Algorithm 2)")
+    server_lr: float | None = param(
+        None, lo=0.0, lo_open=True, help="server learning rate α; empty = the variant's Table 12 EMNIST value (sgdm 1, adam/adagrad 0.1)"
+    )
+    beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (Table 12: 0.99; adam only)")
+    eps: float = param(0.1, lo=0.0, help="fuzz factor ε outside the square root (Table 12 EMNIST: 0.1; adam, adagrad)")
+    initial_v: float = param(0.0, lo=0.0, help="V_0 (A10: 0; adam, adagrad)")
+    bias_correction: str = param("updates", choices=BIAS_CORRECTIONS, help="A3 (adam): s = server updates | round | none")
+    v_hat: str = param("new", choices=V_HATS, help="A4 (adam): V̂ from V_{r+1} (Algorithm 2) or stale V_r (Eq. 35)")
+    full_batch_last: float = param(0.05, lo=0.0, hi=1.0, help="A8: fraction of the final rounds with one full-batch step")
+    full_batch_from: int | None = param(None, lo=1, help="A8: first full-batch round; overrides full-batch-last (empty = unset)")
     eta_in_server: bool = param(True, help="A1: server step η·α (Algorithm 1) vs α only")
-    eta_in_momentum: bool = param(False, help="A1: momentum fed with η·g (Eq. 25) vs g (Algorithm 1)")
 
+    @property
+    def alpha(self) -> float:
+        """The server learning rate α in effect (``server_lr``, or the variant's Table 12 value)."""
+        return TABLE12_SERVER_LR[self.variant] if self.server_lr is None else self.server_lr
 
-@dataclass(frozen=True)
-class FedDAAdaptiveHParams(FedDASGDMHParams):
-    """Fields shared by FedDA+Adam / FedDA+AdaGrad (Algorithm 2)."""
+    def full_batch(self, server_round: int, num_rounds: int | None) -> bool:
+        """Whether ``server_round`` is in the full-batch stabilization phase (A8) of a ``num_rounds`` run."""
+        if self.full_batch_from is not None:
+            return server_round >= self.full_batch_from
+        if self.full_batch_last == 0:
+            return False
+        if num_rounds is None:
+            raise ConfigError(
+                "FedDA's full-batch-last needs the run's number of rounds: pass num_rounds= to the strategy "
+                "(Strategy.start sets it), or set full-batch-from, or full-batch-last = 0"
+            )
+        return server_round > num_rounds - math.ceil(self.full_batch_last * num_rounds - 1e-9)
 
-    server_lr: float = param(0.1, lo=0.0, lo_open=True, help="server learning rate α (Table 12 EMNIST: 0.1)")
-    beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (Table 12: 0.99; Adam only)")
-    eps: float = param(0.1, lo=0.0, help="fuzz factor ε outside the square root (Table 12 EMNIST: 0.1)")
-    initial_v: float = param(0.0, lo=0.0, help="V_0 (A10: 0)")
-    bias_correction: str = param("updates", choices=BIAS_CORRECTIONS, help="A3 (Adam): s = server updates | round | none")
-    v_hat: str = param("new", choices=V_HATS, help="A4 (Adam): V̂ from V_{r+1} (Algorithm 2) or stale V_r (Eq. 35)")
-
-
-@dataclass(frozen=True)
-class FedDAAdamHParams(FedDAAdaptiveHParams):
-    pass
-
-
-@dataclass(frozen=True)
-class FedDAAdagradHParams(FedDAAdaptiveHParams):
-    pass
-
-
-@dataclass(frozen=True)
-class FedDAHParams(FedDAAdaptiveHParams):
-    """``fedda``: the variant is a hyper-parameter; ``server-lr = 0`` takes the variant's Table 12 value."""
-
-    variant: str = param("sgdm", choices=VARIANTS, help="server optimizer: sgdm | adam | adagrad")
-    server_lr: float = param(0.0, lo=0.0, help="server learning rate α; 0 = Table 12 EMNIST value of the variant (1 / 0.1 / 0.1)")
+    def bias_step(self, num_updates: int, server_round: int) -> int | None:
+        """Adam's bias-correction exponent ``s`` (A3) for the update after ``num_updates`` updates; None = off."""
+        if self.bias_correction == "none":
+            return None
+        return num_updates + 1 if self.bias_correction == "updates" else server_round
 
 
 # ------------------------------------------------------------------------------------------ client
 class FedDAOptimizer(LocalOptimizer):
     """FedDA's client: plain SGD on the model + the global-momentum track ``m`` and its running sum ``P``.
 
-    ``begin_round`` reads the broadcast momentum (record ``"momentum"``; zeros when absent); ``end_round``
-    uploads ``{"momentum-sum": P, "momentum": m}``.  A parameter without a gradient counts as ``g = 0``.
+    Parameters
+    ----------
+    params, lr, downlink, hparams
+        As :class:`~flower_strategies.core.local.LocalOptimizer`; ``downlink`` must hold ``"momentum"``
+        (``m_r``, one tensor per parameter).
+    beta1, prox_mu, eta_in_momentum
+        The client fields of :class:`FedDAClientHParams` (β1, μ, A1).
+
+    Per step, for each parameter (state ``round_start`` = ``W_r``, ``momentum`` = ``m``, ``momentum_sum`` = ``P``)::
+
+        g ← grad + μ·(W − W_r)         (grad = 0 for a parameter without one)
+        W ← W − η·g
+        m ← β1·m + (1−β1)·g            (η·g with eta_in_momentum)
+        P ← P + m
+
+    :meth:`uplink` returns ``{"momentum-sum": P, "momentum": m}``; the reply carries no model.
     """
 
-    config_keys: ClassVar[dict[str, str]] = {
-        "client-lr": "lr", CFG_BETA1: "beta1", CFG_PROX_MU: "mu", CFG_ETA_IN_MOMENTUM: "eta_in_momentum",
-    }
+    hparams_class = FedDAClientHParams
     sends_model: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        params: Iterable[tuple[str, Tensor]],
-        lr: float = 0.1,
-        beta1: float = 0.9,
-        mu: float = 0.0,
-        eta_in_momentum: bool = False,
-    ) -> None:
-        if lr < 0 or mu < 0 or not 0.0 <= beta1 < 1.0:
-            raise ValueError(f"need lr >= 0, mu >= 0, 0 <= beta1 < 1 (got {lr}, {mu}, {beta1})")
-        super().__init__(params, {"lr": lr, "beta1": beta1, "mu": mu, "eta_in_momentum": bool(eta_in_momentum)})
-        self.momentum: Named = {}
-        self.momentum_sum: Named = {}
+    def downlink_records(self) -> tuple[str, ...]:
+        return (MOMENTUM,)
 
-    def begin_round(self, downlink=None, persistent=None) -> None:  # type: ignore[override]
-        super().begin_round(downlink, persistent)
-        down = (downlink or {}).get(MOMENTUM, {})
-        for name, p, _ in self.named_params():
-            m = down.get(name)
-            self.momentum[name] = (
-                m.detach().to(dtype=p.dtype, device=p.device).clone() if m is not None else torch.zeros_like(p)
-            )
-            self.momentum_sum[name] = torch.zeros_like(p)
+    def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        m_r = self.received(MOMENTUM, name, p)
+        if m_r is None:
+            raise ValueError(f"{type(self).__name__}: the downlink record '{MOMENTUM}' has no tensor '{name}'")
+        state["momentum"] = m_r
+        state["momentum_sum"] = torch.zeros_like(p)
 
-    @torch.no_grad()
     def apply_step(self) -> None:
-        for name, p, group in self.named_params():
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            if group["mu"]:
-                g = g.add(p - self.round_start[name], alpha=group["mu"])
-            p.add_(g, alpha=-group["lr"])
-            feed = g.mul(group["lr"]) if group["eta_in_momentum"] else g
-            m = self.momentum[name]
-            m.mul_(group["beta1"]).add_(feed, alpha=1.0 - group["beta1"])
-            self.momentum_sum[name].add_(m)
+        for name, p, group in self.named_params():  # every parameter: the momentum track runs with g = 0 too
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            self.update_param(name, p, grad, self.param_state(name, p, group), group)
 
-    def end_round(self) -> dict[str, Named]:
-        return {MOMENTUM_SUM: dict(self.momentum_sum), MOMENTUM: dict(self.momentum)}
+    def update_param(self, name: str, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        g = grad
+        if group["prox_mu"]:
+            g = g.add(p - state["round_start"], alpha=group["prox_mu"])
+        p.add_(g, alpha=-group["lr"])
+        feed = g.mul(group["lr"]) if group["eta_in_momentum"] else g
+        state["momentum"].mul_(group["beta1"]).add_(feed, alpha=1.0 - group["beta1"])
+        state["momentum_sum"].add_(state["momentum"])
+
+    def uplink_arrays(self) -> dict[str, dict[str, Tensor]]:
+        states = [(name, self.state[p]) for name, p, _ in self.named_params()]
+        return {
+            MOMENTUM_SUM: {name: st["momentum_sum"] for name, st in states},
+            MOMENTUM: {name: st["momentum"] for name, st in states},
+        }
 
 
 # ------------------------------------------------------------------------------------------ server
 class FedDA(FedAdaptStrategy):
     """FedDA strategy (Jin et al., ICML 2022); the server half of Algorithms 1–2.
 
-    State: ``m_t`` (global momentum, broadcast as ``"momentum"``), ``v_t`` (second moment, Adam/AdaGrad),
-    float64.  See the module docstring for the update rules, flags and conventions.
+    Server state (float64, trainable keys): ``"m_t"`` (global momentum ``m``, broadcast as record
+    ``"momentum"`` in the model dtype) and ``"v_t"`` (second moment ``V``; empty for ``sgdm``).  The round
+    config carries ``"full-batch"`` (A8).  See the module docstring for the update rules, flags and conventions.
     """
 
     method: ClassVar[str] = "fedda"
     hparams_class = FedDAHParams
+    local_optimizer = FedDAOptimizer
     default_weighting: ClassVar[str] = "examples"
-    #: Fixed variant of the subclasses; "" = ``hparams.variant``.
-    fixed_variant: ClassVar[str] = ""
 
-    def __init__(self, hparams: HParams | None = None, **kwargs: Any) -> None:
+    def __init__(self, hparams: FedDAHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        #: Total rounds (set by :meth:`start`; needed by ``full-batch-last``).
-        self.num_rounds: int | None = None
-        self.m_t: NamedArrays = {}
-        self.v_t: NamedArrays = {}
-        self._param_dtypes: dict[str, np.dtype] = {}
+        fixed = self.variant.get("variant")
+        if fixed is not None and self.hparams.variant != fixed:
+            raise ConfigError(
+                f"{type(self).__name__} is FedDA with variant {fixed!r}, but its hparams say {self.hparams.variant!r}; "
+                f"build them with {type(self).__name__}.make_hparams(...) or use FedDA"
+            )
 
-    # -------------------------------------------------------------- settings
-    @property
-    def variant(self) -> str:
-        return self.fixed_variant or str(getattr(self.hparams, "variant", "sgdm"))
-
-    @property
-    def server_lr(self) -> float:
-        lr = float(self.hparams.server_lr)
-        return lr if lr > 0 else TABLE12_SERVER_LR[self.variant]
-
-    def log_settings(self) -> list[str]:
-        return [f"variant = {self.variant}", f"effective server_lr = {self.server_lr}", *super().log_settings()]
-
-    def start(self, grid, initial_arrays, num_rounds: int = 3, *args: Any, **kwargs: Any):  # type: ignore[override]
-        self.num_rounds = int(num_rounds)
-        return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
-
-    def full_batch(self, server_round: int) -> bool:
-        """Whether ``server_round`` is in the full-batch stabilization phase (A8)."""
-        hp = self.hparams
-        if hp.full_batch_from > 0:
-            return server_round >= hp.full_batch_from
-        if hp.full_batch_last > 0 and self.num_rounds:
-            last = math.ceil(hp.full_batch_last * self.num_rounds - 1e-9)
-            return server_round > self.num_rounds - last
-        return False
-
-    # -------------------------------------------------------------- hooks
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
         return (RecordSpec(MOMENTUM_SUM, "mean", "params"), RecordSpec(MOMENTUM, "mean", "params"))
 
-    def init_state(self, arrays: NamedArrays) -> None:
+    def init_server_state(self, arrays: NamedArrays) -> ServerState:
         keys = self.trainable(arrays)
-        self._param_dtypes = {k: np.asarray(arrays[k]).dtype for k in keys}
-        self.m_t = {k: np.zeros(np.shape(arrays[k]), np.float64) for k in keys}
-        v0 = float(getattr(self.hparams, "initial_v", 0.0))
-        self.v_t = {k: np.full(np.shape(arrays[k]), v0, np.float64) for k in keys} if self.variant != "sgdm" else {}
+        v0 = self.hparams.initial_v
+        return {
+            "m_t": {k: np.zeros(np.shape(arrays[k]), np.float64) for k in keys},
+            "v_t": {} if self.hparams.variant == "sgdm" else {k: np.full(np.shape(arrays[k]), v0, np.float64) for k in keys},
+        }
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        return {MOMENTUM: {k: m.astype(self._param_dtypes[k]) for k, m in self.m_t.items()}}
+        assert self.server_state is not None and self.current is not None
+        return {MOMENTUM: cast_like(self.server_state["m_t"], self.current)}
 
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        cfg = super().round_config(server_round)
+    def client_config(self, server_round: int) -> dict[str, Any]:
+        return {R.FULL_BATCH: self.full_batch(server_round)}
+
+    def full_batch(self, server_round: int) -> bool:
+        """Whether ``server_round`` is in the full-batch stabilization phase (A8) of this run."""
+        return self.hparams.full_batch(server_round, self.num_rounds)
+
+    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         hp = self.hparams
-        cfg[CFG_BETA1] = float(hp.beta1)
-        cfg[CFG_PROX_MU] = float(hp.prox_mu)
-        cfg[CFG_ETA_IN_MOMENTUM] = bool(hp.eta_in_momentum)
-        cfg[CFG_FULL_BATCH] = self.full_batch(server_round)
-        return cfg
-
-    def bias_step(self, server_round: int) -> int | None:
-        mode = getattr(self.hparams, "bias_correction", "none")
-        if mode == "none":
-            return None
-        return self.num_updates if mode == "updates" else server_round
-
-    def server_update(self, server_round: int, current: NamedArrays, aggregates: Mapping[str, NamedArrays]) -> NamedArrays:
-        hp = self.hparams
-        keys = self.trainable(current)
         new_params, new_v = fedda_server_step(
-            self.variant,
-            {k: current[k] for k in keys},
-            aggregates[MOMENTUM_SUM],
-            self.m_t,
-            self.v_t,
-            client_lr=self.client_lr_at(server_round),
-            server_lr=self.server_lr,
+            hp.variant,
+            {k: inputs.current[k] for k in inputs.trainable},
+            inputs.aggregates[MOMENTUM_SUM],
+            state["m_t"],
+            state["v_t"],
+            client_lr=self.client_lr_at(inputs.server_round),
+            server_lr=hp.alpha,
             beta1=hp.beta1,
-            beta2=getattr(hp, "beta2", 0.99),
-            eps=getattr(hp, "eps", 0.0),
+            beta2=hp.beta2,
+            eps=hp.eps,
             eta_in_server=hp.eta_in_server,
-            bias_step=self.bias_step(server_round),
-            v_hat=getattr(hp, "v_hat", "new"),
+            bias_step=hp.bias_step(inputs.num_updates, inputs.server_round),
+            v_hat=hp.v_hat,
         )
-        self.v_t = new_v
-        self.m_t = {k: np.asarray(aggregates[MOMENTUM][k], np.float64).copy() for k in keys}
-        return self.merge_buffers(new_params, current, None)
+        m_next = {k: np.asarray(inputs.aggregates[MOMENTUM][k], np.float64) for k in inputs.trainable}
+        return self.merge_buffers(new_params, inputs.current, None), {"m_t": m_next, "v_t": new_v}, {}
 
 
 class FedDASGDM(FedDA):
     """FedDA+SGDM (Algorithm 1): ``W ← W − η·α·P̄``."""
 
     method: ClassVar[str] = "fedda-sgdm"
-    hparams_class = FedDASGDMHParams
-    fixed_variant: ClassVar[str] = "sgdm"
+    variant: ClassVar[dict[str, Any]] = {"variant": "sgdm", "server_lr": TABLE12_SERVER_LR["sgdm"]}
 
 
 class FedDAAdam(FedDA):
     """FedDA+Adam (Algorithm 2, Adam branch)."""
 
     method: ClassVar[str] = "fedda-adam"
-    hparams_class = FedDAAdamHParams
-    fixed_variant: ClassVar[str] = "adam"
+    variant: ClassVar[dict[str, Any]] = {"variant": "adam", "server_lr": TABLE12_SERVER_LR["adam"]}
 
 
 class FedDAAdagrad(FedDA):
     """FedDA+AdaGrad (Algorithm 2, AdaGrad branch)."""
 
     method: ClassVar[str] = "fedda-adagrad"
-    hparams_class = FedDAAdagradHParams
-    fixed_variant: ClassVar[str] = "adagrad"
+    variant: ClassVar[dict[str, Any]] = {"variant": "adagrad", "server_lr": TABLE12_SERVER_LR["adagrad"]}
 
 
 _PAPER = "Jin et al., Accelerated Federated Learning with Decoupled Adaptive Optimization, ICML 2022"
-register(FedDA, FedDAOptimizer, paper=_PAPER, summary="local SGD + decoupled global momentum; server SGDM/Adam/AdaGrad (fedda.variant)")
-register(FedDASGDM, FedDAOptimizer, paper=_PAPER, summary="FedDA with server SGDM (Algorithm 1)")
-register(FedDAAdam, FedDAOptimizer, paper=_PAPER, summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
-register(FedDAAdagrad, FedDAOptimizer, paper=_PAPER, summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")
+register(FedDA, paper=_PAPER, summary="local SGD + decoupled global momentum; server SGDM/Adam/AdaGrad (fedda.variant)")
+register(FedDASGDM, paper=_PAPER, summary="FedDA with server SGDM (Algorithm 1)")
+register(FedDAAdam, paper=_PAPER, summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
+register(FedDAAdagrad, paper=_PAPER, summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")
