@@ -28,8 +28,11 @@ def record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
 
 
 def reply(src: int, records: Mapping[str, Mapping[str, np.ndarray]], num_examples: float | None = 10,
-          **metrics: float) -> Message:
+          method: str | None = None, **metrics: float) -> Message:
+    """A mocked train reply; ``method`` adds the marker a fedadapt client half puts in its reply."""
     content = RecordDict({name: record(a) for name, a in records.items()})
+    if method is not None:
+        content["fedadapt"] = ConfigRecord({"method": method})
     m = dict(metrics)
     if num_examples is not None:
         m["num-examples"] = num_examples

@@ -12,6 +12,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
+from flower_strategies.core.strategy import ClientHalfMissing
 import flower_strategies  # noqa: F401  (registers the core methods)
 import flower_strategies.methods.fedda as fd
 from client_app.task import build_model, half_mse, synthetic_client
@@ -379,9 +380,9 @@ def test_protocol_with_mocked_replies():
     c = msgs[0].content
     np.testing.assert_allclose(c.array_records[fd.MOMENTUM]["w"].numpy(), m_bar, rtol=1e-6)
     assert c.config_records["config"][R.FULL_BATCH] is True
-    # a reply carrying the model instead of P is rejected, and the model is kept
-    arrays2, metrics2 = s.aggregate_train(2, [_reply(1, 10, {"arrays": {"w": w}})])
-    assert arrays2 is None and metrics2["replies-rejected"] == 1
+    # a round whose only reply carries the model instead of P (a stock client) stops the run, naming the fix
+    with pytest.raises(ClientHalfMissing, match="Fix: build the reply"):
+        s.aggregate_train(2, [_reply(1, 10, {"arrays": {"w": w}})])
 
 
 # ------------------------------------------------------------------------------------------ the optimizer outside the app

@@ -81,6 +81,9 @@ class RoundInputs:
     nodes_seen: int
 
 
+CLIENT_HALF_REASON = "reply was not produced by the client half of fedadapt method"
+
+
 class ClientHalfMissing(RuntimeError):
     """Every reply of a round came from a client without the method's client half: the run cannot train."""
 
@@ -407,14 +410,19 @@ class FedAdaptStrategy(Strategy):
         return self.local_optimizer is not SGDOptimizer or any(bool(v) for v in self.hparams.client_values().values())
 
     def _check_client_half(self, msg: Message) -> str | None:
-        if msg.has_error() or not self.needs_client_half:
+        """A reply naming another method is rejected; a reply naming none is rejected when nothing else shows the
+        method's client half ran (its declared uplink is only the model)."""
+        if msg.has_error():
             return None
         info = msg.content.config_records.get(R.REPLY_INFO)
         produced_by = None if info is None else info.get(R.METHOD)
-        if produced_by != self.method:
-            return (f"reply was not produced by fedadapt's '{self.method}' client half "
-                    f"(its '{R.REPLY_INFO}' ConfigRecord names {produced_by!r})")
-        return None
+        if produced_by is None:
+            model_only = all(s.name == R.MODEL for s in self.uplink_specs())
+            if not (self.needs_client_half and model_only):
+                return None
+        elif produced_by == self.method:
+            return None
+        return f"{CLIENT_HALF_REASON} '{self.method}' (its '{R.REPLY_INFO}' ConfigRecord names {produced_by!r})"
 
     def _rule(self, spec: RecordSpec) -> str:
         if spec.rule == "mean":
@@ -443,7 +451,8 @@ class FedAdaptStrategy(Strategy):
         for msg in replies:
             reason, parsed = self._parse(msg, expected)
             if reason is not None:
-                missing_half += reason.startswith("reply was not produced")
+                missing_half += reason.startswith(CLIENT_HALF_REASON) or (
+                    self.needs_client_half and reason.startswith("missing ArrayRecord"))
                 self._reject(rlog, msg, reason)
                 continue
             norms = []
