@@ -491,3 +491,166 @@ def test_protocol_examples_weighting_flag():
                                    reply(2, {"x": np.array([0.0, 1.0])}, {"x": np.array([0.0, 1.0])}, n=30)])
     np.testing.assert_allclose(R.to_numpy(new)["x"], [0.25, 0.75])
     np.testing.assert_allclose(s.server_state["v_hat"]["x"], [0.25, 0.75])
+
+
+# ------------------------------------------------------------------------------------------ the optimizer in any torch loop
+CLIENT_VARIANTS = [
+    pytest.param("fedlamb", {}, id="fedlamb"),
+    pytest.param("fedlamb", {"gradient_point": "round_start", "bias_correction": "as_written", "layers": "module",
+                             "weight_decay": 0.01, "vhat_mode": "server_fixed", "phi_max": 2.0}, id="fedlamb-roundstart-module"),
+    pytest.param("fedams", {"m_step_count": "global", "eps_placement": "inside", "vhat_mode": "none"}, id="fedams"),
+    pytest.param("adpfed", {"weight_decay": 0.01, "mu": 0.1}, id="adpfed"),
+]
+PLAN = dict(client_lr=0.05, local_steps=4, batch_size=8)
+
+
+def client_data_xy(n=20, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, generator=gen, dtype=torch.float64), torch.randn(n, 2, generator=gen, dtype=torch.float64)
+
+
+def mse(out, y):
+    return ((out - y) ** 2).mean()
+
+
+def build_optimizer(spec, content: RecordDict, model, client_state=None, **overrides):
+    """What a user's own client does with a train message: model, downlink records, client fields from the wire."""
+    config = dict(content.config_records[R.CONFIG])
+    model.load_state_dict(content.array_records[R.MODEL].to_torch_state_dict())
+    downlink = {name: rec.to_torch_state_dict() for name, rec in content.array_records.items() if name != R.MODEL}
+    kwargs = {**spec.hparams.client_kwargs_from_wire(config, spec.name), **overrides}
+    return spec.local_optimizer(model.named_parameters(), float(config[R.CLIENT_LR]), downlink=downlink,
+                                client_state=client_state, **kwargs)
+
+
+def plain_round(spec, content, model, x, y, client_state, client_key):
+    """One round in an ordinary torch loop on the batches train_reply uses; returns (model, uplink, client state)."""
+    opt = build_optimizer(spec, content, model, client_state)
+    config = content.config_records[R.CONFIG]
+    for idx in batch_indices(len(x), PLAN["batch_size"], PLAN["local_steps"], 0, int(config[R.SERVER_ROUND]), client_key):
+        idx = torch.from_numpy(idx)
+        opt.zero_grad()
+        mse(model(x[idx]), y[idx]).backward()
+        opt.step()
+    uplink = opt.uplink()
+    return {k: v.clone() for k, v in model.state_dict().items()}, uplink, opt.client_state()
+
+
+def assert_same(a: dict, b: dict):
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), k
+
+
+@pytest.mark.parametrize("method, hp", CLIENT_VARIANTS)
+def test_plain_torch_loop_equals_train_reply(method, hp):
+    """(a) The optimizer built by hand from the train message, driven by a plain zero_grad/backward/step loop, gives
+    the same model, uplink and client state as ``train_reply`` — over two rounds (v̂ ≠ 0, s_v > 0, m carried)."""
+    from flwr.app import Message
+
+    from flower_strategies.core.client import train_reply
+    from tests.helpers import metadata
+
+    spec = get_method(method)
+    strategy = spec.build(spec.default_hparams().replace(**hp), **PLAN, min_train_nodes=1)
+    model = TwoLayer()
+    x, y = client_data_xy()
+    arrays = ArrayRecord(model.state_dict())
+    node_state, plain_state = RecordDict(), {}
+    for rnd in (1, 2):
+        content = strategy.prepare_round(rnd, arrays, ConfigRecord(), num_sampled=1)
+        reply_content = train_reply(TwoLayer(), content, x, y, mse, state=node_state, seed=0, client_key=3)
+        got_model, got_up, plain_state = plain_round(spec, content, TwoLayer(), x, y, plain_state, client_key=3)
+        assert_same(got_model, reply_content.array_records[R.MODEL].to_torch_state_dict())
+        assert set(got_up) == set(reply_content.array_records) - {R.MODEL}
+        for name, arrays_up in got_up.items():
+            assert_same(arrays_up, reply_content.array_records[name].to_torch_state_dict())
+        saved = {k[len(R.STATE_PREFIX):]: rec.to_torch_state_dict() for k, rec in node_state.array_records.items()}
+        assert set(saved) == set(plain_state) == ({FL.STATE_M, FL.STATE_M_STEPS} if method != "adpfed" else set())
+        for name in saved:
+            assert_same(saved[name], plain_state[name])
+        arrays, _ = strategy.aggregate_train(rnd, [Message(content=reply_content, metadata=metadata(1))])
+        assert arrays is not None
+    if method != "adpfed":
+        assert int(plain_state[FL.STATE_M_STEPS]["count"][0]) == 2 * PLAN["local_steps"]
+        assert float(np.max(strategy.server_state["v_hat"]["a.weight"])) > 0 and strategy.server_state["v_steps"] == 8.0
+
+
+@pytest.mark.parametrize("method, hp", CLIENT_VARIANTS)
+def test_state_dict_resume_mid_round_is_exact(method, hp):
+    """(b) state_dict() after 3 of 6 steps → a new optimizer → load_state_dict(): identical to the uninterrupted run."""
+    import copy
+
+    spec = get_method(method)
+    strategy = spec.build(spec.default_hparams().replace(**hp), **PLAN)
+    content = strategy.prepare_round(1, ArrayRecord(TwoLayer().state_dict()), ConfigRecord(), num_sampled=1)
+    gen = torch.Generator().manual_seed(9)
+    saved = {FL.STATE_M: {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in TwoLayer().named_parameters()},
+             FL.STATE_M_STEPS: {"count": torch.tensor([5])}} if method != "adpfed" else {}
+    x, y = client_data_xy()
+    batches = [torch.from_numpy(i) for i in batch_indices(len(x), 8, 6, 0, 1, 0)]
+
+    def steps(model, opt, idxs):
+        for idx in idxs:
+            opt.zero_grad()
+            mse(model(x[idx]), y[idx]).backward()
+            opt.step()
+
+    model_a = TwoLayer()
+    opt_a = build_optimizer(spec, content, model_a, saved)
+    steps(model_a, opt_a, batches)
+    model_b = TwoLayer()
+    opt_b = build_optimizer(spec, content, model_b, saved)
+    steps(model_b, opt_b, batches[:3])
+    checkpoint = copy.deepcopy({"model": model_b.state_dict(), "optimizer": opt_b.state_dict()})
+    del model_b, opt_b
+    model_c = TwoLayer()  # a resumed client: fresh model and optimizer from the same message, then the checkpoint
+    opt_c = build_optimizer(spec, content, model_c, saved)
+    model_c.load_state_dict(checkpoint["model"])
+    opt_c.load_state_dict(checkpoint["optimizer"])
+    assert opt_c.steps_taken == 3
+    steps(model_c, opt_c, batches[3:])
+    assert opt_c.steps_taken == 6
+    up_a, up_c = opt_a.uplink(), opt_c.uplink()
+    assert_same(dict(model_a.state_dict()), dict(model_c.state_dict()))
+    assert set(up_a) == set(up_c)
+    for name in up_a:
+        assert_same(up_a[name], up_c[name])
+    cs_a, cs_c = opt_a.client_state(), opt_c.client_state()
+    assert set(cs_a) == set(cs_c)
+    for name in cs_a:
+        assert_same(cs_a[name], cs_c[name])
+    start = TwoLayer().state_dict()
+    assert max(float((v - start[k]).abs().max()) for k, v in model_a.state_dict().items()) > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("method", ["fedlamb", "fedams", "adpfed"])
+def test_misuse_raises_clear_errors(method):
+    """(c) Missing downlink record, uplink() before any step, unknown keyword, out-of-range value, bare parameters."""
+    spec = get_method(method)
+    strategy = spec.build(**PLAN)
+    model = TwoLayer()
+    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), num_sampled=1)
+    opt_cls = spec.local_optimizer
+    if method != "adpfed":
+        with pytest.raises(ValueError, match="downlink record.*v_hat"):
+            opt_cls(model.named_parameters(), 0.01)
+        with pytest.raises(ValueError, match="v_steps"):
+            opt_cls(model.named_parameters(), 0.01, downlink={FL.V_HAT: {}})
+        with pytest.raises(ValueError, match="beta2"):
+            build_optimizer(spec, content, model, beta2=1.0)
+        with pytest.raises(ValueError, match="vhat_mode"):
+            build_optimizer(spec, content, model, vhat_mode="bogus")
+        with pytest.raises(ConfigError, match="trust_ratio"):
+            FL.FedAMS.make_hparams(phi_max=1.0)  # φ's bounds mean nothing without the trust ratio
+    else:
+        with pytest.raises(ValueError, match="mu"):
+            build_optimizer(spec, content, model, mu=-1.0)
+        with pytest.raises(TypeError, match="unknown hyper-parameter.*server_lr"):
+            build_optimizer(spec, content, model, server_lr=0.1)  # a server field is not the optimizer's
+    with pytest.raises(TypeError, match="unknown hyper-parameter"):
+        build_optimizer(spec, content, model, phi_maxx=1.0)
+    with pytest.raises(RuntimeError, match="no local step"):
+        build_optimizer(spec, content, model).uplink()
+    with pytest.raises(TypeError, match="named_parameters"):
+        opt_cls(model.parameters(), 0.01)

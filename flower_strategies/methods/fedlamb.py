@@ -104,6 +104,11 @@ def trust_ratio(w_norm: Tensor, u_norm: Tensor, phi_min: float = 0.0, phi_max: f
     return torch.where(ok, phi / torch.where(ok, u_norm, torch.ones_like(u_norm)), torch.ones_like(w_norm))
 
 
+def _norm(tensors: list[Tensor]) -> Tensor:
+    """Joint L2 norm of a layer's tensors."""
+    return torch.sqrt(sum(x.pow(2).sum() for x in tensors))
+
+
 def bias_factors(
     mode: str, beta1: float, beta2: float, t: int, m_steps: float, v_steps: float
 ) -> tuple[float, float]:
@@ -188,7 +193,9 @@ class FedLAMBOptimizer(LocalOptimizer):
     """Fed-LAMB / Fed-AMS local optimizer (Algorithm 1 lines 5–14 of paper 004; see the module docstring).
 
     Downlink: ``"v_hat"`` (v̂) and ``"v_steps"`` (``{"s_v": s_v}``).  Uplink: ``"v"``.  Client state:
-    ``"fedlamb_m"`` (m) and ``"fedlamb_m_steps"`` (``{"count": s_m}``), absent when ``stateless``.
+    ``"fedlamb_m"`` (m) and ``"fedlamb_m_steps"`` (``{"count": s_m}``), absent when ``stateless`` (an
+    optimizer-wide setting, read from :attr:`hparams`; every other hyper-parameter is read per param group).
+    A trust-ratio layer never spans two param groups.
     """
 
     hparams_class = FedLAMBHParams
@@ -278,11 +285,6 @@ class FedLAMBOptimizer(LocalOptimizer):
             return {}
         m = {name: self.state[p]["exp_avg"].detach().clone() for name, p, _ in self.named_params()}
         return {STATE_M: m, STATE_M_STEPS: {"count": torch.tensor([self.m_steps0 + self.steps_taken], dtype=torch.int64)}}
-
-
-def _norm(tensors: list[Tensor]) -> Tensor:
-    """Joint L2 norm of a layer's tensors."""
-    return torch.sqrt(sum(x.pow(2).sum() for x in tensors))
 
 
 # ------------------------------------------------------------------------------------------ server
