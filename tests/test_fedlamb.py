@@ -425,6 +425,9 @@ def test_hparams_and_registry():
         FL.FedLAMBHParams(lr_milestones="a,b")
     with pytest.raises(ConfigError, match="phi-min"):
         parse_run_config({"method": "fedlamb", "fedlamb.phi-min": 2.0, "fedlamb.phi-max": 1.0})
+    with pytest.raises(ConfigError, match="phi-max = 0.0 is out of range"):  # the old "0 = no bound" sentinel is gone
+        parse_run_config({"method": "fedlamb", "fedlamb.phi-max": 0.0})
+    assert parse_run_config({"method": "fedlamb", "fedlamb.phi-max": ""})[2].phi_max is None
     with pytest.raises(ConfigError):
         FL.FedAMS.make_hparams(beta2=1.0)
 

@@ -168,7 +168,7 @@ class FedLAMBHParams(HParams):
     stateless: bool = param(False, client=True, help="reset m to 0 every round instead of carrying it per client (A7)")
     layers: str = param("tensor", choices=LAYER_GROUPINGS, client=True, help="trust-ratio layer = each parameter tensor | each module")
     phi_min: float = param(0.0, lo=0.0, client=True, help="lower clipping bound of φ")
-    phi_max: float | None = param(None, lo=0.0, client=True, help="upper clipping bound of φ (empty = none)")
+    phi_max: float | None = param(None, lo=0.0, lo_open=True, client=True, help="upper clipping bound of φ (empty = none)")
     lr_milestones: str = param("", help="comma-separated rounds after which client-lr is multiplied by lr-gamma (e.g. '30,70')")
     lr_gamma: float = param(0.1, lo=0.0, help="client-lr decay factor at each milestone")
 
