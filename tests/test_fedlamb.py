@@ -17,6 +17,7 @@ from flower_strategies.core import records as R
 from flower_strategies.core.client import batch_indices
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import get_method, parse_run_config
+from flower_strategies.core.strategy import RoundInputs
 from simulations.engine import simulate
 from tests.reference.fedlamb_ref import RefConfig, linear_grad, mlp_grad, run_reference
 
@@ -41,9 +42,9 @@ def recording(cls):
             self.sampled.append([n - 1 for n in nodes])  # engine: partition-id = node id − 1
             return nodes
 
-        def server_update(self, server_round, current, aggregates):
-            out = super().server_update(server_round, current, aggregates)
-            self.vhat_history.append({k: v.copy() for k, v in self.v_hat.items()})
+        def server_update(self, inputs, state):
+            out = super().server_update(inputs, state)
+            self.vhat_history.append({k: v.copy() for k, v in out[1]["v_hat"].items()})
             return out
 
     return Rec
@@ -80,7 +81,7 @@ def run_engine(method: str, hp: dict, *, task="digits-mlp", rounds=ROUNDS, lr=0.
                fraction=0.5, weighting=None, zero_keys=()):
     run_config, model, grad = task_setup(task, zero_keys)
     cls = recording(get_method(method).strategy)
-    hparams = get_method(method).hparams(**hp)
+    hparams = get_method(method).default_hparams().replace(**hp)
     strategy = cls(hparams, client_lr=lr, local_steps=steps, batch_size=batch, fraction_train=fraction,
                    weighting=weighting, seed=0, trainable_keys=[n for n, _ in model.named_parameters()])
     init = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
@@ -186,11 +187,11 @@ class TwoLayer(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
-def make_opt(model, cls=FL.FedLAMBOptimizer, downlink=None, persistent=None, **kw):
-    opt = cls(model.named_parameters(), **kw)
-    opt.num_steps = 5
-    opt.begin_round(downlink or {}, persistent or {})
-    return opt
+def make_opt(model, downlink=None, persistent=None, lr=0.01, v_steps=0.0, **kw):
+    """The optimizer as a client builds it: v̂ = 0 unless ``downlink`` has one, s_v = ``v_steps``."""
+    down = {FL.V_HAT: {n: torch.zeros_like(p) for n, p in model.named_parameters()}, **(downlink or {})}
+    down[FL.V_STEPS] = {"s_v": torch.tensor([float(v_steps)], dtype=torch.float64)}
+    return FL.FedLAMBOptimizer(model.named_parameters(), lr, downlink=down, client_state=persistent, **kw)
 
 
 def run_steps(model, opt, steps=5, scale=1.0, seed=0):
@@ -222,8 +223,8 @@ def test_step_norm_is_lr_times_weight_norm(layers):
             assert step == pytest.approx(0.03 * wn, rel=1e-12)
 
 
-@pytest.mark.parametrize("method_cls", [FL.FedLAMBOptimizer, FL.FedAMSOptimizer])
-def test_scaling_the_loss_leaves_the_step_unchanged(method_cls):
+@pytest.mark.parametrize("trust", [True, False], ids=["fedlamb", "fedams"])
+def test_scaling_the_loss_leaves_the_step_unchanged(trust):
     """§5.7-2 (λ = 0, ε = 0): loss·c with consistently scaled carried state (m·c, v̂·c²) ⇒ same trajectory.
 
     For Fed-LAMB this holds for any c; for Fed-AMS too (AMSGrad is scale-free when ε = 0)."""
@@ -233,10 +234,12 @@ def test_scaling_the_loss_leaves_the_step_unchanged(method_cls):
     vhat = {n: torch.rand(p.shape, generator=gen, dtype=torch.float64) * 1e-2 for n, p in model_a.named_parameters()}
     m = {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) * 1e-1 for n, p in model_a.named_parameters()}
     cnt = {"count": torch.tensor([7])}
-    opt_a = make_opt(model_a, method_cls, {FL.V_HAT: vhat}, {FL.STATE_M: m, FL.STATE_M_STEPS: cnt}, lr=0.02, eps=0.0, v_steps=10)
+    opt_a = make_opt(model_a, {FL.V_HAT: vhat}, {FL.STATE_M: m, FL.STATE_M_STEPS: cnt}, lr=0.02, eps=0.0, v_steps=10,
+                     trust_ratio=trust)
     opt_b = make_opt(
-        model_b, method_cls, {FL.V_HAT: {n: v * c * c for n, v in vhat.items()}},
+        model_b, {FL.V_HAT: {n: v * c * c for n, v in vhat.items()}},
         {FL.STATE_M: {n: v * c for n, v in m.items()}, FL.STATE_M_STEPS: cnt}, lr=0.02, eps=0.0, v_steps=10,
+        trust_ratio=trust,
     )
     ta, tb = run_steps(model_a, opt_a), run_steps(model_b, opt_b, scale=c)
     for (_, a), (_, b) in zip(ta, tb):
@@ -244,7 +247,7 @@ def test_scaling_the_loss_leaves_the_step_unchanged(method_cls):
             torch.testing.assert_close(a[n], b[n], rtol=1e-10, atol=1e-12)
     assert max(float((ta[-1][1][n] - ta[0][0][n]).abs().max()) for n in ta[0][0]) > 1e-3
     # and the uploaded v scales by c²
-    va, vb = opt_a.end_round()[FL.V_LOCAL], opt_b.end_round()[FL.V_LOCAL]
+    va, vb = opt_a.uplink()[FL.V_LOCAL], opt_b.uplink()[FL.V_LOCAL]
     for n in va:
         torch.testing.assert_close(vb[n], va[n] * c * c, rtol=1e-10, atol=0)
 
@@ -252,8 +255,8 @@ def test_scaling_the_loss_leaves_the_step_unchanged(method_cls):
 def test_scaling_the_loss_changes_fedams_with_eps():
     """Control for the previous test: with ε > 0 and a tiny loss scale the Fed-AMS steps do change."""
     model_a, model_b = TwoLayer(), TwoLayer()
-    ta = run_steps(model_a, make_opt(model_a, FL.FedAMSOptimizer, lr=0.02, eps=1e-3))
-    tb = run_steps(model_b, make_opt(model_b, FL.FedAMSOptimizer, lr=0.02, eps=1e-3), scale=1e-3)
+    ta = run_steps(model_a, make_opt(model_a, lr=0.02, eps=1e-3, trust_ratio=False))
+    tb = run_steps(model_b, make_opt(model_b, lr=0.02, eps=1e-3, trust_ratio=False), scale=1e-3)
     assert max(float((ta[-1][1][n] - tb[-1][1][n]).abs().max()) for n in ta[-1][1]) > 1e-4
 
 
@@ -273,7 +276,7 @@ def test_round_one_single_client_is_amsgrad():
     """§5.7-4: round 1, v̂ = 0, global bias correction, local max ⇒ Fed-AMS = AMSGrad (bias-correct, then max)."""
     model = TwoLayer()
     start = {n: p.detach().clone().numpy() for n, p in model.named_parameters()}
-    traj = run_steps(model, make_opt(model, FL.FedAMSOptimizer, lr=0.01), steps=6)
+    traj = run_steps(model, make_opt(model, lr=0.01, trust_ratio=False), steps=6)
     # hand-written AMSGrad from the same gradients: recompute g at each recorded iterate
     ref_model = TwoLayer()
     b1, b2, eps, lr = 0.9, 0.999, 1e-8, 0.01
@@ -314,7 +317,7 @@ def test_server_vhat_never_decreases():
 def test_adpfed_sign_and_first_step_magnitude():
     """§5.7-6: Adp-Fed (appendix A.1) lowers the loss and its round-1 step is η_g(1−β1)/√(1−β2)·sign(mean Δ)."""
     run_config, model, _ = task_setup("synthetic-linear")
-    hp = FL.AdpFedHParams(server_lr=0.01)
+    hp = FL.AdpFed.make_hparams(server_lr=0.01)
     s = FL.AdpFed(hp, client_lr=0.05, local_steps=5, batch_size=8, fraction_train=1.0, seed=0)
     assert s.weighting == "uniform"
     snaps, _ = simulate(s, ArrayRecord(model.state_dict()), 1, NUM_NODES, run_config)
@@ -368,36 +371,48 @@ def test_first_moment_carried_and_counted():
     model = TwoLayer()
     opt = make_opt(model, lr=0.01)
     run_steps(model, opt, steps=3)
-    saved = opt.persistent_state()
+    saved = opt.client_state()
     assert int(saved[FL.STATE_M_STEPS]["count"][0]) == 3
     opt2 = make_opt(model, persistent=saved, lr=0.01)
     assert opt2.m_steps0 == 3
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(opt2.state[p]["exp_avg"], saved[FL.STATE_M][n])
+    for n, p, group in opt2.named_params():
+        torch.testing.assert_close(opt2.param_state(n, p, group)["exp_avg"], saved[FL.STATE_M][n])
     opt3 = make_opt(model, persistent=saved, lr=0.01, stateless=True)
-    assert opt3.m_steps0 == 0 and opt3.persistent_state() == {}
-    assert all(float(opt3.state[p]["exp_avg"].abs().sum()) == 0.0 for _, p in model.named_parameters())
+    assert opt3.m_steps0 == 0
+    assert all(float(opt3.param_state(n, p, g)["exp_avg"].abs().sum()) == 0.0 for n, p, g in opt3.named_params())
+    run_steps(model, opt3, steps=1)
+    assert opt3.client_state() == {}
+
+
+def inputs(s, server_round, current, aggregates, mean_steps=3.0):
+    return RoundInputs(server_round=server_round, current=current, aggregates=aggregates, reply_metrics=(),
+                       mean_steps=mean_steps, trainable=tuple(s.trainable(current)), num_updates=server_round - 1,
+                       nodes_seen=2)
 
 
 def test_server_math_direct():
     s = FL.FedLAMB(FL.FedLAMBHParams(), local_steps=3)
     cur = {"a": np.array([1.0, 2.0]), "steps": np.array([5], dtype=np.int64)}
-    s.init_state(cur)
-    assert set(s.v_hat) == {"a"} and np.all(s.v_hat["a"] == 0)
-    s.reply_metrics = [{R.NUM_STEPS: 3.0}, {R.NUM_STEPS: 5.0}]
-    new = s.server_update(1, cur, {"arrays": {"a": np.array([0.5, 0.5]), "steps": np.array([9])}, "v": {"a": np.array([0.2, 0.1])}})
+    state = s.init_server_state(cur)
+    assert set(state["v_hat"]) == {"a"} and np.all(state["v_hat"]["a"] == 0)
+    aggs = {"arrays": {"a": np.array([0.5, 0.5]), "steps": np.array([9])}, "v": {"a": np.array([0.2, 0.1])}}
+    new, state, _ = s.server_update(inputs(s, 1, cur, aggs, mean_steps=4.0), state)  # K̄ = mean(3, 5)
     np.testing.assert_array_equal(new["a"], [0.5, 0.5])
     assert int(new["steps"][0]) == 5  # integer buffers keep the server's value
-    np.testing.assert_array_equal(s.v_hat["a"], [0.2, 0.1])
-    assert s.v_steps == 4.0 and s.round_config(2)[FL.K_VSTEPS] == 4.0
-    s.server_update(2, new, {"arrays": new, "v": {"a": np.array([0.1, 0.3])}})
-    np.testing.assert_array_equal(s.v_hat["a"], [0.2, 0.3])
+    np.testing.assert_array_equal(state["v_hat"]["a"], [0.2, 0.1])
+    s.server_state = state
+    down = s.prepare_round(2, R.to_record(new), ConfigRecord({}), 1).array_records
+    assert state["v_steps"] == 4.0 and float(down[FL.V_STEPS]["s_v"].numpy()[0]) == 4.0
+    _, state, _ = s.server_update(inputs(s, 2, new, {"arrays": new, "v": {"a": np.array([0.1, 0.3])}}), state)
+    np.testing.assert_array_equal(state["v_hat"]["a"], [0.2, 0.3])
     np.testing.assert_array_equal(FL.merge_vhat({"a": np.array([1.0, -1.0])}, {"a": np.array([0.0, 0.0])})["a"], [1.0, 0.0])
 
 
 def test_hparams_and_registry():
     assert get_method("fedlamb").local_optimizer is FL.FedLAMBOptimizer
-    assert get_method("fedams").local_optimizer is FL.FedAMSOptimizer
+    assert get_method("fedams").local_optimizer is FL.FedLAMBOptimizer
+    assert get_method("fedlamb").default_hparams().trust_ratio and not get_method("fedams").default_hparams().trust_ratio
+    assert get_method("fedams").strategy is FL.FedAMS and not FL.FedAMS.make_hparams().trust_ratio
     assert get_method("adpfed").strategy.default_weighting == "uniform"
     assert FL.FedLAMB.default_weighting == "uniform" and FL.FedAMS.default_weighting == "uniform"
     _, spec, hp = parse_run_config({"method": "fedlamb", "fedlamb.layers": "module", "fedlamb.lr-milestones": "30,70"})
@@ -410,8 +425,11 @@ def test_hparams_and_registry():
         FL.FedLAMBHParams(lr_milestones="a,b")
     with pytest.raises(ConfigError, match="phi-min"):
         parse_run_config({"method": "fedlamb", "fedlamb.phi-min": 2.0, "fedlamb.phi-max": 1.0})
+    with pytest.raises(ConfigError, match="phi-max = 0.0 is out of range"):  # the old "0 = no bound" sentinel is gone
+        parse_run_config({"method": "fedlamb", "fedlamb.phi-max": 0.0})
+    assert parse_run_config({"method": "fedlamb", "fedlamb.phi-max": ""})[2].phi_max is None
     with pytest.raises(ConfigError):
-        FL.FedAMSHParams(beta2=1.0)
+        FL.FedAMS.make_hparams(beta2=1.0)
 
 
 # ------------------------------------------------------------------------------------------ protocol (mocked replies)
@@ -439,10 +457,11 @@ def test_protocol_downlink_and_aggregation():
     msgs = list(s.configure_train(1, R.to_record(w), ConfigRecord({}), FakeGrid(3)))
     assert len(msgs) == 3
     c = msgs[0].content
-    assert set(c.array_records) == {"arrays", FL.V_HAT}
+    assert set(c.array_records) == {"arrays", FL.V_HAT, FL.V_STEPS}
     assert all(np.all(a == 0) for a in R.to_numpy(c.array_records[FL.V_HAT]).values())
     cfg = c.config_records["config"]
-    assert cfg["method"] == "fedlamb" and cfg[FL.K_WD] == 0.01 and cfg[FL.K_VSTEPS] == 0.0 and cfg[FL.K_LAYERS] == "tensor"
+    v_steps = R.to_numpy(c.array_records[FL.V_STEPS])["s_v"][0]
+    assert cfg["method"] == "fedlamb" and cfg["fedlamb.weight-decay"] == 0.01 and v_steps == 0.0 and cfg["fedlamb.layers"] == "tensor"
     a1 = {"fc.weight": np.full((2, 2), 2.0), "fc.bias": np.array([1.0, 0.0])}
     a2 = {"fc.weight": np.full((2, 2), 4.0), "fc.bias": np.array([0.0, 1.0])}
     v1 = {"fc.weight": np.full((2, 2), 0.1), "fc.bias": np.array([0.3, 0.0])}
@@ -454,24 +473,187 @@ def test_protocol_downlink_and_aggregation():
     got = R.to_numpy(new)
     np.testing.assert_allclose(got["fc.weight"], 3.0)  # uniform mean (paper), not the 10/30-weighted 3.5
     np.testing.assert_allclose(got["fc.bias"], [0.5, 0.5])
-    np.testing.assert_allclose(s.v_hat["fc.weight"], 0.2)
-    np.testing.assert_allclose(s.v_hat["fc.bias"], [0.2, 0.0])
+    np.testing.assert_allclose(s.server_state["v_hat"]["fc.weight"], 0.2)
+    np.testing.assert_allclose(s.server_state["v_hat"]["fc.bias"], [0.2, 0.0])
     # round 2: v̂ goes down with the model; a NaN v is rejected; max-merge keeps the larger entries
     msgs = list(s.configure_train(2, new, ConfigRecord({}), FakeGrid(3)))
     np.testing.assert_allclose(R.to_numpy(msgs[0].content.array_records[FL.V_HAT])["fc.bias"], [0.2, 0.0])
-    assert msgs[0].content.config_records["config"][FL.K_VSTEPS] == 3.0
+    assert R.to_numpy(msgs[0].content.array_records[FL.V_STEPS])["s_v"][0] == 3.0
     small = {"fc.weight": np.full((2, 2), 0.01), "fc.bias": np.array([0.0, 0.5])}
     new2, m2 = s.aggregate_train(2, [reply(1, a1, small), reply(2, a1, bad_nan)])
     assert m2["replies-used"] == 1 and m2["replies-rejected"] == 1
-    np.testing.assert_allclose(s.v_hat["fc.weight"], 0.2)
-    np.testing.assert_allclose(s.v_hat["fc.bias"], [0.2, 0.5])
+    np.testing.assert_allclose(s.server_state["v_hat"]["fc.weight"], 0.2)
+    np.testing.assert_allclose(s.server_state["v_hat"]["fc.bias"], [0.2, 0.5])
 
 
 def test_protocol_examples_weighting_flag():
-    s = FL.FedAMS(FL.FedAMSHParams(), weighting="examples", local_steps=3)
+    s = FL.FedAMS(weighting="examples", local_steps=3)
     w = {"x": np.zeros(2)}
     list(s.configure_train(1, R.to_record(w), ConfigRecord({}), FakeGrid(2)))
     new, _ = s.aggregate_train(1, [reply(1, {"x": np.array([1.0, 0.0])}, {"x": np.array([1.0, 0.0])}, n=10),
                                    reply(2, {"x": np.array([0.0, 1.0])}, {"x": np.array([0.0, 1.0])}, n=30)])
     np.testing.assert_allclose(R.to_numpy(new)["x"], [0.25, 0.75])
-    np.testing.assert_allclose(s.v_hat["x"], [0.25, 0.75])
+    np.testing.assert_allclose(s.server_state["v_hat"]["x"], [0.25, 0.75])
+
+
+# ------------------------------------------------------------------------------------------ the optimizer in any torch loop
+CLIENT_VARIANTS = [
+    pytest.param("fedlamb", {}, id="fedlamb"),
+    pytest.param("fedlamb", {"gradient_point": "round_start", "bias_correction": "as_written", "layers": "module",
+                             "weight_decay": 0.01, "vhat_mode": "server_fixed", "phi_max": 2.0}, id="fedlamb-roundstart-module"),
+    pytest.param("fedams", {"m_step_count": "global", "eps_placement": "inside", "vhat_mode": "none"}, id="fedams"),
+    pytest.param("adpfed", {"weight_decay": 0.01, "mu": 0.1}, id="adpfed"),
+]
+PLAN = dict(client_lr=0.05, local_steps=4, batch_size=8)
+
+
+def client_data_xy(n=20, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, generator=gen, dtype=torch.float64), torch.randn(n, 2, generator=gen, dtype=torch.float64)
+
+
+def mse(out, y):
+    return ((out - y) ** 2).mean()
+
+
+def build_optimizer(spec, content: RecordDict, model, client_state=None, **overrides):
+    """What a user's own client does with a train message: model, downlink records, client fields from the wire."""
+    config = dict(content.config_records[R.CONFIG])
+    model.load_state_dict(content.array_records[R.MODEL].to_torch_state_dict())
+    downlink = {name: rec.to_torch_state_dict() for name, rec in content.array_records.items() if name != R.MODEL}
+    kwargs = {**spec.hparams.client_kwargs_from_wire(config, spec.name), **overrides}
+    return spec.local_optimizer(model.named_parameters(), float(config[R.CLIENT_LR]), downlink=downlink,
+                                client_state=client_state, **kwargs)
+
+
+def plain_round(spec, content, model, x, y, client_state, client_key):
+    """One round in an ordinary torch loop on the batches train_reply uses; returns (model, uplink, client state)."""
+    opt = build_optimizer(spec, content, model, client_state)
+    config = content.config_records[R.CONFIG]
+    for idx in batch_indices(len(x), PLAN["batch_size"], PLAN["local_steps"], 0, int(config[R.SERVER_ROUND]), client_key):
+        idx = torch.from_numpy(idx)
+        opt.zero_grad()
+        mse(model(x[idx]), y[idx]).backward()
+        opt.step()
+    uplink = opt.uplink()
+    return {k: v.clone() for k, v in model.state_dict().items()}, uplink, opt.client_state()
+
+
+def assert_same(a: dict, b: dict):
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), k
+
+
+@pytest.mark.parametrize("method, hp", CLIENT_VARIANTS)
+def test_plain_torch_loop_equals_train_reply(method, hp):
+    """(a) The optimizer built by hand from the train message, driven by a plain zero_grad/backward/step loop, gives
+    the same model, uplink and client state as ``train_reply`` — over two rounds (v̂ ≠ 0, s_v > 0, m carried)."""
+    from flwr.app import Message
+
+    from flower_strategies.core.client import train_reply
+    from tests.helpers import metadata
+
+    spec = get_method(method)
+    strategy = spec.build(spec.default_hparams().replace(**hp), **PLAN, min_train_nodes=1)
+    model = TwoLayer()
+    x, y = client_data_xy()
+    arrays = ArrayRecord(model.state_dict())
+    node_state, plain_state = RecordDict(), {}
+    for rnd in (1, 2):
+        content = strategy.prepare_round(rnd, arrays, ConfigRecord(), num_sampled=1)
+        reply_content = train_reply(TwoLayer(), content, x, y, mse, state=node_state, seed=0, client_key=3)
+        got_model, got_up, plain_state = plain_round(spec, content, TwoLayer(), x, y, plain_state, client_key=3)
+        assert_same(got_model, reply_content.array_records[R.MODEL].to_torch_state_dict())
+        assert set(got_up) == set(reply_content.array_records) - {R.MODEL}
+        for name, arrays_up in got_up.items():
+            assert_same(arrays_up, reply_content.array_records[name].to_torch_state_dict())
+        saved = {k[len(R.STATE_PREFIX):]: rec.to_torch_state_dict() for k, rec in node_state.array_records.items()}
+        assert set(saved) == set(plain_state) == ({FL.STATE_M, FL.STATE_M_STEPS} if method != "adpfed" else set())
+        for name in saved:
+            assert_same(saved[name], plain_state[name])
+        arrays, _ = strategy.aggregate_train(rnd, [Message(content=reply_content, metadata=metadata(1))])
+        assert arrays is not None
+    if method != "adpfed":
+        assert int(plain_state[FL.STATE_M_STEPS]["count"][0]) == 2 * PLAN["local_steps"]
+        assert float(np.max(strategy.server_state["v_hat"]["a.weight"])) > 0 and strategy.server_state["v_steps"] == 8.0
+
+
+@pytest.mark.parametrize("method, hp", CLIENT_VARIANTS)
+def test_state_dict_resume_mid_round_is_exact(method, hp):
+    """(b) state_dict() after 3 of 6 steps → a new optimizer → load_state_dict(): identical to the uninterrupted run."""
+    import copy
+
+    spec = get_method(method)
+    strategy = spec.build(spec.default_hparams().replace(**hp), **PLAN)
+    content = strategy.prepare_round(1, ArrayRecord(TwoLayer().state_dict()), ConfigRecord(), num_sampled=1)
+    gen = torch.Generator().manual_seed(9)
+    saved = {FL.STATE_M: {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in TwoLayer().named_parameters()},
+             FL.STATE_M_STEPS: {"count": torch.tensor([5])}} if method != "adpfed" else {}
+    x, y = client_data_xy()
+    batches = [torch.from_numpy(i) for i in batch_indices(len(x), 8, 6, 0, 1, 0)]
+
+    def steps(model, opt, idxs):
+        for idx in idxs:
+            opt.zero_grad()
+            mse(model(x[idx]), y[idx]).backward()
+            opt.step()
+
+    model_a = TwoLayer()
+    opt_a = build_optimizer(spec, content, model_a, saved)
+    steps(model_a, opt_a, batches)
+    model_b = TwoLayer()
+    opt_b = build_optimizer(spec, content, model_b, saved)
+    steps(model_b, opt_b, batches[:3])
+    checkpoint = copy.deepcopy({"model": model_b.state_dict(), "optimizer": opt_b.state_dict()})
+    del model_b, opt_b
+    model_c = TwoLayer()  # a resumed client: fresh model and optimizer from the same message, then the checkpoint
+    opt_c = build_optimizer(spec, content, model_c, saved)
+    model_c.load_state_dict(checkpoint["model"])
+    opt_c.load_state_dict(checkpoint["optimizer"])
+    assert opt_c.steps_taken == 3
+    steps(model_c, opt_c, batches[3:])
+    assert opt_c.steps_taken == 6
+    up_a, up_c = opt_a.uplink(), opt_c.uplink()
+    assert_same(dict(model_a.state_dict()), dict(model_c.state_dict()))
+    assert set(up_a) == set(up_c)
+    for name in up_a:
+        assert_same(up_a[name], up_c[name])
+    cs_a, cs_c = opt_a.client_state(), opt_c.client_state()
+    assert set(cs_a) == set(cs_c)
+    for name in cs_a:
+        assert_same(cs_a[name], cs_c[name])
+    start = TwoLayer().state_dict()
+    assert max(float((v - start[k]).abs().max()) for k, v in model_a.state_dict().items()) > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("method", ["fedlamb", "fedams", "adpfed"])
+def test_misuse_raises_clear_errors(method):
+    """(c) Missing downlink record, uplink() before any step, unknown keyword, out-of-range value, bare parameters."""
+    spec = get_method(method)
+    strategy = spec.build(**PLAN)
+    model = TwoLayer()
+    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), num_sampled=1)
+    opt_cls = spec.local_optimizer
+    if method != "adpfed":
+        with pytest.raises(ValueError, match="downlink record.*v_hat"):
+            opt_cls(model.named_parameters(), 0.01)
+        with pytest.raises(ValueError, match="v_steps"):
+            opt_cls(model.named_parameters(), 0.01, downlink={FL.V_HAT: {}})
+        with pytest.raises(ValueError, match="beta2"):
+            build_optimizer(spec, content, model, beta2=1.0)
+        with pytest.raises(ValueError, match="vhat_mode"):
+            build_optimizer(spec, content, model, vhat_mode="bogus")
+        with pytest.raises(ConfigError, match="trust_ratio"):
+            FL.FedAMS.make_hparams(phi_max=1.0)  # φ's bounds mean nothing without the trust ratio
+    else:
+        with pytest.raises(ValueError, match="mu"):
+            build_optimizer(spec, content, model, mu=-1.0)
+        with pytest.raises(TypeError, match="unknown hyper-parameter.*server_lr"):
+            build_optimizer(spec, content, model, server_lr=0.1)  # a server field is not the optimizer's
+    with pytest.raises(TypeError, match="unknown hyper-parameter"):
+        build_optimizer(spec, content, model, phi_maxx=1.0)
+    with pytest.raises(RuntimeError, match="no local step"):
+        build_optimizer(spec, content, model).uplink()
+    with pytest.raises(TypeError, match="named_parameters"):
+        opt_cls(model.parameters(), 0.01)
