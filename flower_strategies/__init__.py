@@ -5,6 +5,7 @@ Flat exports and the method registry (:data:`METHODS`).  See the README for the 
 
 # Importing a method module registers its methods (each module ends with its register() calls).
 from .methods.baselines import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedOptHParams, FedProx, FedYogi
+from .methods.localupdate import LocalUpdate, LocalUpdateDecay, LocalUpdateDecayHParams, LocalUpdateHParams, LocalUpdateOptimizer, PlateauController, ThetaHParams  # paper 003
 from .core.client import local_train, train_reply
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer

@@ -12,7 +12,7 @@ import torch
 import flower_strategies  # noqa: F401
 import flower_strategies.methods.localupdate as LU
 from flower_strategies.analysis import quadratic as QT
-from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
+from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config
 
@@ -41,11 +41,10 @@ def w_of(snapshot) -> np.ndarray:
 class Recording:
     """Mixin: remember the partition ids of each round's valid replies."""
 
-    def aggregate_train(self, server_round, replies):
-        out = super().aggregate_train(server_round, replies)
+    def server_update(self, inputs, state):
         self.sampled = getattr(self, "sampled", [])
-        self.sampled.append(sorted(int(m["partition-id"]) for m in self.reply_metrics))
-        return out
+        self.sampled.append(sorted(int(m["partition-id"]) for m in inputs.reply_metrics))
+        return super().server_update(inputs, state)
 
 
 class RecLU(Recording, LU.LocalUpdate):
@@ -144,7 +143,7 @@ def test_theta_one_is_independent_of_gamma():
 def test_ones_theta_is_fedavg_with_server_lr_eta_over_gamma(gamma, eta):
     lu = run(LU.LocalUpdate(LU.LocalUpdateHParams(theta="fedavg", theta_steps=4, server_lr=eta),
                             client_lr=gamma, batch_size=8, seed=0), 10, 4)
-    fa = run(FedAvg(FedAvgHParams(server_lr=eta / gamma), client_lr=gamma, local_steps=4, batch_size=8, seed=0,
+    fa = run(FedAvg(FedAvg.make_hparams(server_lr=eta / gamma), client_lr=gamma, local_steps=4, batch_size=8, seed=0,
                     weighting="uniform"), 10, 4)
     for t, (sa, sb) in enumerate(zip(lu, fa)):
         np.testing.assert_allclose(sa["w.weight"], sb["w.weight"], rtol=0, atol=1e-10, err_msg=f"round {t}")
@@ -174,10 +173,9 @@ def _quadratic_params(d=3, seed=0):
 def _run_optimizer(theta, gamma, a, c, x0, grads=None):
     """Drive LocalUpdateOptimizer on f(x) = ½(x−c)ᵀA(x−c) (exact gradients) or on scripted gradients."""
     p = torch.nn.Parameter(torch.tensor(x0, dtype=torch.float64))
-    opt = LU.LocalUpdateOptimizer([("p", p)], lr=gamma, theta=theta)
-    opt.num_steps = len(opt.theta)
-    opt.begin_round()
-    for k in range(len(opt.theta)):
+    theta = LU.normalize_theta(theta)
+    opt = LU.LocalUpdateOptimizer([("p", p)], lr=gamma, theta=",".join(map(repr, theta)), planned_steps=len(theta))
+    for k in range(len(theta)):
         opt.zero_grad()
         if grads is None:
             diff = p - torch.tensor(c)
@@ -185,7 +183,7 @@ def _run_optimizer(theta, gamma, a, c, x0, grads=None):
         else:
             p.grad = torch.tensor(grads[k], dtype=torch.float64)
         opt.step()
-    return opt.end_round()["q"]["p"].numpy(), p.detach().numpy()
+    return opt.uplink()["q"]["p"].numpy(), p.detach().numpy()
 
 
 def test_optimizer_step_on_scripted_gradients():
@@ -196,7 +194,7 @@ def test_optimizer_step_on_scripted_gradients():
     # Θ travels as a comma-separated string of repr floats: exact round trip
     p = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
     theta = (0.1 + 0.2, 1 / 3, 0.0, 2.0)
-    assert LU.LocalUpdateOptimizer([("p", p)], theta=",".join(map(repr, theta))).theta == theta
+    assert LU.LocalUpdateOptimizer([("p", p)], 0.1, theta=",".join(map(repr, theta)), planned_steps=4).hparams.weights == theta
 
 
 def test_fomaml_uploads_gradient_at_last_iterate_and_matches_surrogate():
@@ -214,21 +212,19 @@ def test_fomaml_uploads_gradient_at_last_iterate_and_matches_surrogate():
 
 def test_optimizer_enforces_K_steps():
     p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
-    opt = LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta=(1.0, 1.0))
-    opt.num_steps = 3
-    with pytest.raises(ValueError, match="exactly K"):
-        opt.begin_round()
-    opt.num_steps = 2
-    opt.begin_round()
     p.grad = torch.ones(2, dtype=torch.float64)
+    opt = LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta="1,1", planned_steps=3)
+    with pytest.raises(ValueError, match="exactly K"):
+        opt.step()
+    opt = LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta="1,1", planned_steps=2)
     opt.step()
     with pytest.raises(RuntimeError, match="took 1 steps"):
-        opt.end_round()
+        opt.uplink()
     opt.step()
     with pytest.raises(RuntimeError, match="exceeds"):
         opt.step()
     with pytest.raises(ValueError, match=">= 0"):
-        LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta=(1.0, -1.0))
+        LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta="1,-1", planned_steps=2)
 
 
 # ------------------------------------------------------------------------------------------ quadratic tools
@@ -326,21 +322,26 @@ def test_real_strategy_fixed_point_is_surrogate_minimizer():
 
 
 def test_theta_parsing():
-    assert QT.parse_theta("fedavg", 3) == (1.0, 1.0, 1.0)
-    assert QT.parse_theta("reptile", 2) == (1.0, 1.0)
-    assert QT.parse_theta("fomaml", 3) == (0.0, 0.0, 1.0)
-    assert QT.parse_theta("kmaml", 2) == (0.0, 0.0, 0.0, 0.0, 1.0)
-    assert QT.parse_theta("sgd", 7) == (1.0,)
-    assert QT.parse_theta("0.5, 0, 2, 0, 0", 9) == (0.5, 0.0, 2.0)
+    assert LU.parse_theta("fedavg", 3) == (1.0, 1.0, 1.0)
+    assert LU.parse_theta("reptile", 2) == (1.0, 1.0)
+    assert LU.parse_theta("fomaml", 3) == (0.0, 0.0, 1.0)
+    assert LU.parse_theta("kmaml", 2) == (0.0, 0.0, 0.0, 0.0, 1.0)
+    assert LU.parse_theta("sgd", 7) == (1.0,)
+    assert LU.parse_theta("0.5, 0, 2, 0, 0", 9) == (0.5, 0.0, 2.0)
     for bad in ("1,-1", "0,0", "abc", "1,nan"):
         with pytest.raises(ValueError):
-            QT.parse_theta(bad, 3)
+            LU.parse_theta(bad, 3)
 
 
 # ------------------------------------------------------------------------------------------ plateau controller
 def _fired(losses, rule, **kw):
     ctl = LU.PlateauController(rule=rule, **kw)
-    return [t for t, ell in enumerate(losses, start=1) if ctl.update(ell)]
+    state, fired = ctl.init(), []
+    for t, ell in enumerate(losses, start=1):
+        state, decay = ctl.update(state, ell)
+        if decay:
+            fired.append(t)
+    return fired
 
 
 SPEC_SEQUENCES = [  # ALGORITHMS.md §4.7-10 (1-based decay rounds)
@@ -431,7 +432,7 @@ def test_protocol_config_and_aggregation():
     assert len(msgs) == 3
     cfg = msgs[0].content["config"]
     assert cfg["method"] == "localupdate" and cfg["local-steps"] == 2 and cfg["client-lr"] == 0.2
-    assert cfg[LU.THETA_KEY] == "0.5,1.0"
+    assert cfg["localupdate.theta"] == "0.5,1,0" and cfg["localupdate.theta-steps"] == 10
     q = [np.array([[1.0, 0.0]]), np.array([[3.0, 2.0]]), np.array([[2.0, 2.0]])]
     replies = [
         _reply(1, q[0], 10, 1.0),
@@ -442,7 +443,7 @@ def test_protocol_config_and_aggregation():
     np.testing.assert_allclose(arrays["w.weight"].numpy(), x0 - 0.5 * (q[0] + q[1]) / 2)  # uniform mean
     assert metrics["replies-rejected"] == 1 and "missing ArrayRecord 'q'" in s.history[-1].rejections[0]
     assert metrics["server-lr"] == 0.5 and metrics["client-lr"] == 0.2
-    assert set(LU.LocalUpdate.logged_metrics) <= set(metrics.keys())
+    assert s.history[-1].round_metrics == {"client-lr": 0.2, "server-lr": 0.5}
     bad = np.array([[np.nan, 0.0]])
     s2 = LU.LocalUpdate(hp, client_lr=0.2, weighting="examples")
     s2.configure_train(1, ArrayRecord({"w.weight": Array(x0)}), ConfigRecord({}), grid)
@@ -466,11 +467,12 @@ def test_protocol_decay_reaches_next_round_config():
         lrs.append(msgs[0].content["config"]["client-lr"])
         x, metrics = s.aggregate_train(t, [_reply(1, g, 10, l1), _reply(2, g, 30, l2)])
         assert metrics["decayed"] == (1.0 if t > 1 else 0.0)
-        assert set(LU.LocalUpdateDecay.logged_metrics) <= set(metrics.keys())
-        assert s.history[-1].train_metrics["next-client-lr"] == s.gamma
+        assert {"plateau-loss", "plateau-estimate", "plateau-best", "plateau-counter", "plateau-cooldown", "decayed",
+                "client-lr", "server-lr", "next-client-lr", "next-server-lr"} <= set(metrics.keys())
+        assert s.history[-1].train_metrics["next-client-lr"] == s.server_state["client-lr"]
     assert s.decay_trace[1]["plateau-loss"] == pytest.approx(1.95)
     assert lrs == pytest.approx([0.4, 0.4, 0.04])
-    assert s.gamma == pytest.approx(0.004) and s.server_lr == pytest.approx(0.81)
+    assert s.server_state["client-lr"] == pytest.approx(0.004) and s.server_state["server-lr"] == pytest.approx(0.81)
     # round 3 stepped with η = 0.9 (decayed after round 2)
     np.testing.assert_allclose(x["w.weight"].numpy(), -(1.0 + 1.0 + 0.9) * g)
 
