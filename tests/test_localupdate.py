@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import random
 import time
 
@@ -16,7 +17,8 @@ from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config
 
-from client_app.task import build_model
+from client_app.task import build_model, half_mse
+from flower_strategies.core.client import batch_indices, train_reply
 from simulations.engine import LoopbackGrid, simulate
 from tests.reference import localupdate_ref as ref
 
@@ -513,3 +515,150 @@ def test_server_app_path(tmp_path):
     rows = summary["final"]
     assert rows["round"] == 4 and rows["replies-used"] == 3 and rows["replies-rejected"] == 0
     assert rows["test-loss"] < 10.0
+
+
+# ------------------------------------------------------------------------------------------ the optimizer in any loop
+def _tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1)).double()
+
+
+def _tiny_data(n=20):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(n, 1, generator=g, dtype=torch.float64)
+
+
+def _round_content(name, **hp):
+    """The RecordDict a client receives in round 1 of ``name`` (built by the real strategy)."""
+    spec = METHODS[name]
+    strategy = spec.build(spec.default_hparams().replace(**hp), client_lr=0.05, batch_size=6)
+    return spec, strategy.prepare_round(1, ArrayRecord(_tiny_model().state_dict()), ConfigRecord(), num_sampled=1)
+
+
+def _optimizer_from(spec, content, model):
+    """The client optimizer built by hand from a train message (what train_reply does)."""
+    config = dict(content.config_records["config"])
+    model.load_state_dict(content.array_records["arrays"].to_torch_state_dict())
+    downlink = {k: r.to_torch_state_dict() for k, r in content.array_records.items() if k != "arrays"}
+    return LU.LocalUpdateOptimizer(
+        model.named_parameters(), lr=config["client-lr"], downlink=downlink, planned_steps=config["local-steps"],
+        **spec.hparams.client_kwargs_from_wire(config, spec.name),
+    )
+
+
+def _steps(opt, model, x, y, batches):
+    for idx in batches:
+        idx = torch.from_numpy(idx)
+        opt.zero_grad()
+        half_mse(model(x[idx]), y[idx]).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("name", ["localupdate", "localupdatedecay"])
+def test_plain_torch_loop_matches_train_reply(name):
+    spec, content = _round_content(name, theta="0.5,0,2,1")
+    config = content.config_records["config"]
+    assert config["local-steps"] == 4 and config[f"{name}.theta"] == "0.5,0,2,1"
+    x, y = _tiny_data()
+    model = _tiny_model()
+    opt = _optimizer_from(spec, content, model)
+    _steps(opt, model, x, y, batch_indices(len(x), config["batch-size"], 4, 0, 1, 3))
+    ours = opt.uplink()
+
+    other = _tiny_model()
+    reply = train_reply(other, content, x, y, half_mse, seed=0, client_key=3)
+    assert set(reply.array_records) == {"q"}  # q replaces the model
+    q = reply.array_records["q"].to_torch_state_dict()
+    assert set(q) == set(ours["q"]) == {n for n, _ in model.named_parameters()}
+    for k in q:
+        assert torch.equal(q[k], ours["q"][k]), k
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    assert reply.metric_records["metrics"]["num-steps"] == 4.0
+    assert any(float(v.abs().max()) > 1e-3 for v in q.values())
+
+
+def test_state_dict_mid_round_resumes_identically():
+    spec, content = _round_content("localupdate", theta="1,0.5,0,2,1")
+    x, y = _tiny_data()
+    batches = batch_indices(len(x), 6, 5, 0, 1, 0)
+    model = _tiny_model()
+    opt = _optimizer_from(spec, content, model)
+    _steps(opt, model, x, y, batches[:2])
+    buf = io.BytesIO()  # state_dict() holds references (torch's contract): save it, as a checkpoint would
+    torch.save({"opt": opt.state_dict(), "model": model.state_dict()}, buf)
+    _steps(opt, model, x, y, batches[2:])  # uninterrupted
+
+    model2 = _tiny_model()
+    opt2 = _optimizer_from(spec, content, model2)
+    buf.seek(0)
+    saved = torch.load(buf)
+    model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    assert opt2.steps_taken == 2
+    _steps(opt2, model2, x, y, batches[2:])
+    for k, v in opt.uplink()["q"].items():
+        assert torch.equal(v, opt2.uplink()["q"][k]), k
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, model2.state_dict()[k]), k
+
+
+def test_optimizer_misuse_raises_clear_errors():
+    model = _tiny_model()
+    params = lambda: model.named_parameters()  # noqa: E731
+    with pytest.raises(ValueError, match="planned_steps"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, theta="1,1")
+    with pytest.raises(RuntimeError, match="no local step"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, theta="1,1", planned_steps=2).uplink()
+    with pytest.raises(TypeError, match="unknown hyper-parameter.*theta, theta_steps"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, planned_steps=10, thetta="1,1")
+    with pytest.raises(ValueError, match="theta_steps"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, planned_steps=1, theta="fedavg", theta_steps=0)
+    with pytest.raises(ValueError, match="neither a preset"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, planned_steps=1, theta="maml")
+    with pytest.raises(ValueError, match="lr"):
+        LU.LocalUpdateOptimizer(params(), lr=-0.1, planned_steps=2, theta="1,1")
+    with pytest.raises(TypeError, match="named_parameters"):
+        LU.LocalUpdateOptimizer(model.parameters(), lr=0.1, planned_steps=2, theta="1,1")
+    with pytest.raises(ConfigError, match="localupdate.theta-steps"):
+        parse_run_config({"method": "localupdate", "localupdate.theta-steps": 0})
+
+
+# ------------------------------------------------------------------------------------------ server state = data
+def _drive(strategy, arrays, rounds, grid):
+    for t in rounds:
+        replies = grid.send_and_receive(list(strategy.configure_train(t, arrays, ConfigRecord({}), grid)))
+        new, _ = strategy.aggregate_train(t, replies)
+        arrays = new if new is not None else arrays
+    return arrays
+
+
+def test_decay_resumes_from_state_dict_identically():
+    """The controller's state is plain data in the server state: a pickled state_dict() taken after round 8 and
+    loaded into a fresh strategy continues exactly like the uninterrupted run (decays before and after the cut)."""
+    import pickle
+
+    from client_app.app import app as client_app
+
+    hp = LU.LocalUpdateDecayHParams(theta="fedavg", theta_steps=3, server_lr=0.3, window=2, patience=2, cooldown=1,
+                                    min_delta=0.05, server_opt="yogi")
+    make = lambda: LU.LocalUpdateDecay(hp, client_lr=0.1, batch_size=8, seed=0)  # noqa: E731
+    start = ArrayRecord(start_model(0.5).state_dict())
+    full = make()
+    end_full = _drive(full, start, range(1, 13), LoopbackGrid(client_app, 4, RC))
+
+    first = make()
+    mid = _drive(first, start, range(1, 9), LoopbackGrid(client_app, 4, RC))
+    sd = pickle.loads(pickle.dumps(first.state_dict()))
+    plateau = {k: v for k, v in sd["server_state"].items() if k.startswith("plateau-")}
+    assert set(plateau) == {"plateau-losses", "plateau-best", "plateau-counter", "plateau-cooldown"}
+    assert all(isinstance(v, (int, float, list)) for v in plateau.values())
+    second = make()
+    second.load_state_dict(sd)
+    end_resumed = _drive(second, mid, range(9, 13), LoopbackGrid(client_app, 4, RC))
+
+    fired = [int(r["round"]) for r in full.decay_trace if r["decayed"]]
+    assert any(t <= 8 for t in fired) and any(t > 8 for t in fired), fired
+    assert [int(r["round"]) for r in second.decay_trace if r["decayed"]] == fired
+    np.testing.assert_array_equal(end_resumed["w.weight"].numpy(), end_full["w.weight"].numpy())
+    assert second.server_state["client-lr"] == full.server_state["client-lr"] < 0.1
