@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import random
 import time
 
@@ -12,11 +13,12 @@ import torch
 import flower_strategies  # noqa: F401
 import flower_strategies.methods.localupdate as LU
 from flower_strategies.analysis import quadratic as QT
-from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
+from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config
 
-from client_app.task import build_model
+from client_app.task import build_model, half_mse
+from flower_strategies.core.client import batch_indices, train_reply
 from simulations.engine import LoopbackGrid, simulate
 from tests.reference import localupdate_ref as ref
 
@@ -41,11 +43,10 @@ def w_of(snapshot) -> np.ndarray:
 class Recording:
     """Mixin: remember the partition ids of each round's valid replies."""
 
-    def aggregate_train(self, server_round, replies):
-        out = super().aggregate_train(server_round, replies)
+    def server_update(self, inputs, state):
         self.sampled = getattr(self, "sampled", [])
-        self.sampled.append(sorted(int(m["partition-id"]) for m in self.reply_metrics))
-        return out
+        self.sampled.append(sorted(int(m["partition-id"]) for m in inputs.reply_metrics))
+        return super().server_update(inputs, state)
 
 
 class RecLU(Recording, LU.LocalUpdate):
@@ -144,7 +145,7 @@ def test_theta_one_is_independent_of_gamma():
 def test_ones_theta_is_fedavg_with_server_lr_eta_over_gamma(gamma, eta):
     lu = run(LU.LocalUpdate(LU.LocalUpdateHParams(theta="fedavg", theta_steps=4, server_lr=eta),
                             client_lr=gamma, batch_size=8, seed=0), 10, 4)
-    fa = run(FedAvg(FedAvgHParams(server_lr=eta / gamma), client_lr=gamma, local_steps=4, batch_size=8, seed=0,
+    fa = run(FedAvg(FedAvg.make_hparams(server_lr=eta / gamma), client_lr=gamma, local_steps=4, batch_size=8, seed=0,
                     weighting="uniform"), 10, 4)
     for t, (sa, sb) in enumerate(zip(lu, fa)):
         np.testing.assert_allclose(sa["w.weight"], sb["w.weight"], rtol=0, atol=1e-10, err_msg=f"round {t}")
@@ -174,10 +175,9 @@ def _quadratic_params(d=3, seed=0):
 def _run_optimizer(theta, gamma, a, c, x0, grads=None):
     """Drive LocalUpdateOptimizer on f(x) = ½(x−c)ᵀA(x−c) (exact gradients) or on scripted gradients."""
     p = torch.nn.Parameter(torch.tensor(x0, dtype=torch.float64))
-    opt = LU.LocalUpdateOptimizer([("p", p)], lr=gamma, theta=theta)
-    opt.num_steps = len(opt.theta)
-    opt.begin_round()
-    for k in range(len(opt.theta)):
+    theta = LU.normalize_theta(theta)
+    opt = LU.LocalUpdateOptimizer([("p", p)], lr=gamma, theta=",".join(map(repr, theta)), planned_steps=len(theta))
+    for k in range(len(theta)):
         opt.zero_grad()
         if grads is None:
             diff = p - torch.tensor(c)
@@ -185,7 +185,7 @@ def _run_optimizer(theta, gamma, a, c, x0, grads=None):
         else:
             p.grad = torch.tensor(grads[k], dtype=torch.float64)
         opt.step()
-    return opt.end_round()["q"]["p"].numpy(), p.detach().numpy()
+    return opt.uplink()["q"]["p"].numpy(), p.detach().numpy()
 
 
 def test_optimizer_step_on_scripted_gradients():
@@ -196,7 +196,7 @@ def test_optimizer_step_on_scripted_gradients():
     # Θ travels as a comma-separated string of repr floats: exact round trip
     p = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
     theta = (0.1 + 0.2, 1 / 3, 0.0, 2.0)
-    assert LU.LocalUpdateOptimizer([("p", p)], theta=",".join(map(repr, theta))).theta == theta
+    assert LU.LocalUpdateOptimizer([("p", p)], 0.1, theta=",".join(map(repr, theta)), planned_steps=4).hparams.weights == theta
 
 
 def test_fomaml_uploads_gradient_at_last_iterate_and_matches_surrogate():
@@ -214,21 +214,19 @@ def test_fomaml_uploads_gradient_at_last_iterate_and_matches_surrogate():
 
 def test_optimizer_enforces_K_steps():
     p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
-    opt = LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta=(1.0, 1.0))
-    opt.num_steps = 3
-    with pytest.raises(ValueError, match="exactly K"):
-        opt.begin_round()
-    opt.num_steps = 2
-    opt.begin_round()
     p.grad = torch.ones(2, dtype=torch.float64)
+    opt = LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta="1,1", planned_steps=3)
+    with pytest.raises(ValueError, match="exactly K"):
+        opt.step()
+    opt = LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta="1,1", planned_steps=2)
     opt.step()
     with pytest.raises(RuntimeError, match="took 1 steps"):
-        opt.end_round()
+        opt.uplink()
     opt.step()
     with pytest.raises(RuntimeError, match="exceeds"):
         opt.step()
     with pytest.raises(ValueError, match=">= 0"):
-        LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta=(1.0, -1.0))
+        LU.LocalUpdateOptimizer([("p", p)], lr=0.1, theta="1,-1", planned_steps=2)
 
 
 # ------------------------------------------------------------------------------------------ quadratic tools
@@ -326,21 +324,26 @@ def test_real_strategy_fixed_point_is_surrogate_minimizer():
 
 
 def test_theta_parsing():
-    assert QT.parse_theta("fedavg", 3) == (1.0, 1.0, 1.0)
-    assert QT.parse_theta("reptile", 2) == (1.0, 1.0)
-    assert QT.parse_theta("fomaml", 3) == (0.0, 0.0, 1.0)
-    assert QT.parse_theta("kmaml", 2) == (0.0, 0.0, 0.0, 0.0, 1.0)
-    assert QT.parse_theta("sgd", 7) == (1.0,)
-    assert QT.parse_theta("0.5, 0, 2, 0, 0", 9) == (0.5, 0.0, 2.0)
+    assert LU.parse_theta("fedavg", 3) == (1.0, 1.0, 1.0)
+    assert LU.parse_theta("reptile", 2) == (1.0, 1.0)
+    assert LU.parse_theta("fomaml", 3) == (0.0, 0.0, 1.0)
+    assert LU.parse_theta("kmaml", 2) == (0.0, 0.0, 0.0, 0.0, 1.0)
+    assert LU.parse_theta("sgd", 7) == (1.0,)
+    assert LU.parse_theta("0.5, 0, 2, 0, 0", 9) == (0.5, 0.0, 2.0)
     for bad in ("1,-1", "0,0", "abc", "1,nan"):
         with pytest.raises(ValueError):
-            QT.parse_theta(bad, 3)
+            LU.parse_theta(bad, 3)
 
 
 # ------------------------------------------------------------------------------------------ plateau controller
 def _fired(losses, rule, **kw):
     ctl = LU.PlateauController(rule=rule, **kw)
-    return [t for t, ell in enumerate(losses, start=1) if ctl.update(ell)]
+    state, fired = ctl.init(), []
+    for t, ell in enumerate(losses, start=1):
+        state, decay = ctl.update(state, ell)
+        if decay:
+            fired.append(t)
+    return fired
 
 
 SPEC_SEQUENCES = [  # ALGORITHMS.md §4.7-10 (1-based decay rounds)
@@ -431,7 +434,7 @@ def test_protocol_config_and_aggregation():
     assert len(msgs) == 3
     cfg = msgs[0].content["config"]
     assert cfg["method"] == "localupdate" and cfg["local-steps"] == 2 and cfg["client-lr"] == 0.2
-    assert cfg[LU.THETA_KEY] == "0.5,1.0"
+    assert cfg["localupdate.theta"] == "0.5,1,0" and cfg["localupdate.theta-steps"] == 10
     q = [np.array([[1.0, 0.0]]), np.array([[3.0, 2.0]]), np.array([[2.0, 2.0]])]
     replies = [
         _reply(1, q[0], 10, 1.0),
@@ -442,7 +445,7 @@ def test_protocol_config_and_aggregation():
     np.testing.assert_allclose(arrays["w.weight"].numpy(), x0 - 0.5 * (q[0] + q[1]) / 2)  # uniform mean
     assert metrics["replies-rejected"] == 1 and "missing ArrayRecord 'q'" in s.history[-1].rejections[0]
     assert metrics["server-lr"] == 0.5 and metrics["client-lr"] == 0.2
-    assert set(LU.LocalUpdate.logged_metrics) <= set(metrics.keys())
+    assert s.history[-1].round_metrics == {"client-lr": 0.2, "server-lr": 0.5}
     bad = np.array([[np.nan, 0.0]])
     s2 = LU.LocalUpdate(hp, client_lr=0.2, weighting="examples")
     s2.configure_train(1, ArrayRecord({"w.weight": Array(x0)}), ConfigRecord({}), grid)
@@ -466,11 +469,12 @@ def test_protocol_decay_reaches_next_round_config():
         lrs.append(msgs[0].content["config"]["client-lr"])
         x, metrics = s.aggregate_train(t, [_reply(1, g, 10, l1), _reply(2, g, 30, l2)])
         assert metrics["decayed"] == (1.0 if t > 1 else 0.0)
-        assert set(LU.LocalUpdateDecay.logged_metrics) <= set(metrics.keys())
-        assert s.history[-1].train_metrics["next-client-lr"] == s.gamma
+        assert {"plateau-loss", "plateau-estimate", "plateau-best", "plateau-counter", "plateau-cooldown", "decayed",
+                "client-lr", "server-lr", "next-client-lr", "next-server-lr"} <= set(metrics.keys())
+        assert s.history[-1].train_metrics["next-client-lr"] == s.server_state["client-lr"]
     assert s.decay_trace[1]["plateau-loss"] == pytest.approx(1.95)
     assert lrs == pytest.approx([0.4, 0.4, 0.04])
-    assert s.gamma == pytest.approx(0.004) and s.server_lr == pytest.approx(0.81)
+    assert s.server_state["client-lr"] == pytest.approx(0.004) and s.server_state["server-lr"] == pytest.approx(0.81)
     # round 3 stepped with η = 0.9 (decayed after round 2)
     np.testing.assert_allclose(x["w.weight"].numpy(), -(1.0 + 1.0 + 0.9) * g)
 
@@ -511,3 +515,150 @@ def test_server_app_path(tmp_path):
     rows = summary["final"]
     assert rows["round"] == 4 and rows["replies-used"] == 3 and rows["replies-rejected"] == 0
     assert rows["test-loss"] < 10.0
+
+
+# ------------------------------------------------------------------------------------------ the optimizer in any loop
+def _tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1)).double()
+
+
+def _tiny_data(n=20):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(n, 1, generator=g, dtype=torch.float64)
+
+
+def _round_content(name, **hp):
+    """The RecordDict a client receives in round 1 of ``name`` (built by the real strategy)."""
+    spec = METHODS[name]
+    strategy = spec.build(spec.default_hparams().replace(**hp), client_lr=0.05, batch_size=6)
+    return spec, strategy.prepare_round(1, ArrayRecord(_tiny_model().state_dict()), ConfigRecord(), num_sampled=1)
+
+
+def _optimizer_from(spec, content, model):
+    """The client optimizer built by hand from a train message (what train_reply does)."""
+    config = dict(content.config_records["config"])
+    model.load_state_dict(content.array_records["arrays"].to_torch_state_dict())
+    downlink = {k: r.to_torch_state_dict() for k, r in content.array_records.items() if k != "arrays"}
+    return LU.LocalUpdateOptimizer(
+        model.named_parameters(), lr=config["client-lr"], downlink=downlink, planned_steps=config["local-steps"],
+        **spec.hparams.client_kwargs_from_wire(config, spec.name),
+    )
+
+
+def _steps(opt, model, x, y, batches):
+    for idx in batches:
+        idx = torch.from_numpy(idx)
+        opt.zero_grad()
+        half_mse(model(x[idx]), y[idx]).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("name", ["localupdate", "localupdatedecay"])
+def test_plain_torch_loop_matches_train_reply(name):
+    spec, content = _round_content(name, theta="0.5,0,2,1")
+    config = content.config_records["config"]
+    assert config["local-steps"] == 4 and config[f"{name}.theta"] == "0.5,0,2,1"
+    x, y = _tiny_data()
+    model = _tiny_model()
+    opt = _optimizer_from(spec, content, model)
+    _steps(opt, model, x, y, batch_indices(len(x), config["batch-size"], 4, 0, 1, 3))
+    ours = opt.uplink()
+
+    other = _tiny_model()
+    reply = train_reply(other, content, x, y, half_mse, seed=0, client_key=3)
+    assert set(reply.array_records) == {"q"}  # q replaces the model
+    q = reply.array_records["q"].to_torch_state_dict()
+    assert set(q) == set(ours["q"]) == {n for n, _ in model.named_parameters()}
+    for k in q:
+        assert torch.equal(q[k], ours["q"][k]), k
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    assert reply.metric_records["metrics"]["num-steps"] == 4.0
+    assert any(float(v.abs().max()) > 1e-3 for v in q.values())
+
+
+def test_state_dict_mid_round_resumes_identically():
+    spec, content = _round_content("localupdate", theta="1,0.5,0,2,1")
+    x, y = _tiny_data()
+    batches = batch_indices(len(x), 6, 5, 0, 1, 0)
+    model = _tiny_model()
+    opt = _optimizer_from(spec, content, model)
+    _steps(opt, model, x, y, batches[:2])
+    buf = io.BytesIO()  # state_dict() holds references (torch's contract): save it, as a checkpoint would
+    torch.save({"opt": opt.state_dict(), "model": model.state_dict()}, buf)
+    _steps(opt, model, x, y, batches[2:])  # uninterrupted
+
+    model2 = _tiny_model()
+    opt2 = _optimizer_from(spec, content, model2)
+    buf.seek(0)
+    saved = torch.load(buf)
+    model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    assert opt2.steps_taken == 2
+    _steps(opt2, model2, x, y, batches[2:])
+    for k, v in opt.uplink()["q"].items():
+        assert torch.equal(v, opt2.uplink()["q"][k]), k
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, model2.state_dict()[k]), k
+
+
+def test_optimizer_misuse_raises_clear_errors():
+    model = _tiny_model()
+    params = lambda: model.named_parameters()  # noqa: E731
+    with pytest.raises(ValueError, match="planned_steps"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, theta="1,1")
+    with pytest.raises(RuntimeError, match="no local step"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, theta="1,1", planned_steps=2).uplink()
+    with pytest.raises(TypeError, match="unknown hyper-parameter.*theta, theta_steps"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, planned_steps=10, thetta="1,1")
+    with pytest.raises(ValueError, match="theta_steps"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, planned_steps=1, theta="fedavg", theta_steps=0)
+    with pytest.raises(ValueError, match="neither a preset"):
+        LU.LocalUpdateOptimizer(params(), lr=0.1, planned_steps=1, theta="maml")
+    with pytest.raises(ValueError, match="lr"):
+        LU.LocalUpdateOptimizer(params(), lr=-0.1, planned_steps=2, theta="1,1")
+    with pytest.raises(TypeError, match="named_parameters"):
+        LU.LocalUpdateOptimizer(model.parameters(), lr=0.1, planned_steps=2, theta="1,1")
+    with pytest.raises(ConfigError, match="localupdate.theta-steps"):
+        parse_run_config({"method": "localupdate", "localupdate.theta-steps": 0})
+
+
+# ------------------------------------------------------------------------------------------ server state = data
+def _drive(strategy, arrays, rounds, grid):
+    for t in rounds:
+        replies = grid.send_and_receive(list(strategy.configure_train(t, arrays, ConfigRecord({}), grid)))
+        new, _ = strategy.aggregate_train(t, replies)
+        arrays = new if new is not None else arrays
+    return arrays
+
+
+def test_decay_resumes_from_state_dict_identically():
+    """The controller's state is plain data in the server state: a pickled state_dict() taken after round 8 and
+    loaded into a fresh strategy continues exactly like the uninterrupted run (decays before and after the cut)."""
+    import pickle
+
+    from client_app.app import app as client_app
+
+    hp = LU.LocalUpdateDecayHParams(theta="fedavg", theta_steps=3, server_lr=0.3, window=2, patience=2, cooldown=1,
+                                    min_delta=0.05, server_opt="yogi")
+    make = lambda: LU.LocalUpdateDecay(hp, client_lr=0.1, batch_size=8, seed=0)  # noqa: E731
+    start = ArrayRecord(start_model(0.5).state_dict())
+    full = make()
+    end_full = _drive(full, start, range(1, 13), LoopbackGrid(client_app, 4, RC))
+
+    first = make()
+    mid = _drive(first, start, range(1, 9), LoopbackGrid(client_app, 4, RC))
+    sd = pickle.loads(pickle.dumps(first.state_dict()))
+    plateau = {k: v for k, v in sd["server_state"].items() if k.startswith("plateau-")}
+    assert set(plateau) == {"plateau-losses", "plateau-best", "plateau-counter", "plateau-cooldown"}
+    assert all(isinstance(v, (int, float, list)) for v in plateau.values())
+    second = make()
+    second.load_state_dict(sd)
+    end_resumed = _drive(second, mid, range(9, 13), LoopbackGrid(client_app, 4, RC))
+
+    fired = [int(r["round"]) for r in full.decay_trace if r["decayed"]]
+    assert any(t <= 8 for t in fired) and any(t > 8 for t in fired), fired
+    assert [int(r["round"]) for r in second.decay_trace if r["decayed"]] == fired
+    np.testing.assert_array_equal(end_resumed["w.weight"].numpy(), end_full["w.weight"].numpy())
+    assert second.server_state["client-lr"] == full.server_state["client-lr"] < 0.1

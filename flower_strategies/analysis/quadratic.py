@@ -1,4 +1,4 @@
-"""Θ vectors and quadratic surrogate-loss analysis for LocalUpdate (pure NumPy, no torch, no Flower).
+"""Quadratic surrogate-loss analysis for LocalUpdate (pure NumPy kernels).
 
 Charles & Konečný, *On the Outsized Importance of Learning Rates in Local Update Methods*, 2020
 (seed ``003_2dc7ddae5cbdc81f.txt``), §2–6; spec ``ALGORITHMS.md`` §4.
@@ -16,7 +16,8 @@ Iterated to convergence (small η, full participation) LocalUpdate therefore rea
 which differs from the true minimiser ``(Σ p_i A_i)^{-1} Σ p_i A_i c_i`` unless γ = 0 or K(Θ) = 1 (Lemma 5).
 
 Θ conventions: entries are ≥ 0 (paper §2.1), trailing zeros are dropped so ``K(Θ) = max{k: θ_k > 0}`` = ``len(Θ)``.
-Named presets (:func:`theta_preset`): ``fedavg``/``reptile`` = Θ_{1:K}, ``fomaml`` = Θ_K = (0,…,0,1),
+Named presets (:func:`~flower_strategies.methods.localupdate.theta_preset`, Θ parsing lives in the method module):
+``fedavg``/``reptile`` = Θ_{1:K}, ``fomaml`` = Θ_K = (0,…,0,1),
 ``kmaml`` = Θ_{2K+1} (K-MAML with gradient-descent clients on quadratics, Theorem 4), ``sgd`` = Θ_1 = (1).
 """
 
@@ -26,51 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-THETA_PRESETS = ("fedavg", "reptile", "fomaml", "kmaml", "sgd")
-
-
-# ------------------------------------------------------------------------------------------ Θ
-def normalize_theta(values: Sequence[float]) -> tuple[float, ...]:
-    """Validate Θ (finite, ≥ 0, at least one θ_k > 0) and drop trailing zeros (K(Θ) = len of the result)."""
-    theta = [float(v) for v in values]
-    if any(not np.isfinite(v) for v in theta):
-        raise ValueError(f"Θ entries must be finite, got {theta}")
-    if any(v < 0 for v in theta):
-        raise ValueError(f"Θ entries must be >= 0 (paper §2.1: θ_k ∈ R≥0), got {theta}")
-    while theta and theta[-1] == 0.0:
-        theta.pop()
-    if not theta:
-        raise ValueError("Θ needs at least one positive entry (K(Θ) = max{k: θ_k > 0} must exist)")
-    return tuple(theta)
-
-
-def theta_preset(name: str, steps: int) -> tuple[float, ...]:
-    """Named Θ: ``fedavg``/``reptile`` → (1,)*K, ``fomaml`` → e_K, ``kmaml`` → e_{2K+1}, ``sgd`` → (1,)."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    if name in ("fedavg", "reptile"):
-        return (1.0,) * steps
-    if name == "fomaml":
-        return (0.0,) * (steps - 1) + (1.0,)
-    if name == "kmaml":
-        return (0.0,) * (2 * steps) + (1.0,)
-    if name == "sgd":
-        return (1.0,)
-    raise ValueError(f"unknown Θ preset {name!r}; valid: {', '.join(THETA_PRESETS)} or comma-separated numbers")
-
-
-def parse_theta(spec: str, steps: int) -> tuple[float, ...]:
-    """Θ from a preset name (using ``steps``) or a comma-separated list of numbers (``steps`` ignored)."""
-    text = spec.strip().lower()
-    if text in THETA_PRESETS:
-        return theta_preset(text, steps)
-    try:
-        values = [float(tok) for tok in text.split(",") if tok.strip()]
-    except ValueError:
-        raise ValueError(
-            f"Θ {spec!r} is neither a preset ({', '.join(THETA_PRESETS)}) nor comma-separated numbers"
-        ) from None
-    return normalize_theta(values)
+# Θ parsing belongs to the method module (the library's methods never import analysis); presets re-exported here.
+from ..methods.localupdate import theta_preset  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------ surrogate

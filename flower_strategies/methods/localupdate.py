@@ -18,24 +18,43 @@ Server (Algorithm 1/3)::
     Decay: ℓ = mean_i ℓ_i ; if the plateau controller fires: γ ← max(client_decay·γ, min_client_lr),
            η ← max(server_decay·η, min_server_lr)   (used from the next round on)
 
+Symbols ↔ code
+--------------
+==============  ==========================================================================================
+γ               common ``client-lr`` (Decay: its initial value); server state ``"client-lr"``; ``group["lr"]``
+η               ``<method>.server-lr``; server state ``"server-lr"`` (current value)
+Θ, K(Θ)         ``<method>.theta`` + ``<method>.theta-steps`` (client fields, sent on the wire as they are);
+                :func:`parse_theta`; ``K(Θ) = len(Θ)`` = the optimizer's ``planned_steps``
+k               ``self.steps_taken`` (0-based index of the step being taken)
+q_i             ``self.state[p]["q"]``; uplink record ``"q"``
+ℓ_i, ℓ_t        reply metric ``train-loss-before``; their (uniform/example-weighted) mean
+ℓ̂_t, W, P, C, Δ :class:`PlateauController`; its state is the server state's ``plateau-*`` entries
+==============  ==========================================================================================
+
 ``K = len(Θ)`` (trailing zeros dropped): the strategy sends ``local-steps = K`` in every round config, overriding
-the common ``local-steps``/``local-epochs`` setting.  γ is the common ``client-lr`` (LocalUpdateDecay: its initial
-value).  Θ is a preset name (``fedavg``/``reptile``, ``fomaml``, ``kmaml``, ``sgd``; K from ``theta-steps``) or a
-comma-separated list of non-negative numbers.  See ``docs/methods/localupdate.md``.
+the common ``local-steps``/``local-epochs`` setting.  Θ is a preset name (``fedavg``/``reptile``, ``fomaml``,
+``kmaml``, ``sgd``; K from ``theta-steps``) or a comma-separated list of non-negative numbers.  The round metrics
+(``client-lr``, ``server-lr`` and, for Decay, the controller's values) are returned by ``server_update``.
+See ``docs/methods/localupdate.md``.
+
+Conventions and deviations
+--------------------------
+* Mini-batches are the common driver's epoch-wise permutations (§4.6-A8 allows it), not sampling with replacement.
+* The server optimizer is the shared :class:`~flower_strategies.core.server_opt.ServerOptimizer` with q̄ as its
+  descent-positive pseudo-gradient and ``tau = eps``; the decayed η is its lr, its moments are not reset on a decay.
+* The client raises unless the round plans exactly K(Θ) steps (no full-batch phase).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
-import torch
-from flwr.app import ArrayRecord, MetricRecord
 from flwr.common import log
 from torch import Tensor
 
@@ -43,32 +62,93 @@ from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import LocalOptimizer
 from ..core.ops import NamedArrays
-from ..analysis.quadratic import THETA_PRESETS, normalize_theta, parse_theta
 from ..core.registry import register
-from ..core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, ServerOptimizer, ServerState
-from ..core.strategy import FedAdaptStrategy, RecordSpec
+from ..core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, ServerOptimizer
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, weighted_mean
+from ..core.validation import RecordSpec
 
 #: Uplink record holding ``q_i = Σ_k θ_k g_k``.
 Q_RECORD = "q"
-#: Round-config key carrying Θ to the client optimizer, as comma-separated ``repr`` floats (exact round trip; a
-#: plain string also survives the legacy API, whose ``FitIns.config`` holds scalars only).
-THETA_KEY = "localupdate-theta"
 
+THETA_PRESETS = ("fedavg", "reptile", "fomaml", "kmaml", "sgd")
 PLATEAU_RULES = ("paper", "tff")
 WINDOW_FILLS = ("rule", "partial", "inf")
 LOSS_WEIGHTINGS = ("uniform", "examples")
 
 
+# ------------------------------------------------------------------------------------------ Θ
+def normalize_theta(values: Sequence[float]) -> tuple[float, ...]:
+    """Validate Θ (finite, ≥ 0, at least one θ_k > 0) and drop trailing zeros (K(Θ) = len of the result)."""
+    theta = [float(v) for v in values]
+    if any(not math.isfinite(v) for v in theta):
+        raise ValueError(f"Θ entries must be finite, got {theta}")
+    if any(v < 0 for v in theta):
+        raise ValueError(f"Θ entries must be >= 0 (paper §2.1: θ_k ∈ R≥0), got {theta}")
+    while theta and theta[-1] == 0.0:
+        theta.pop()
+    if not theta:
+        raise ValueError("Θ needs at least one positive entry (K(Θ) = max{k: θ_k > 0} must exist)")
+    return tuple(theta)
+
+
+def theta_preset(name: str, steps: int) -> tuple[float, ...]:
+    """Named Θ: ``fedavg``/``reptile`` → (1,)*K, ``fomaml`` → e_K, ``kmaml`` → e_{2K+1}, ``sgd`` → (1,)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if name in ("fedavg", "reptile"):
+        return (1.0,) * steps
+    if name == "fomaml":
+        return (0.0,) * (steps - 1) + (1.0,)
+    if name == "kmaml":
+        return (0.0,) * (2 * steps) + (1.0,)
+    if name == "sgd":
+        return (1.0,)
+    raise ValueError(f"unknown Θ preset {name!r}; valid: {', '.join(THETA_PRESETS)} or comma-separated numbers")
+
+
+@functools.lru_cache(maxsize=64)
+def parse_theta(spec: str, steps: int) -> tuple[float, ...]:
+    """Θ from a preset name (using ``steps``) or a comma-separated list of numbers (``steps`` ignored)."""
+    text = spec.strip().lower()
+    if text in THETA_PRESETS:
+        return theta_preset(text, steps)
+    try:
+        values = [float(tok) for tok in text.split(",") if tok.strip()]
+    except ValueError:
+        raise ValueError(
+            f"Θ {spec!r} is neither a preset ({', '.join(THETA_PRESETS)}) nor comma-separated numbers"
+        ) from None
+    return normalize_theta(values)
+
+
 # ------------------------------------------------------------------------------------------ hparams
 @dataclass(frozen=True)
-class LocalUpdateHParams(HParams):
-    """LocalUpdate: Θ, server lr η and the (optional) FedOpt server optimizer applied to q̄."""
+class ThetaHParams(HParams):
+    """The client half of LocalUpdate: Θ (the local optimizer's hyper-parameters)."""
 
     theta: str = param(
-        "fedavg",
+        "fedavg", client=True,
         help="Θ: preset (" + "|".join(THETA_PRESETS) + ") or comma-separated weights θ_1,…,θ_K >= 0",
     )
-    theta_steps: int = param(10, lo=1, help="K of the presets: fedavg/fomaml use K steps, kmaml 2K+1, sgd 1")
+    theta_steps: int = param(10, lo=1, client=True, help="K of the presets: fedavg/fomaml use K steps, kmaml 2K+1, sgd 1")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            parse_theta(self.theta, self.theta_steps)
+        except ValueError as err:
+            raise ConfigError(f"{type(self).__name__}.theta = {self.theta!r}: {err}") from None
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """Θ = (θ_1, …, θ_K) with K = K(Θ)."""
+        return parse_theta(self.theta, self.theta_steps)
+
+
+@dataclass(frozen=True)
+class LocalUpdateHParams(ThetaHParams):
+    """LocalUpdate: Θ, server lr η and the (optional) FedOpt server optimizer applied to q̄."""
+
     server_lr: float = param(0.1, lo=0.0, help="server learning rate η")
     server_opt: str = param("sgd", choices=SERVER_OPTIMIZERS, help="server optimizer on q̄ (paper: sgd; §8.4: yogi)")
     beta1: float = param(0.9, lo=0.0, hi=1.0, help="server momentum β1 (sgdm: heavy-ball β; adaptive: EMA)")
@@ -79,12 +159,11 @@ class LocalUpdateHParams(HParams):
         "none", choices=BIAS_CORRECTIONS, help="none (Zaheer et al.) | adam (TFF: lr·√(1−β2^s)/(1−β1^s)) | flower"
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        try:
-            parse_theta(self.theta, self.theta_steps)
-        except ValueError as err:
-            raise ConfigError(f"{type(self).__name__}.theta = {self.theta!r}: {err}") from None
+    def server_optimizer(self) -> ServerOptimizer:
+        return ServerOptimizer(
+            self.server_opt, lr=self.server_lr, beta1=self.beta1, beta2=self.beta2, tau=self.eps,
+            initial_v=self.initial_v, bias_correction=self.bias_correction,
+        )
 
 
 @dataclass(frozen=True)
@@ -104,10 +183,18 @@ class LocalUpdateDecayHParams(LocalUpdateHParams):
     min_client_lr: float = param(0.0, lo=0.0, help="floor of γ")
     min_server_lr: float = param(0.0, lo=0.0, help="floor of η")
 
+    def controller(self) -> PlateauController:
+        return PlateauController(
+            self.window, self.patience, self.cooldown, self.min_delta, rule=self.plateau_rule,
+            window_fill=self.window_fill, reset_best_on_decay=self.reset_best_on_decay,
+        )
+
 
 # ------------------------------------------------------------------------------------------ plateau controller
+@dataclass(frozen=True)
 class PlateauController:
-    """Decide, from one loss estimate per round, whether to decay the learning rates (pure, no I/O).
+    """Decide, from one loss estimate per round, whether to decay the learning rates (pure: ``init``/``update``
+    on a state dict of plain numbers, stored in the strategy's server state).
 
     ``rule="paper"`` (§9.1 read literally, ALGORITHMS.md §4.3)::
 
@@ -127,163 +214,146 @@ class PlateauController:
     with +inf, so ℓ̂_t = +inf (never progress) until W real losses are in; ``rule`` = partial for paper, inf for tff.
     ``reset_best_on_decay``: after a decay the comparison point ``best`` restarts at +inf (the decay round's ℓ̂ is
     forgotten).  ``W = P = 1, C = 0`` with the paper rule is exactly Algorithm 3.
+
+    State (:meth:`init`): ``plateau-losses`` (the last ≤ W real losses; the +inf fill is implied by fewer than W),
+    ``plateau-best`` (``None`` = +inf, so that the state holds only finite numbers), ``plateau-counter``,
+    ``plateau-cooldown``.
     """
 
-    def __init__(
-        self,
-        window: int = 100,
-        patience: int = 100,
-        cooldown: int = 100,
-        min_delta: float = 1e-4,
-        *,
-        rule: str = "paper",
-        window_fill: str = "rule",
-        reset_best_on_decay: bool = False,
-    ) -> None:
-        if window < 1 or patience < 1 or cooldown < 0 or min_delta < 0:
+    window: int = 100
+    patience: int = 100
+    cooldown: int = 100
+    min_delta: float = 1e-4
+    rule: str = "paper"
+    window_fill: str = "rule"
+    reset_best_on_decay: bool = False
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.patience < 1 or self.cooldown < 0 or self.min_delta < 0:
             raise ValueError(f"need window >= 1, patience >= 1, cooldown >= 0, min_delta >= 0 "
-                             f"(got {window}, {patience}, {cooldown}, {min_delta})")
-        if rule not in PLATEAU_RULES:
-            raise ValueError(f"unknown plateau rule {rule!r}; valid: {', '.join(PLATEAU_RULES)}")
-        if window_fill not in WINDOW_FILLS:
-            raise ValueError(f"unknown window fill {window_fill!r}; valid: {', '.join(WINDOW_FILLS)}")
-        self.window, self.patience, self.cooldown, self.min_delta = window, patience, cooldown, float(min_delta)
-        self.rule = rule
-        self.fill = ("partial" if rule == "paper" else "inf") if window_fill == "rule" else window_fill
-        self.reset_best_on_decay = reset_best_on_decay
-        self.losses: deque[float] = deque([math.inf] * window if self.fill == "inf" else [], maxlen=window)
-        self.best = math.inf  # paper: min of all ℓ̂ so far; tff: last Δ-improving ℓ̂
-        self.counter = 0
-        self.cooldown_left = cooldown  # cooldown at the start too (§9.1)
-        self.rounds = 0
-        self.last_estimate = math.nan
+                             f"(got {self.window}, {self.patience}, {self.cooldown}, {self.min_delta})")
+        if self.rule not in PLATEAU_RULES:
+            raise ValueError(f"unknown plateau rule {self.rule!r}; valid: {', '.join(PLATEAU_RULES)}")
+        if self.window_fill not in WINDOW_FILLS:
+            raise ValueError(f"unknown window fill {self.window_fill!r}; valid: {', '.join(WINDOW_FILLS)}")
 
-    def update(self, loss: float) -> bool:
-        """Feed this round's loss ℓ_t; True if γ and η must be decayed now."""
-        self.rounds += 1
-        self.losses.append(float(loss))
-        lhat = math.fsum(self.losses) / len(self.losses) if math.isfinite(sum(self.losses)) else math.inf
-        self.last_estimate = lhat
+    @property
+    def fill(self) -> str:
+        if self.window_fill == "rule":
+            return "partial" if self.rule == "paper" else "inf"
+        return self.window_fill
+
+    def init(self) -> dict[str, Any]:
+        """The state before round 1 (cooldown at the start too, §9.1)."""
+        return {"plateau-losses": [], "plateau-best": None, "plateau-counter": 0, "plateau-cooldown": self.cooldown}
+
+    def estimate(self, losses: Sequence[float]) -> float:
+        """ℓ̂_t: mean of the window (+inf while an +inf-filled window is not full, or for a non-finite loss)."""
+        if (self.fill == "inf" and len(losses) < self.window) or not math.isfinite(sum(losses)):
+            return math.inf
+        return math.fsum(losses) / len(losses)
+
+    def update(self, state: Mapping[str, Any], loss: float) -> tuple[dict[str, Any], bool]:
+        """Feed this round's loss ℓ_t: ``(new state, whether γ and η must be decayed now)``."""
+        losses = [*state["plateau-losses"], float(loss)][-self.window:]
+        lhat = self.estimate(losses)
+        best = math.inf if state["plateau-best"] is None else float(state["plateau-best"])
+        counter, cool = int(state["plateau-counter"]), int(state["plateau-cooldown"])
         decay = False
-        if self.rule == "paper":
-            best_before = self.best
-            self.best = min(self.best, lhat)
-            if self.cooldown_left > 0:
-                self.cooldown_left -= 1
-                self.counter = 0
-            elif math.isfinite(lhat) and lhat <= best_before - self.min_delta:
-                self.counter = 0
+        if self.rule == "paper":  # best = min of all earlier ℓ̂
+            progress = math.isfinite(lhat) and lhat <= best - self.min_delta
+            best = min(best, lhat)
+            if cool > 0:
+                cool, counter = cool - 1, 0
+            elif progress:
+                counter = 0
             else:
-                self.counter += 1
-                if self.counter >= self.patience:
-                    decay, self.counter, self.cooldown_left = True, 0, self.cooldown
-        else:  # tff
-            if self.cooldown_left > 0:
-                self.cooldown_left -= 1
-                self.counter = 0
-            if lhat < self.best - self.min_delta:
-                self.best, self.counter = lhat, 0
-            elif self.cooldown_left <= 0:
-                self.counter += 1
-                if self.counter >= self.patience:
-                    decay, self.counter, self.cooldown_left = True, 0, self.cooldown
+                counter += 1
+                if counter >= self.patience:
+                    decay, counter, cool = True, 0, self.cooldown
+        else:  # tff: best = last Δ-improving ℓ̂
+            if cool > 0:
+                cool, counter = cool - 1, 0
+            if lhat < best - self.min_delta:
+                best, counter = lhat, 0
+            elif cool <= 0:
+                counter += 1
+                if counter >= self.patience:
+                    decay, counter, cool = True, 0, self.cooldown
         if decay and self.reset_best_on_decay:
-            self.best = math.inf
-        return decay
-
-    def state(self) -> dict[str, float]:
-        return {
-            "plateau-estimate": self.last_estimate, "plateau-best": self.best,
-            "plateau-counter": float(self.counter), "plateau-cooldown": float(self.cooldown_left),
-        }
-
-
-def mean_loss_before(reply_metrics: Sequence[Mapping[str, Any]], weighting: str) -> float | None:
-    """ℓ_t = uniform (Eq. 24) or example-weighted mean of the replies' ``train-loss-before``; None if absent."""
-    vals = [(float(m[R.TRAIN_LOSS_BEFORE]), float(m.get(R.NUM_EXAMPLES, 1.0))) for m in reply_metrics
-            if isinstance(m.get(R.TRAIN_LOSS_BEFORE), (int, float))]
-    if not vals:
-        return None
-    if weighting == "examples":
-        return math.fsum(v * n for v, n in vals) / math.fsum(n for _, n in vals)
-    return math.fsum(v for v, _ in vals) / len(vals)
+            best = math.inf
+        new = {"plateau-losses": losses, "plateau-best": best if math.isfinite(best) else None,
+               "plateau-counter": counter, "plateau-cooldown": cool}
+        return new, decay
 
 
 # ------------------------------------------------------------------------------------------ client
 class LocalUpdateOptimizer(LocalOptimizer):
     """Algorithm 2's inner loop: SGD with lr γ that accumulates ``q = Σ_k θ_k g_k`` and uploads it as ``"q"``.
 
-    The k-th call of :meth:`step` uses ``θ_k``; the round must take exactly ``len(Θ)`` steps.
+    Per step ``k`` (= :attr:`steps_taken`, 0-based) and parameter ``x`` with gradient ``g``::
+
+        q ← q + θ_{k+1}·g ;   x ← x − γ·g
+
+    The round must take exactly ``K(Θ)`` steps (``planned_steps``): more steps, or asking for :meth:`uplink`
+    after fewer, raise ``RuntimeError``.  The reply carries ``q``, not the model.
     """
 
-    config_keys: ClassVar[dict[str, str]] = {R.CLIENT_LR: "lr", THETA_KEY: "theta"}
+    hparams_class = ThetaHParams
     sends_model: ClassVar[bool] = False
+    needs_planned_steps: ClassVar[bool] = True
 
-    def __init__(self, params: Iterable[tuple[str, Tensor]], lr: float = 0.1, theta: str | Sequence[float] = (1.0,)) -> None:
-        if lr < 0:
-            raise ValueError(f"client lr γ must be >= 0, got {lr}")
-        if isinstance(theta, str):
-            theta = [float(tok) for tok in theta.split(",") if tok.strip()]
-        self.theta = normalize_theta(theta)
-        super().__init__(params, {"lr": float(lr)})
-        self.k = 0
-        self.q: dict[str, Tensor] = {}
-
-    def begin_round(self, downlink=None, persistent=None) -> None:
-        super().begin_round(downlink, persistent)
-        if self.num_steps and self.num_steps != len(self.theta):
+    def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        k_theta = len(parse_theta(group["theta"], group["theta_steps"]))
+        if k_theta != self.planned_steps:
             raise ValueError(
-                f"LocalUpdate needs exactly K(Θ) = {len(self.theta)} local steps, the round plans {self.num_steps} "
-                f"(the server sets local-steps = len(Θ); full-batch rounds are not supported)"
+                f"LocalUpdate needs exactly K(Θ) = {k_theta} local steps, the round plans {self.planned_steps} "
+                f"(the server sets local-steps = K(Θ); full-batch rounds are not supported)"
             )
-        self.k = 0
-        self.q = {name: torch.zeros_like(p) for name, p, _ in self.named_params()}
+        state["q"] = p.new_zeros(p.shape)
 
-    @torch.no_grad()
     def apply_step(self) -> None:
-        if self.k >= len(self.theta):
-            raise RuntimeError(f"LocalUpdate: step {self.k + 1} exceeds K(Θ) = {len(self.theta)}")
-        if not self.q:
-            self.q = {name: torch.zeros_like(p) for name, p, _ in self.named_params()}
-        th = self.theta[self.k]
-        for name, p, group in self.named_params():
-            if p.grad is None:
-                continue
-            if th != 0.0:
-                self.q[name].add_(p.grad, alpha=th)
-            p.add_(p.grad, alpha=-group["lr"])
-        self.k += 1
+        if self.steps_taken >= self.planned_steps:
+            raise RuntimeError(f"LocalUpdate: step {self.steps_taken + 1} exceeds K(Θ) = {self.planned_steps}")
+        super().apply_step()
 
-    def end_round(self) -> dict[str, dict[str, Tensor]]:
-        if self.k != len(self.theta):
-            raise RuntimeError(f"LocalUpdate: took {self.k} steps, K(Θ) = {len(self.theta)}")
-        return {Q_RECORD: {name: q.clone() for name, q in self.q.items()}}
+    def update_param(self, name: str, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        theta_k = parse_theta(group["theta"], group["theta_steps"])[self.steps_taken]
+        if theta_k != 0.0:
+            state["q"].add_(grad, alpha=theta_k)
+        p.add_(grad, alpha=-group["lr"])
+
+    def uplink_arrays(self) -> dict[str, dict[str, Tensor]]:
+        if self.steps_taken != self.planned_steps:
+            raise RuntimeError(f"LocalUpdate: took {self.steps_taken} steps, K(Θ) = {self.planned_steps}")
+        return {Q_RECORD: {name: self.state[p]["q"].clone() for name, p, _ in self.named_params()}}
 
 
 # ------------------------------------------------------------------------------------------ server
+def _optimizer_state(state: ServerState) -> ServerState:
+    """The server optimizer's entries of the server state (its named arrays; the rest are scalars)."""
+    return {k: v for k, v in state.items() if isinstance(v, Mapping)}
+
+
 class LocalUpdate(FedAdaptStrategy):
-    """Algorithm 1: ``x ← ServerOpt(x, q̄, η)`` with ``q̄`` the (uniform) mean of the clients' ``q_i``."""
+    """Algorithm 1: ``x ← ServerOpt(x, q̄, η)`` with ``q̄`` the (uniform) mean of the clients' ``q_i``.
+
+    Server state: the server optimizer's arrays, ``client-lr`` (γ) and ``server-lr`` (η).
+    Round metrics: the ``client-lr`` and ``server-lr`` used in the round.
+    """
 
     method: ClassVar[str] = "localupdate"
     hparams_class = LocalUpdateHParams
+    local_optimizer = LocalUpdateOptimizer
     default_weighting: ClassVar[str] = "uniform"
-    #: Keys this strategy adds to every round's train metrics (for a metrics writer to pick up).
-    logged_metrics: ClassVar[tuple[str, ...]] = ("client-lr", "server-lr")
 
-    def __init__(self, hparams: HParams | None = None, **kwargs: Any) -> None:
+    def __init__(self, hparams: LocalUpdateHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        hp = self.hparams
-        self.theta: tuple[float, ...] = parse_theta(hp.theta, hp.theta_steps)
+        self.theta: tuple[float, ...] = self.hparams.weights
         if self.local_steps not in (0, len(self.theta)):
             log(INFO, "%s: local-steps %d overridden by K(Θ) = %d", self.method, self.local_steps, len(self.theta))
         self.local_steps = len(self.theta)  # K(Θ) overrides the common local-steps / local-epochs
-        self.server_lr = float(hp.server_lr)  # current η (LocalUpdateDecay decays it)
-        self.opt = ServerOptimizer(
-            hp.server_opt, lr=self.server_lr, beta1=hp.beta1, beta2=hp.beta2, tau=hp.eps,
-            initial_v=hp.initial_v, bias_correction=hp.bias_correction,
-        )
-        self.opt_state: ServerState = {}
-        self._round_extras: dict[str, float] = {}
+        self.opt = self.hparams.server_optimizer()
 
     def log_settings(self) -> list[str]:
         return super().log_settings() + [f"Θ = {self.theta} (K = {len(self.theta)} local steps per round)"]
@@ -291,98 +361,82 @@ class LocalUpdate(FedAdaptStrategy):
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
         return (RecordSpec(Q_RECORD, "mean", "params"),)
 
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        cfg = super().round_config(server_round)
-        cfg[R.LOCAL_STEPS] = len(self.theta)
-        cfg[THETA_KEY] = ",".join(repr(float(t)) for t in self.theta)
-        return cfg
+    def init_server_state(self, arrays: NamedArrays) -> ServerState:
+        return {
+            **self.opt.init({k: arrays[k] for k in self.trainable(arrays)}),
+            "client-lr": self.client_lr, "server-lr": float(self.hparams.server_lr),
+        }
 
-    def init_state(self, arrays: NamedArrays) -> None:
-        self.opt_state = self.opt.init({k: arrays[k] for k in self.trainable(arrays)})
+    def client_lr_at(self, server_round: int) -> float:
+        return self.client_lr if self.server_state is None else float(self.server_state["client-lr"])
 
-    def server_update(self, server_round: int, current: NamedArrays, aggregates: Mapping[str, NamedArrays]) -> NamedArrays:
-        qbar = aggregates[Q_RECORD]
-        keys = self.trainable(current)
-        opt = dataclasses.replace(self.opt, lr=self.server_lr)
-        new_params, self.opt_state = opt.step(
-            {k: current[k] for k in keys}, {k: qbar[k] for k in keys}, self.opt_state,
-            step=self.num_updates, server_round=server_round,
+    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+        current, qbar = inputs.current, inputs.aggregates[Q_RECORD]
+        opt = dataclasses.replace(self.opt, lr=state["server-lr"])
+        new_params, opt_state = opt.step(
+            {k: current[k] for k in inputs.trainable}, {k: qbar[k] for k in inputs.trainable},
+            _optimizer_state(state), step=inputs.num_updates + 1, server_round=inputs.server_round,
         )
-        self._round_extras = {"client-lr": self.client_lr_at(server_round), "server-lr": self.server_lr}
-        return self.merge_buffers(new_params, current, None)
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Any]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The base aggregation, plus this round's learning rates (and Decay's controller state) in the metrics."""
-        self._round_extras = {}
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        if self._round_extras:
-            extras = {k: float(v) for k, v in self._round_extras.items()}
-            if metrics is not None:
-                for k, v in extras.items():
-                    metrics[k] = v
-            if self.history and self.history[-1].server_round == server_round and self.history[-1].train_metrics is not None:
-                self.history[-1].train_metrics.update(extras)
-        return arrays, metrics
+        metrics = {"client-lr": state["client-lr"], "server-lr": state["server-lr"]}
+        return self.merge_buffers(new_params, current, None), {**state, **opt_state}, metrics
 
 
 class LocalUpdateDecay(LocalUpdate):
     """Algorithms 3–4 + §9.1: LocalUpdate whose γ and η are decayed by a server-side plateau controller.
 
-    ``decay_trace`` holds one dict per updated round: the loss ℓ_t, the controller state after it, whether it
-    fired, and the γ, η used in that round and in the next one.
+    Server state: LocalUpdate's + the controller's ``plateau-*`` entries.  Round metrics of a round whose replies
+    report ``train-loss-before``: ``plateau-loss`` (ℓ_t), ``plateau-estimate`` (ℓ̂_t), ``plateau-best``,
+    ``plateau-counter``, ``plateau-cooldown``, ``decayed``, the ``client-lr``/``server-lr`` used in the round and
+    the ``next-client-lr``/``next-server-lr`` used from the next round on (:attr:`decay_trace` collects them).
     """
 
     method: ClassVar[str] = "localupdatedecay"
     hparams_class = LocalUpdateDecayHParams
-    logged_metrics: ClassVar[tuple[str, ...]] = (
-        "plateau-loss", "plateau-estimate", "plateau-best", "plateau-counter", "plateau-cooldown", "decayed",
-        "client-lr", "server-lr", "next-client-lr", "next-server-lr",
-    )
 
-    def __init__(self, hparams: HParams | None = None, **kwargs: Any) -> None:
+    def __init__(self, hparams: LocalUpdateDecayHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        hp = self.hparams
-        self.gamma = float(self.client_lr)  # current γ
-        self.controller = PlateauController(
-            hp.window, hp.patience, hp.cooldown, hp.min_delta, rule=hp.plateau_rule,
-            window_fill=hp.window_fill, reset_best_on_decay=hp.reset_best_on_decay,
-        )
-        self.decay_trace: list[dict[str, float]] = []
+        self.controller = self.hparams.controller()
 
-    def client_lr_at(self, server_round: int) -> float:
-        return self.gamma
+    def init_server_state(self, arrays: NamedArrays) -> ServerState:
+        return {**super().init_server_state(arrays), **self.controller.init()}
 
-    def server_update(self, server_round: int, current: NamedArrays, aggregates: Mapping[str, NamedArrays]) -> NamedArrays:
-        gamma_used, eta_used = self.gamma, self.server_lr
-        new = super().server_update(server_round, current, aggregates)  # model step with this round's η
+    @property
+    def decay_trace(self) -> list[dict[str, float]]:
+        """One row per round that updated the controller: ``round`` + the round metrics above."""
+        return [{"round": float(h.server_round), **h.round_metrics} for h in self.history if "decayed" in h.round_metrics]
+
+    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+        new, state, metrics = super().server_update(inputs, state)  # model step with this round's η
         hp = self.hparams
-        loss = mean_loss_before(getattr(self, "reply_metrics", []), hp.loss_weighting)
-        if loss is None:
+        losses = [(float(m[R.TRAIN_LOSS_BEFORE]), float(m[R.NUM_EXAMPLES])) for m in inputs.reply_metrics
+                  if isinstance(m.get(R.TRAIN_LOSS_BEFORE), (int, float))]
+        if not losses:
             log(WARNING, "%s round %d: no reply reported '%s'; plateau controller not updated",
-                self.method, server_round, R.TRAIN_LOSS_BEFORE)
-            return new
-        decayed = self.controller.update(loss)
+                self.method, inputs.server_round, R.TRAIN_LOSS_BEFORE)
+            return new, state, metrics
+        loss = weighted_mean(losses, hp.loss_weighting)
+        plateau, decayed = self.controller.update(state, loss)
+        gamma, eta = state["client-lr"], state["server-lr"]
         if decayed:
-            self.gamma = max(hp.client_decay * self.gamma, hp.min_client_lr)
-            self.server_lr = max(hp.server_decay * self.server_lr, hp.min_server_lr)
-        row = {
-            "round": float(server_round), "plateau-loss": loss, **self.controller.state(), "decayed": float(decayed),
-            "client-lr": gamma_used, "server-lr": eta_used, "next-client-lr": self.gamma, "next-server-lr": self.server_lr,
-        }
-        self.decay_trace.append(row)
-        self._round_extras = {k: v for k, v in row.items() if k != "round"}
+            gamma, eta = max(hp.client_decay * gamma, hp.min_client_lr), max(hp.server_decay * eta, hp.min_server_lr)
+        best = plateau["plateau-best"]
+        metrics.update({
+            "plateau-loss": loss, "plateau-estimate": self.controller.estimate(plateau["plateau-losses"]),
+            "plateau-best": math.inf if best is None else best, "plateau-counter": plateau["plateau-counter"],
+            "plateau-cooldown": plateau["plateau-cooldown"], "decayed": float(decayed),
+            "next-client-lr": gamma, "next-server-lr": eta,
+        })
         log(
             INFO,
             "%s round %d: loss %.6g, estimate %.6g, best %.6g, counter %d, cooldown %d%s; γ %.4g, η %.4g",
-            self.method, server_round, loss, row["plateau-estimate"], row["plateau-best"],
-            int(row["plateau-counter"]), int(row["plateau-cooldown"]), " → DECAY" if decayed else "",
-            self.gamma, self.server_lr,
+            self.method, inputs.server_round, loss, metrics["plateau-estimate"], metrics["plateau-best"],
+            plateau["plateau-counter"], plateau["plateau-cooldown"], " → DECAY" if decayed else "", gamma, eta,
         )
-        return new
+        return new, {**state, **plateau, "client-lr": gamma, "server-lr": eta}, metrics
 
 
 _PAPER = "Charles & Konečný, On the Outsized Importance of Learning Rates in Local Update Methods, 2020"
-register(LocalUpdate, LocalUpdateOptimizer, paper=_PAPER,
+register(LocalUpdate, paper=_PAPER,
          summary="clients upload Θ-weighted sums of local gradients; server step η (or FedOpt) on their mean")
-register(LocalUpdateDecay, LocalUpdateOptimizer, paper=_PAPER,
+register(LocalUpdateDecay, paper=_PAPER,
          summary="LocalUpdate + decay of client/server lr on training-loss plateaus (window, patience, cooldown)")
