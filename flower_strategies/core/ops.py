@@ -23,9 +23,11 @@ def is_float(arr: np.ndarray) -> bool:
 
 
 class StreamingAggregator:
-    """Fold named arrays into a running aggregate, one reply at a time.
+    """Fold named arrays into a running aggregate, one reply at a time, in place.
 
-    Memory is O(model): one float64 accumulator per key, whatever the number of replies.
+    Memory: one accumulator per key plus one reused scratch buffer (``wmean`` only) — two model copies whatever
+    the number of replies, no per-reply temporaries.  Floating arrays accumulate in their own dtype (float32
+    models in float32, float64 models — the exactness runs — in float64); integer arrays in float64.
 
     Rules
     -----
@@ -42,6 +44,7 @@ class StreamingAggregator:
             raise ValueError(f"unknown aggregation rule {rule!r}; valid: {', '.join(AGGREGATION_RULES)}")
         self.rule = rule
         self._acc: NamedArrays = {}
+        self._scratch: NamedArrays = {}
         self._dtypes: dict[str, np.dtype] = {}
         self._total_weight = 0.0
         self.count = 0
@@ -55,27 +58,31 @@ class StreamingAggregator:
             acc = self._acc.get(key)
             if acc is None:
                 self._dtypes[key] = arr.dtype
-                if self.rule == "max":
-                    self._acc[key] = arr.astype(np.float64, copy=True)
-                else:
-                    self._acc[key] = arr.astype(np.float64) * w
+                dtype = arr.dtype if is_float(arr) else np.dtype(np.float64)
+                self._acc[key] = np.array(arr, dtype=dtype) if w == 1.0 else np.multiply(arr, w, dtype=dtype)
             elif self.rule == "max":
                 np.maximum(acc, arr, out=acc)
             elif w == 1.0:
-                acc += arr
+                np.add(acc, arr, out=acc)
             else:
-                acc += w * arr.astype(np.float64, copy=False)
+                scratch = self._scratch.get(key)
+                if scratch is None:
+                    scratch = self._scratch[key] = np.empty_like(acc)
+                np.multiply(arr, w, out=scratch)
+                np.add(acc, scratch, out=acc)
         self._total_weight += w
         self.count += 1
 
     def result(self) -> NamedArrays:
         if self.count == 0:
             raise ValueError("no arrays were folded into the aggregator")
+        self._scratch.clear()
         out: NamedArrays = {}
         for key, acc in self._acc.items():
             if self.rule in ("wmean", "umean"):
-                acc = acc / self._total_weight
+                np.divide(acc, self._total_weight, out=acc)
             out[key] = acc.astype(self._dtypes[key], copy=False)
+        self._acc = {}
         return out
 
 

@@ -54,6 +54,28 @@ def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
 
 
+def view(array: Array) -> np.ndarray:
+    """A read-only NumPy view of an Array's serialized bytes, without copying (falls back to a copy for arrays
+    that are not plain C-ordered ``.npy`` data)."""
+    data = array.data
+    if array.stype == "numpy.ndarray" and data[:6] == b"\x93NUMPY":
+        import io
+
+        buf = io.BytesIO(data)
+        version = np.lib.format.read_magic(buf)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        shape, fortran, dtype = read_header(buf) if read_header else ((), True, np.dtype(object))
+        if not fortran and not dtype.hasobject:
+            count = int(np.prod(shape, dtype=np.int64))
+            return np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(shape)
+    return array.numpy()
+
+
+def views(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """:func:`view` of every array of ``record`` (read-only; zero-copy for ``.npy`` payloads)."""
+    return {k: view(v) for k, v in record.items()}
+
+
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
 

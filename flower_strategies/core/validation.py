@@ -72,7 +72,7 @@ def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | Non
                 return f"record '{name}' key '{key}' has shape {tuple(arr.shape)}, expected {tuple(shape)}", {}
             if np.dtype(arr.dtype) != dtype:
                 return f"record '{name}' key '{key}' has dtype {arr.dtype}, expected {dtype}", {}
-        arrays = R.to_numpy(rec)
+        arrays = R.views(rec)  # zero-copy, read-only: validation and aggregation only read them
         bad = all_finite(arrays)
         if bad is not None:
             return f"record '{name}' key '{bad}' holds NaN/Inf", {}
@@ -81,16 +81,17 @@ def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | Non
 
 
 def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray] | None) -> float:
-    """L2 norm over the floating arrays of ``arrays − reference`` (``reference=None``: of ``arrays`` itself)."""
+    """L2 norm over the floating arrays of ``arrays − reference`` (``reference=None``: of ``arrays`` itself),
+    computed in each array's own dtype with one temporary per array (screening, not math: a float32 overflow
+    to inf is a rejection, as it should be)."""
     total = 0.0
-    for key, value in arrays.items():
-        a = np.asarray(value)
-        if not is_float(a):
-            continue
-        d = a.astype(np.float64)
-        if reference is not None and key in reference:
-            d = d - np.asarray(reference[key], dtype=np.float64)
-        total += float(np.vdot(d, d))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for key, value in arrays.items():
+            a = np.asarray(value)
+            if not is_float(a):
+                continue
+            d = np.subtract(a, reference[key]) if reference is not None and key in reference else a
+            total += float(np.vdot(d.ravel(), d.ravel()))
     return float(np.sqrt(total))
 
 
