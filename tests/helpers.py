@@ -201,3 +201,34 @@ def assert_same_round(a, b=None):
             for name in got:
                 for k in got[name]:
                     torch.testing.assert_close(got[name][k], want[name][k], rtol=0, atol=0)
+
+
+def mlp_task(n=13, seed=0):
+    """A float64 two-layer MLP regression task: ``(make_model, x, y, loss_fn)`` (every call of ``make_model`` gives
+    the same initial weights)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=gen, dtype=torch.float64)
+    y = torch.randn(n, 2, generator=gen, dtype=torch.float64)
+
+    def make_model():
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2)).double()
+
+    return make_model, x, y, torch.nn.functional.mse_loss
+
+
+def named_randn(model, seed, positive=False):
+    """``{param name: float64 array}`` of random values shaped like ``model``'s parameters (``positive``: |·| + 0.01)."""
+    rng = np.random.default_rng(seed)
+    out = {k: rng.normal(size=tuple(p.shape)) for k, p in model.named_parameters()}
+    return {k: np.abs(v) + 0.01 for k, v in out.items()} if positive else out
+
+
+def with_server_state(strategy, state):
+    """``strategy`` resumed (public ``load_state_dict``) with server state ``state`` before its first round."""
+    sd = strategy.state_dict()
+    sd["server_state"] = state
+    strategy.load_state_dict(sd)
+    return strategy

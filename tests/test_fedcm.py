@@ -20,7 +20,8 @@ from flower_strategies.core.ops import averaging_step, global_offset
 from flower_strategies.core.registry import METHODS, parse_run_config
 from flower_strategies.core.strategy import weighted_mean
 from tests.helpers import (
-    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, plain_loop_round, recorded_run, synthetic_initial_arrays,
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
+    synthetic_initial_arrays, with_server_state,
 )
 from tests.reference.fedcm_ref import CMConfig, run_fedcm
 from tests.reference.fedlada_ref import load_clients
@@ -156,3 +157,57 @@ def test_run_config():
     assert "fedcm" in METHODS
     _, spec, hp = parse_run_config({"method": "fedcm", "fedcm.amend-weight": 0.2, "fedcm.client-lr-decay": 1.0})
     assert spec.strategy is FedCM and hp.amend_weight == 0.2 and hp.client_lr_decay == 1.0
+
+
+# ------------------------------------------------------------------------------------------ the optimizer as a torch optimizer
+def _plain_strategy(make_model, amend_weight=0.3):
+    s = FedCM(FedCMHParams(amend_weight=amend_weight), client_lr=0.05, local_steps=5, batch_size=4)
+    return with_server_state(s, {GLOBAL_UPDATE: named_randn(make_model(), 1)})  # a non-trivial Δ_t
+
+
+@pytest.mark.parametrize("amend_weight", [0.3, 1.0])
+def test_plain_torch_loop_matches_train_reply(amend_weight):
+    """(a) The optimizer built by hand from the prepared message, driven by an ordinary loop = train_reply, exactly
+    (α = 1: no Δ_t is sent and none is needed)."""
+    make_model, x, y, loss = mlp_task()
+    strategy = _plain_strategy(make_model, amend_weight)
+    out = plain_loop_round(strategy, make_model, x, y, loss, server_round=2, client_key=1)
+    assert_same_round(out)
+    assert (GLOBAL_UPDATE in strategy.downlink(2)) == (amend_weight < 1.0)
+    moved = max(float((out[2][k] - v).abs().max()) for k, v in make_model().state_dict().items())
+    assert moved > 1e-3
+
+
+@pytest.mark.parametrize("at", [1, 4])
+def test_state_dict_round_trip_mid_round(at):
+    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the uninterrupted run."""
+    make_model, x, y, loss = mlp_task()
+    whole = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, server_round=2, client_key=1)
+    resumed = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, server_round=2, client_key=1,
+                               interrupt_at=at)
+    assert_same_round(resumed, whole)
+
+
+def test_misuse_raises_clear_errors():
+    """(c) Missing record / key, reply before any step, unknown or server-only keywords, out-of-range values."""
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    down = {GLOBAL_UPDATE: {"w": torch.ones(2, dtype=torch.float64)}}
+    with pytest.raises(ValueError, match=GLOBAL_UPDATE):
+        FedCMOptimizer([("w", p)], lr=0.1)
+    FedCMOptimizer([("w", p)], lr=0.1, amend_weight=1.0)  # α = 1 needs no Δ_t
+    opt = FedCMOptimizer([("w", p)], lr=0.1, downlink={GLOBAL_UPDATE: {"other": torch.ones(2)}})
+    p.grad = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'w'"):
+        opt.step()
+    with pytest.raises(RuntimeError, match="no local step"):
+        FedCMOptimizer([("w", p)], lr=0.1, downlink=down).uplink()
+    with pytest.raises(TypeError, match="momentum"):
+        FedCMOptimizer([("w", p)], lr=0.1, momentum=0.9, downlink=down)
+    with pytest.raises(TypeError, match="server_lr"):
+        FedCMOptimizer([("w", p)], lr=0.1, server_lr=0.5, downlink=down)
+    with pytest.raises(ValueError, match="amend_weight"):
+        FedCMOptimizer([("w", p)], lr=0.1, amend_weight=-0.1, downlink=down)
+    with pytest.raises(ValueError, match="weight_decay"):
+        FedCMOptimizer([("w", p)], lr=0.1, weight_decay=-1.0, downlink=down)
+    with pytest.raises(ValueError, match="lr"):
+        FedCMOptimizer([("w", p)], lr=float("nan"), downlink=down)

@@ -19,7 +19,8 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, register
 from flower_strategies.core.strategy import RecordSpec, RoundInputs
 from tests.helpers import (
-    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, plain_loop_round, recorded_run, synthetic_initial_arrays,
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
+    synthetic_initial_arrays, with_server_state,
 )
 from simulations.engine import simulate
 from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada
@@ -394,3 +395,89 @@ def test_communication_per_round():
         assert h_l.sampled == h_a.sampled == 5
         assert h_l.bytes_down == 3 * h_a.bytes_down
         assert h_l.bytes_up == 2 * h_a.bytes_up
+
+
+# ------------------------------------------------------------------------------------------ the optimizer as a torch optimizer
+PLAIN = {
+    "fedlada": (FedLADAHParams(), {}),
+    "fedlada-K-1-adam-outside-precond-decoupled": (
+        FedLADAHParams(local_updates="K-1", second_moment="adam", v_init="server", eps_placement="outside",
+                       precondition_offset=True, decoupled_wd=True), {}),
+    "fedlada-sgd-base-inside": (FedLADAHParams(second_moment="sgd", eps_placement="inside", amend_weight=0.4), {}),
+    "localadam": (LOCALADAM.default_hparams(), {"method": "localadam"}),
+}
+
+
+def _plain_strategy(name, make_model):
+    hp, kwargs = PLAIN[name]
+    s = FedLADA(hp, client_lr=0.05, local_steps=5, batch_size=4, **kwargs)
+    model = make_model()  # a non-trivial v_srv and g_a, as in a later round
+    return with_server_state(s, {VHAT: named_randn(model, 1, positive=True), GLOBAL_OFFSET: named_randn(model, 2)})
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+def test_plain_torch_loop_matches_train_reply(name):
+    """(a) The optimizer built by hand from the prepared message, driven by an ordinary loop = train_reply, exactly."""
+    make_model, x, y, loss = mlp_task()
+    out = plain_loop_round(_plain_strategy(name, make_model), make_model, x, y, loss, server_round=3, client_key=2)
+    assert_same_round(out)
+    _, _, model, uplink, client_state = out
+    assert set(uplink) == {VHAT} and client_state == {}
+    moved = max(float((model[k] - v).abs().max()) for k, v in make_model().state_dict().items())
+    assert moved > 1e-3
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+@pytest.mark.parametrize("at", [1, 3])
+def test_state_dict_round_trip_mid_round(name, at):
+    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the uninterrupted run."""
+    make_model, x, y, loss = mlp_task()
+    whole = plain_loop_round(_plain_strategy(name, make_model), make_model, x, y, loss, server_round=3, client_key=2)
+    resumed = plain_loop_round(_plain_strategy(name, make_model), make_model, x, y, loss, server_round=3, client_key=2,
+                               interrupt_at=at)
+    assert_same_round(resumed, whole)
+
+
+def test_misuse_raises_clear_errors():
+    """(c) Missing records, reply before any step, unknown or server-only keywords, out-of-range values, K−1 without K."""
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    vhat = {VHAT: {"w": torch.ones(2, dtype=torch.float64)}}
+    full = {**vhat, GLOBAL_OFFSET: {"w": torch.zeros(2, dtype=torch.float64)}}
+    with pytest.raises(ValueError, match=VHAT):
+        FedLADAOptimizer([("w", p)], lr=0.1, downlink={GLOBAL_OFFSET: full[GLOBAL_OFFSET]})
+    with pytest.raises(ValueError, match=GLOBAL_OFFSET):
+        FedLADAOptimizer([("w", p)], lr=0.1, downlink=vhat)
+    FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0, downlink=vhat)  # α = 1 needs no offset
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, downlink={VHAT: {"other": torch.ones(2)}, GLOBAL_OFFSET: full[GLOBAL_OFFSET]})
+    p.grad = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'w'"):
+        opt.step()
+    with pytest.raises(RuntimeError, match="no local step"):
+        FedLADAOptimizer([("w", p)], lr=0.1, downlink=full).uplink()
+    with pytest.raises(TypeError, match="amend_wieght"):
+        FedLADAOptimizer([("w", p)], lr=0.1, amend_wieght=0.2, downlink=full)
+    with pytest.raises(TypeError, match="initial_vhat"):  # a server field, not an optimizer argument
+        FedLADAOptimizer([("w", p)], lr=0.1, initial_vhat=1e-8, downlink=full)
+    with pytest.raises(ValueError, match="amend_weight"):
+        FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.5, downlink=full)
+    with pytest.raises(ValueError, match="eps-placement"):
+        FedLADAOptimizer([("w", p)], lr=0.1, second_moment="adam", downlink=full)
+    with pytest.raises(ValueError, match="planned_steps"):
+        FedLADAOptimizer([("w", p)], lr=0.1, local_updates="K-1", downlink=full)
+    FedLADAOptimizer([("w", p)], lr=0.1, downlink=full)  # K updates need no planned K
+
+
+def test_local_updates_k_minus_1_skips_the_last_planned_step():
+    """A1: with K−1 the K-th step changes nothing (model and moments), and K counts the steps taken."""
+    p = torch.nn.Parameter(torch.tensor([1.0, -1.0], dtype=torch.float64))
+    down = {VHAT: {"w": torch.full((2,), 1e-2, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": torch.ones(2, dtype=torch.float64)}}
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, local_updates="K-1", planned_steps=3, downlink=down)
+    seen = []
+    for k in range(3):
+        p.grad = torch.tensor([1.0, 2.0], dtype=torch.float64) * (k + 1)
+        opt.step()
+        seen.append((p.detach().clone(), opt.state[p]["m"].clone(), opt.state[p]["vhat"].clone()))
+    assert opt.steps_taken == 3
+    assert not torch.equal(seen[0][0], seen[1][0])
+    for a, b in zip(seen[1], seen[2]):
+        assert torch.equal(a, b)

@@ -22,7 +22,8 @@ from flower_strategies.methods.scaffold import (
     CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, Scaffold, ScaffoldHParams, ScaffoldOptimizer,
 )
 from tests.helpers import (
-    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, plain_loop_round, recorded_run, synthetic_initial_arrays,
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
+    synthetic_initial_arrays, with_server_state,
 )
 from tests.reference.fedlada_ref import load_clients
 from tests.reference.scaffold_ref import ScaffoldConfig, run_scaffold
@@ -201,3 +202,78 @@ def test_run_config():
     assert "scaffold" in METHODS
     _, spec, hp = parse_run_config({"method": "scaffold", "scaffold.num-clients": 50})
     assert spec.strategy is Scaffold and hp.num_clients == 50
+
+
+# ------------------------------------------------------------------------------------------ the optimizer as a torch optimizer
+def _plain_strategy(make_model):
+    s = Scaffold(ScaffoldHParams(weight_decay=0.01), client_lr=0.05, local_steps=5, batch_size=4)
+    return with_server_state(s, {SERVER_CONTROL: named_randn(make_model(), 1)})  # a non-trivial c
+
+
+def _client_state(make_model, returning):
+    if not returning:
+        return None
+    return {CLIENT_CONTROL: {k: torch.from_numpy(v) for k, v in named_randn(make_model(), 2).items()}}
+
+
+@pytest.mark.parametrize("returning", [False, True], ids=["first-time", "returning"])
+def test_plain_torch_loop_matches_train_reply(returning):
+    """(a) The optimizer built by hand from the prepared message (and the client's saved c_i), driven by an ordinary
+    loop = train_reply, exactly: model, Δc_i and the c_i⁺ it keeps."""
+    make_model, x, y, loss = mlp_task()
+    ci = _client_state(make_model, returning)
+    out = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, client_state=ci, server_round=4)
+    assert_same_round(out)
+    _, _, _, uplink, client_state = out
+    for k, delta in uplink[CONTROL_DELTA].items():  # Δc_i = c_i⁺ − c_i, with c_i = 0 for a first-time client
+        before = ci[CLIENT_CONTROL][k] if ci else torch.zeros_like(delta)
+        torch.testing.assert_close(delta, client_state[CLIENT_CONTROL][k] - before, rtol=0, atol=0)
+        assert float(delta.abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("at", [1, 4])
+def test_state_dict_round_trip_mid_round(at):
+    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the uninterrupted
+    run, K included (the steps taken before the interruption count)."""
+    make_model, x, y, loss = mlp_task()
+    ci = _client_state(make_model, True)
+    whole = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, client_state=ci, server_round=4)
+    resumed = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, client_state=ci, server_round=4,
+                               interrupt_at=at)
+    assert_same_round(resumed, whole)
+
+
+def test_control_uses_the_steps_taken():
+    """K in c_i⁺ is the number of steps this optimizer took (not a value set from outside, never 0)."""
+    x_t = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    for k in (1, 3):
+        p = torch.nn.Parameter(x_t.clone())
+        opt = ScaffoldOptimizer([("w", p)], lr=0.1, weight_decay=0.0, downlink={SERVER_CONTROL: {"w": torch.zeros(2, dtype=torch.float64)}})
+        for _ in range(k):
+            p.grad = torch.tensor([1.0, 2.0], dtype=torch.float64)
+            opt.step()
+        torch.testing.assert_close(opt.uplink()[CONTROL_DELTA]["w"], torch.tensor([1.0, 2.0], dtype=torch.float64),
+                                   rtol=0, atol=1e-14)  # (x_t − y)/(K·η_l) = g for a constant gradient
+
+
+def test_misuse_raises_clear_errors():
+    """(c) Missing record / key, reply before any step, unknown or server-only keywords, out-of-range values."""
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    down = {SERVER_CONTROL: {"w": torch.ones(2, dtype=torch.float64)}}
+    with pytest.raises(ValueError, match=SERVER_CONTROL):
+        ScaffoldOptimizer([("w", p)], lr=0.1)
+    opt = ScaffoldOptimizer([("w", p)], lr=0.1, downlink={SERVER_CONTROL: {"other": torch.ones(2)}})
+    p.grad = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'w'"):
+        opt.step()
+    opt = ScaffoldOptimizer([("w", p)], lr=0.1, downlink=down)
+    with pytest.raises(RuntimeError, match="no local step"):
+        opt.uplink()
+    with pytest.raises(RuntimeError, match="no local step"):
+        opt.client_state()
+    with pytest.raises(TypeError, match="num_clients"):  # a server field, not an optimizer argument
+        ScaffoldOptimizer([("w", p)], lr=0.1, num_clients=10, downlink=down)
+    with pytest.raises(ValueError, match="weight_decay"):
+        ScaffoldOptimizer([("w", p)], lr=0.1, weight_decay=-0.1, downlink=down)
+    with pytest.raises(TypeError, match="named_parameters"):
+        ScaffoldOptimizer([p], lr=0.1, downlink=down)
