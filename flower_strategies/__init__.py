@@ -11,6 +11,9 @@ from .methods.fedlocal import FedLocal, FedLocalClientHParams, FedLocalHParams, 
 from .methods.fedda import FedDA, FedDAAdagrad, FedDAAdam, FedDAClientHParams, FedDAHParams, FedDAOptimizer, FedDASGDM
 from .methods.fedlamb import AdpFed, FedAMS, FedLAMB, FedLAMBHParams, FedLAMBOptimizer  # paper 004
 from .methods.localupdate import LocalUpdate, LocalUpdateDecay, LocalUpdateDecayHParams, LocalUpdateHParams, LocalUpdateOptimizer, PlateauController, ThetaHParams  # paper 003
+from .methods.fedcm import FedCM, FedCMHParams, FedCMOptimizer  # baseline of paper 002
+from .methods.fedlada import FedLADA, FedLADAHParams, FedLADAOptimizer  # paper 002 (fedlada, localadam)
+from .methods.scaffold import Scaffold, ScaffoldHParams, ScaffoldOptimizer  # baseline of papers 001/002
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer
 from .core.registry import (

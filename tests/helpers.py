@@ -104,7 +104,7 @@ def recorded_run(cls, hp, rounds, capture, *, fraction=0.5, client_lr=0.05, loca
                  weighting=None, **kwargs):
     """Run strategy class ``cls`` (real strategy + real ClientApp, in-process) on the synthetic federation.
 
-    Returns ``(weights per round, sampled partition ids per round, [capture(strategy) after each server update],
+    Returns ``(weights per round, sampled partition ids per round, [capture(new server state) of each server update],
     strategy, grid)``.
     """
     from simulations.engine import simulate
@@ -118,12 +118,120 @@ def recorded_run(cls, hp, rounds, capture, *, fraction=0.5, client_lr=0.05, loca
             schedule.append([m.metadata.dst_node_id - 1 for m in msgs])
             return msgs
 
-        def server_update(self, server_round, current, aggregates):
-            out = super().server_update(server_round, current, aggregates)
-            captured.append(capture(self))
+        def server_update(self, inputs, state):
+            out = super().server_update(inputs, state)
+            captured.append(capture(out[1]))
             return out
 
     strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs, batch_size=batch_size,
                       fraction_train=fraction, weighting=weighting, seed=0, **kwargs)
     snaps, grid = simulate(strat, synthetic_initial_arrays(), rounds, SYNTH_NODES, SYNTH_RC)
     return [s["w.weight"] for s in snaps], schedule, captured, strat, grid
+
+
+def plain_loop_round(strategy, make_model, x, y, loss_fn, *, client_state=None, server_round=1, seed=0, client_key=0,
+                     interrupt_at=None):
+    """One client round of ``strategy`` run twice on the message it prepares: by ``train_reply`` and by a plain torch
+    loop around the method's optimizer built by hand (``interrupt_at = j``: after step j, ``state_dict()`` → a new
+    optimizer on a new model → ``load_state_dict()`` → continue).  Same mini-batches (``batch_indices``).
+
+    Returns ``(reply RecordDict, saved client state of train_reply, model state_dict, uplink, client_state)``,
+    the last three from the plain loop.
+    """
+    from flwr.app import RecordDict as RD
+
+    from flower_strategies.core import records as R
+    from flower_strategies.core.client import (
+        batch_indices, downlink_records, load_client_state, num_local_steps, save_client_state, train_reply,
+    )
+    from flower_strategies.core.registry import get_method
+
+    model = make_model()
+    content = strategy.prepare_round(server_round, ArrayRecord(model.state_dict()), ConfigRecord(), num_sampled=1)
+    saved = RD()
+    save_client_state(saved, client_state or {})
+    reply = train_reply(make_model(), content, x, y, loss_fn, state=saved, seed=seed, client_key=client_key)
+
+    cfg = dict(content.config_records[R.CONFIG])
+    spec = get_method(str(cfg[R.METHOD]))
+    steps = num_local_steps(len(x), cfg)
+
+    def build(m):
+        return spec.local_optimizer(
+            m.named_parameters(), lr=float(cfg[R.CLIENT_LR]), downlink=downlink_records(content),
+            client_state=client_state or {}, planned_steps=steps if spec.local_optimizer.needs_planned_steps else None,
+            **spec.hparams.client_kwargs_from_wire(cfg, spec.name),
+        )
+
+    model.load_state_dict(content.array_records[R.MODEL].to_torch_state_dict())
+    opt = build(model)
+    batches = batch_indices(len(x), int(cfg[R.BATCH_SIZE]), steps, seed, server_round, client_key)
+    for j, idx in enumerate(batches):
+        if j == interrupt_at:
+            sd = opt.state_dict()
+            resumed = make_model()
+            resumed.load_state_dict(model.state_dict())
+            model, opt = resumed, build(resumed)
+            opt.load_state_dict(sd)
+        opt.zero_grad()
+        loss_fn(model(x[idx]), y[idx]).backward()
+        opt.step()
+    return reply, load_client_state(saved), model.state_dict(), opt.uplink(), opt.client_state()
+
+
+def assert_same_round(a, b=None):
+    """``a`` (a :func:`plain_loop_round` result): the plain loop's model, uplink and client state equal
+    ``train_reply``'s exactly; ``b`` (another result, e.g. interrupted): its plain loop equals ``a``'s exactly."""
+    import torch
+
+    reply, saved, model, uplink, client_state = a
+    for k, v in model.items():
+        torch.testing.assert_close(torch.from_numpy(reply["arrays"][k].numpy()), v, rtol=0, atol=0, msg=f"model {k}")
+    assert set(reply.array_records) - {"arrays"} == set(uplink)
+    for name, arrays in uplink.items():
+        for k, v in arrays.items():
+            torch.testing.assert_close(torch.from_numpy(reply[name][k].numpy()), v, rtol=0, atol=0, msg=f"{name} {k}")
+    assert set(saved) == set(client_state)
+    for name, arrays in client_state.items():
+        for k, v in arrays.items():
+            torch.testing.assert_close(saved[name][k], v, rtol=0, atol=0, msg=f"client state {name} {k}")
+    if b is not None:
+        _, _, model_b, uplink_b, state_b = b
+        for k in model:
+            torch.testing.assert_close(model[k], model_b[k], rtol=0, atol=0)
+        for got, want in ((uplink, uplink_b), (client_state, state_b)):
+            assert set(got) == set(want)
+            for name in got:
+                for k in got[name]:
+                    torch.testing.assert_close(got[name][k], want[name][k], rtol=0, atol=0)
+
+
+def mlp_task(n=13, seed=0):
+    """A float64 two-layer MLP regression task: ``(make_model, x, y, loss_fn)`` (every call of ``make_model`` gives
+    the same initial weights)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=gen, dtype=torch.float64)
+    y = torch.randn(n, 2, generator=gen, dtype=torch.float64)
+
+    def make_model():
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2)).double()
+
+    return make_model, x, y, torch.nn.functional.mse_loss
+
+
+def named_randn(model, seed, positive=False):
+    """``{param name: float64 array}`` of random values shaped like ``model``'s parameters (``positive``: |·| + 0.01)."""
+    rng = np.random.default_rng(seed)
+    out = {k: rng.normal(size=tuple(p.shape)) for k, p in model.named_parameters()}
+    return {k: np.abs(v) + 0.01 for k, v in out.items()} if positive else out
+
+
+def with_server_state(strategy, state):
+    """``strategy`` resumed (public ``load_state_dict``) with server state ``state`` before its first round."""
+    sd = strategy.state_dict()
+    sd["server_state"] = state
+    strategy.load_state_dict(sd)
+    return strategy

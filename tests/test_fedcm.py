@@ -13,13 +13,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 import flower_strategies  # noqa: F401
 import flower_strategies.methods.fedcm  # noqa: F401  (registers fedcm)
 import flower_strategies.methods.fedlada  # noqa: F401
-from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
-from flower_strategies.methods.fedcm import (
-    GLOBAL_UPDATE, FedCM, FedCMHParams, FedCMOptimizer, averaging_step, global_offset, mean_local_steps,
-)
+from flower_strategies.methods.baselines import FedAvg
+from flower_strategies.methods.fedcm import GLOBAL_UPDATE, FedCM, FedCMHParams, FedCMOptimizer
 from flower_strategies.methods.fedlada import GLOBAL_OFFSET, VHAT, FedLADAOptimizer
+from flower_strategies.core.ops import averaging_step, global_offset
 from flower_strategies.core.registry import METHODS, parse_run_config
-from tests.helpers import SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, recorded_run, synthetic_initial_arrays
+from flower_strategies.core.strategy import weighted_mean
+from tests.helpers import (
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
+    synthetic_initial_arrays, with_server_state,
+)
 from tests.reference.fedcm_ref import CMConfig, run_fedcm
 from tests.reference.fedlada_ref import load_clients
 
@@ -31,8 +34,8 @@ initial_arrays = synthetic_initial_arrays
 
 
 def run_engine(cls, hp, rounds, **kwargs):
-    def capture(strat):
-        return strat.global_update["w.weight"].copy() if hasattr(strat, "global_update") else None
+    def capture(state):
+        return state[GLOBAL_UPDATE]["w.weight"].copy() if GLOBAL_UPDATE in state else None
 
     weights, schedule, updates, strat, _ = recorded_run(cls, hp, rounds, capture, **kwargs)
     return weights, schedule, [u for u in updates if u is not None], strat
@@ -66,7 +69,7 @@ def test_amend_weight_one_is_fedavg():
     """α = 1 ⇒ d = g + λx: FedCM with constant lr is FedAvg with the same weight decay and uniform weights."""
     hp = FedCMHParams(amend_weight=1.0, client_lr_decay=1.0, weight_decay=1e-3)
     xs, sched_cm, _, _ = run_engine(FedCM, hp, 8)
-    xs_avg, sched_avg, _, _ = run_engine(FedAvg, FedAvgHParams(weight_decay=1e-3), 8, weighting="uniform")
+    xs_avg, sched_avg, _, _ = run_engine(FedAvg, FedAvg.make_hparams(weight_decay=1e-3), 8, weighting="uniform")
     assert sched_cm == sched_avg
     for a, b in zip(xs, xs_avg):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-13)
@@ -88,14 +91,14 @@ def test_fedlada_client_with_sgd_base_is_fedcm_client():
     offset = torch.randn(2, 3, dtype=torch.float64)
     grads = [torch.randn(2, 3, dtype=torch.float64) for _ in range(6)]
     finals = []
+    downlink = {GLOBAL_UPDATE: {"w": offset}, GLOBAL_OFFSET: {"w": offset}, VHAT: {"w": torch.ones(2, 3, dtype=torch.float64)}}
     for make in (
-        lambda ps: FedCMOptimizer(ps, lr=0.07, amend_weight=0.3, weight_decay=0.01),
-        lambda ps: FedLADAOptimizer(ps, lr=0.07, amend_weight=0.3, weight_decay=0.01, beta1=0.0, second_moment="sgd"),
+        lambda ps: FedCMOptimizer(ps, lr=0.07, amend_weight=0.3, weight_decay=0.01, downlink=downlink),
+        lambda ps: FedLADAOptimizer(ps, lr=0.07, amend_weight=0.3, weight_decay=0.01, beta1=0.0, second_moment="sgd",
+                                    downlink=downlink),
     ):
         p = torch.nn.Parameter(x_t.clone())
         opt = make([("w", p)])
-        opt.num_steps = 6
-        opt.begin_round({GLOBAL_UPDATE: {"w": offset}, GLOBAL_OFFSET: {"w": offset}, VHAT: {"w": torch.ones(2, 3, dtype=torch.float64)}})
         for g in grads:
             p.grad = g.clone()
             opt.step()
@@ -103,17 +106,16 @@ def test_fedlada_client_with_sgd_base_is_fedcm_client():
     torch.testing.assert_close(finals[0], finals[1], rtol=0, atol=1e-14)
     # and by hand for the first step: x − lr·(α(g + λx) + (1−α)Δ)
     p = torch.nn.Parameter(x_t.clone())
-    opt = FedCMOptimizer([("w", p)], lr=0.07, amend_weight=0.3, weight_decay=0.01)
-    opt.begin_round({GLOBAL_UPDATE: {"w": offset}})
+    opt = FedCMOptimizer([("w", p)], lr=0.07, amend_weight=0.3, weight_decay=0.01, downlink={GLOBAL_UPDATE: {"w": offset}})
     p.grad = grads[0].clone()
     opt.step()
     torch.testing.assert_close(p.detach(), x_t - 0.07 * (0.3 * (grads[0] + 0.01 * x_t) + 0.7 * offset), rtol=0, atol=1e-15)
 
 
 def test_pure_helpers():
-    metrics = [{"num-examples": 10, "num-steps": 2.0}, {"num-examples": 30, "num-steps": 6.0}]
-    assert mean_local_steps(metrics, "uniform") == 4.0
-    assert mean_local_steps(metrics, "examples") == 5.0
+    steps = [(2.0, 10), (6.0, 30)]  # (num-steps, num-examples): K̄ as the base computes RoundInputs.mean_steps
+    assert weighted_mean(steps, "uniform") == 4.0
+    assert weighted_mean(steps, "examples") == 5.0
     delta, new = averaging_step({"w": np.array([1.0, 2.0])}, {"w": np.array([0.0, 4.0])}, ["w"], 0.5)
     np.testing.assert_allclose(delta["w"], [1.0, -2.0])
     np.testing.assert_allclose(new["w"], [0.5, 3.0])
@@ -140,10 +142,10 @@ def test_protocol_mocked_replies():
     c = msgs[0].content
     assert set(c.array_records) == {"arrays", GLOBAL_UPDATE}
     np.testing.assert_array_equal(c[GLOBAL_UPDATE]["w"].numpy(), [0.0, 0.0])
-    assert c["config"]["amend-weight"] == 0.1 and c["config"]["weight-decay"] == 1e-3
+    assert c["config"]["fedcm.amend-weight"] == 0.1 and c["config"]["fedcm.weight-decay"] == 1e-3
     arrays, metrics = s.aggregate_train(1, [_reply(1, [0.0, 1.0], 10, 5), _reply(2, [1.0, 0.0], 30, 5)])
     np.testing.assert_allclose(arrays["w"].numpy(), [0.5, 0.5])  # uniform by default
-    np.testing.assert_allclose(s.global_update["w"], [0.5, 0.5])  # Δ̄/(0.2·5)
+    np.testing.assert_allclose(s.server_state[GLOBAL_UPDATE]["w"], [0.5, 0.5])  # Δ̄/(0.2·5)
     msgs = list(s.configure_train(2, arrays, ConfigRecord(), FakeGrid()))
     assert msgs[0].content["config"]["client-lr"] == pytest.approx(0.1)
     np.testing.assert_allclose(msgs[0].content[GLOBAL_UPDATE]["w"].numpy(), [0.5, 0.5])
@@ -155,3 +157,57 @@ def test_run_config():
     assert "fedcm" in METHODS
     _, spec, hp = parse_run_config({"method": "fedcm", "fedcm.amend-weight": 0.2, "fedcm.client-lr-decay": 1.0})
     assert spec.strategy is FedCM and hp.amend_weight == 0.2 and hp.client_lr_decay == 1.0
+
+
+# ------------------------------------------------------------------------------------------ the optimizer as a torch optimizer
+def _plain_strategy(make_model, amend_weight=0.3):
+    s = FedCM(FedCMHParams(amend_weight=amend_weight), client_lr=0.05, local_steps=5, batch_size=4)
+    return with_server_state(s, {GLOBAL_UPDATE: named_randn(make_model(), 1)})  # a non-trivial Δ_t
+
+
+@pytest.mark.parametrize("amend_weight", [0.3, 1.0])
+def test_plain_torch_loop_matches_train_reply(amend_weight):
+    """(a) The optimizer built by hand from the prepared message, driven by an ordinary loop = train_reply, exactly
+    (α = 1: no Δ_t is sent and none is needed)."""
+    make_model, x, y, loss = mlp_task()
+    strategy = _plain_strategy(make_model, amend_weight)
+    out = plain_loop_round(strategy, make_model, x, y, loss, server_round=2, client_key=1)
+    assert_same_round(out)
+    assert (GLOBAL_UPDATE in strategy.downlink(2)) == (amend_weight < 1.0)
+    moved = max(float((out[2][k] - v).abs().max()) for k, v in make_model().state_dict().items())
+    assert moved > 1e-3
+
+
+@pytest.mark.parametrize("at", [1, 4])
+def test_state_dict_round_trip_mid_round(at):
+    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the uninterrupted run."""
+    make_model, x, y, loss = mlp_task()
+    whole = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, server_round=2, client_key=1)
+    resumed = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, server_round=2, client_key=1,
+                               interrupt_at=at)
+    assert_same_round(resumed, whole)
+
+
+def test_misuse_raises_clear_errors():
+    """(c) Missing record / key, reply before any step, unknown or server-only keywords, out-of-range values."""
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    down = {GLOBAL_UPDATE: {"w": torch.ones(2, dtype=torch.float64)}}
+    with pytest.raises(ValueError, match=GLOBAL_UPDATE):
+        FedCMOptimizer([("w", p)], lr=0.1)
+    FedCMOptimizer([("w", p)], lr=0.1, amend_weight=1.0)  # α = 1 needs no Δ_t
+    opt = FedCMOptimizer([("w", p)], lr=0.1, downlink={GLOBAL_UPDATE: {"other": torch.ones(2)}})
+    p.grad = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'w'"):
+        opt.step()
+    with pytest.raises(RuntimeError, match="no local step"):
+        FedCMOptimizer([("w", p)], lr=0.1, downlink=down).uplink()
+    with pytest.raises(TypeError, match="momentum"):
+        FedCMOptimizer([("w", p)], lr=0.1, momentum=0.9, downlink=down)
+    with pytest.raises(TypeError, match="server_lr"):
+        FedCMOptimizer([("w", p)], lr=0.1, server_lr=0.5, downlink=down)
+    with pytest.raises(ValueError, match="amend_weight"):
+        FedCMOptimizer([("w", p)], lr=0.1, amend_weight=-0.1, downlink=down)
+    with pytest.raises(ValueError, match="weight_decay"):
+        FedCMOptimizer([("w", p)], lr=0.1, weight_decay=-1.0, downlink=down)
+    with pytest.raises(ValueError, match="lr"):
+        FedCMOptimizer([("w", p)], lr=float("nan"), downlink=down)

@@ -13,19 +13,57 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 
 import flower_strategies  # noqa: F401  (core registrations first)
 import flower_strategies.methods.fedlada  # noqa: F401  (registers fedlada, localadam)
-from flower_strategies.methods.baselines import FedAvg, FedAvgHParams
-from flower_strategies.methods.fedlada import (
-    DIRECTION_SUM, GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer, LocalAdam, LocalAdamHParams,
-    fedlada_server_step,
-)
+from flower_strategies.methods.baselines import FedAvg
+from flower_strategies.methods.fedlada import GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer
 from flower_strategies.core.hparams import ConfigError
-from flower_strategies.core.registry import METHODS, parse_run_config
-from tests.helpers import SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, recorded_run, synthetic_initial_arrays
+from flower_strategies.core.registry import METHODS, parse_run_config, register
+from flower_strategies.core.strategy import RecordSpec, RoundInputs
+from tests.helpers import (
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
+    synthetic_initial_arrays, with_server_state,
+)
 from simulations.engine import simulate
 from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada
 
 DIM, NODES, RC, X0 = SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0
 CLIENTS = load_clients(range(NODES), DIM, seed=0)
+LOCALADAM = METHODS["localadam"]
+DIRECTION_SUM = "direction-sum"
+
+
+# ------------------------------------------------------------------------------------------ test-only debug method
+class DirectionSumOptimizer(FedLADAOptimizer):
+    """Test-only: FedLADA's client that also uploads ``Σ_τ m⊙ϑ`` (the Eq. (4) / Lemma B.8 identities)."""
+
+    def update_param(self, name, p, grad, state, group):
+        super().update_param(name, p, grad, state, group)
+        theta = self.preconditioner(state, group)
+        state.setdefault(DIRECTION_SUM, torch.zeros_like(p)).add_(state["m"] if theta is None else state["m"] * theta)
+
+    def uplink_arrays(self):
+        return {**super().uplink_arrays(), DIRECTION_SUM: {n: self.state[p][DIRECTION_SUM] for n, p, _ in self.named_params()}}
+
+
+class DirectionSumFedLADA(FedLADA):
+    """Test-only: FedLADA that also averages the clients' ``Σ_τ m⊙ϑ`` (kept in its state as ``"direction-sum"``)."""
+
+    method = "fedlada-direction-sum"
+    local_optimizer = DirectionSumOptimizer
+
+    def uplink_specs(self):
+        return super().uplink_specs() + (RecordSpec(DIRECTION_SUM, "mean", "params"),)
+
+    def server_update(self, inputs, state):
+        arrays, new_state, metrics = super().server_update(inputs, state)
+        return arrays, {**new_state, DIRECTION_SUM: inputs.aggregates[DIRECTION_SUM]}, metrics
+
+
+@pytest.fixture
+def direction_sum_method():
+    """Registers the test-only method for the in-process ClientApp, and removes it afterwards."""
+    register(DirectionSumFedLADA, paper="test only", summary="FedLADA + the Σ_τ m⊙ϑ uplink")
+    yield DirectionSumFedLADA
+    del METHODS[DirectionSumFedLADA.method]
 
 
 # ------------------------------------------------------------------------------------------ harness
@@ -34,10 +72,10 @@ initial_arrays = synthetic_initial_arrays
 
 def run_engine(cls, hp, rounds, *, client_lr=0.01, **kwargs):
     """Real strategy + real ClientApp; returns (weights per round, sampled pids per round, per-round states, strategy)."""
-    def capture(strat):
+    def capture(state):
         return {
-            "vhat": strat.vhat["w.weight"].copy(), "offset": strat.offset["w.weight"].copy(),
-            "dir_sum": None if strat.last_direction_sum is None else strat.last_direction_sum["w.weight"].copy(),
+            "vhat": state[VHAT]["w.weight"].copy(), "offset": state[GLOBAL_OFFSET]["w.weight"].copy(),
+            "dir_sum": state[DIRECTION_SUM]["w.weight"].copy() if DIRECTION_SUM in state else None,
         }
 
     weights, schedule, states, strat, _ = recorded_run(cls, hp, rounds, capture, client_lr=client_lr, **kwargs)
@@ -86,12 +124,12 @@ def test_engine_matches_algorithm3_reference(name):
 def test_localadam_is_fedlada_with_amend_weight_one():
     """§3.7 case 1: α = 1 ⇒ local AMSGrad (restarted m, v̂ seeded with the averaged v̂) + averaging."""
     setup = {"client_lr": 0.01, "local_steps": 5, "local_epochs": 1, "batch_size": 8}
-    xs_la, sched_la, st_la, strat = run_engine(LocalAdam, LocalAdamHParams(), 10, **setup)
+    xs_la, sched_la, st_la, strat = run_engine(FedLADA, LOCALADAM.default_hparams(), 10, method="localadam", **setup)
     xs_fl, sched_fl, st_fl, _ = run_engine(FedLADA, FedLADAHParams(amend_weight=1.0), 10, **setup)
     assert sched_la == sched_fl
     for a, b in zip(xs_la, xs_fl):
         np.testing.assert_array_equal(a, b)
-    ref = run_fedlada(X0, CLIENTS, sched_la, ref_config(LocalAdamHParams(), weighting="uniform", amend_weight=1.0, **setup))
+    ref = run_fedlada(X0, CLIENTS, sched_la, ref_config(LOCALADAM.default_hparams(), weighting="uniform", amend_weight=1.0, **setup))
     for t in range(1, 11):
         np.testing.assert_allclose(xs_la[t], ref.xs[t], rtol=0, atol=1e-6)
         np.testing.assert_allclose(st_la[t - 1]["vhat"], ref.vsrv[t], rtol=1e-6, atol=1e-15)
@@ -107,9 +145,8 @@ def test_amend_weight_one_ignores_the_offset():
     outs = []
     for offset in (torch.zeros(1, 4, dtype=torch.float64), torch.randn(1, 4, dtype=torch.float64) * 10):
         p = torch.nn.Parameter(torch.tensor([[0.5, -1.0, 2.0, 0.0]], dtype=torch.float64))
-        opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0)
-        opt.num_steps = 3
-        opt.begin_round({VHAT: {"w": torch.full((1, 4), 1e-3, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": offset}})
+        opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0, weight_decay=0.0,
+                               downlink={VHAT: {"w": torch.full((1, 4), 1e-3, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": offset}})
         for k in range(3):
             p.grad = torch.tensor([[1.0, -2.0, 0.5, 0.1]], dtype=torch.float64) * (k + 1)
             opt.step()
@@ -127,9 +164,8 @@ def test_amend_weight_zero_extrapolates_the_offset():
     finals = []
     for client in range(3):
         p = torch.nn.Parameter(x_t.clone())
-        opt = FedLADAOptimizer([("w", p)], lr=lr, amend_weight=0.0, weight_decay=0.01)
-        opt.num_steps = K
-        opt.begin_round({VHAT: {"w": torch.full((2, 3), 1e-16, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": g_a}})
+        opt = FedLADAOptimizer([("w", p)], lr=lr, amend_weight=0.0, weight_decay=0.01,
+                               downlink={VHAT: {"w": torch.full((2, 3), 1e-16, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": g_a}})
         for _ in range(K):
             p.grad = torch.randn(2, 3, dtype=torch.float64) * (client + 1)
             opt.step()
@@ -137,16 +173,15 @@ def test_amend_weight_zero_extrapolates_the_offset():
         finals.append(p.detach().numpy().copy())
     cur = {"w": x_t.numpy()}
     mean = {"w": np.mean(finals, axis=0)}
-    _, _, new_offset = fedlada_server_step(cur, mean, {"w": np.ones((2, 3))}, ["w"], server_lr=1.0,
-                                           offset_client_lr=lr, mean_steps=K)
-    np.testing.assert_allclose(new_offset["w"], g_a.numpy(), rtol=1e-12)
+    _, state = server_step(FedLADA(FedLADAHParams(server_lr=1.0), client_lr=lr), cur, mean, {"w": np.ones((2, 3))}, K)
+    np.testing.assert_allclose(state[GLOBAL_OFFSET]["w"], g_a.numpy(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("decay", [0.998, 0.9])
-def test_offset_recursion_eq4(decay):
+def test_offset_recursion_eq4(decay, direction_sum_method):
     """§3.7 case 3 / Eq. (4): g_a^{t+1} = α·mean_i (1/K)Σ_τ m⊙ϑ + (1−α)·g_a^t (equal K; lr of the producing round)."""
     hp = FedLADAHParams(amend_weight=0.2, client_lr_decay=decay)
-    xs, _, states, _ = run_engine(FedLADA, hp, 10, local_steps=6, debug_direction_sum=True)
+    xs, _, states, _ = run_engine(direction_sum_method, hp, 10, local_steps=6)
     prev = np.zeros_like(X0)
     for st in states:
         expected = 0.2 * st["dir_sum"] / 6 + 0.8 * prev
@@ -155,11 +190,11 @@ def test_offset_recursion_eq4(decay):
     assert np.abs(prev).max() > 1e-3
 
 
-def test_lemma_b8_z_sequence():
+def test_lemma_b8_z_sequence(direction_sum_method):
     """§3.7 case 4 (constant η_l): z^t = x^t/α − (1−α)/α·x^{t−1} obeys z^{t+1} = z^t − η_g·η_l·mean_i Σ_τ m⊙ϑ."""
     a, eta_g, eta_l = 0.3, 0.7, 0.01
     hp = FedLADAHParams(amend_weight=a, client_lr_decay=1.0, server_lr=eta_g)
-    xs, _, states, _ = run_engine(FedLADA, hp, 10, client_lr=eta_l, local_steps=4, debug_direction_sum=True)
+    xs, _, states, _ = run_engine(direction_sum_method, hp, 10, client_lr=eta_l, local_steps=4)
     xs = [xs[0]] + xs  # x^{-1} := x^0 matches g_a^0 = 0
     z = [xs[t + 1] / a - (1 - a) / a * xs[t] for t in range(len(xs) - 1)]
     for t, st in enumerate(states):
@@ -183,11 +218,10 @@ def test_vhat_never_decreases():
             assert all((b >= a).all() for a, b in zip(seq, seq[1:]))
     # the real client optimizer, step by step
     p = torch.nn.Parameter(torch.zeros(1, 3, dtype=torch.float64))
-    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.5)
-    opt.num_steps = 20
-    opt.begin_round({VHAT: {"w": torch.tensor([[1e-16, 0.5, 2.0]], dtype=torch.float64)},
-                     GLOBAL_OFFSET: {"w": torch.zeros(1, 3, dtype=torch.float64)}})
-    last = opt.state[p]["vhat"].clone()
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.5, weight_decay=0.0,
+                           downlink={VHAT: {"w": torch.tensor([[1e-16, 0.5, 2.0]], dtype=torch.float64)},
+                                     GLOBAL_OFFSET: {"w": torch.zeros(1, 3, dtype=torch.float64)}})
+    last = opt.param_state("w", p, opt.param_groups[0])["vhat"].clone()
     torch.manual_seed(2)
     for _ in range(20):
         p.grad = torch.randn(1, 3, dtype=torch.float64) * torch.rand(1)
@@ -202,48 +236,56 @@ def test_client_step_by_hand():
     """One step with β1 = 0.9, β2 = 0.99: g = (2, 0.5) ⇒ m = (0.2, 0.05), v = (0.04, 0.0025); seed v̂ = 0.01 ⇒
     v̂ = (0.04, 0.01), m⊙ϑ = (1, 0.5); α = 0.25, g_a = (4, −2), lr = 0.1 ⇒ x −= 0.1·(0.25 + 3, 0.125 − 1.5)."""
     p = torch.nn.Parameter(torch.tensor([1.0, 1.0], dtype=torch.float64))
-    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.25)
-    opt.num_steps = 1
-    opt.begin_round({VHAT: {"w": torch.tensor([0.01, 0.01], dtype=torch.float64)},
-                     GLOBAL_OFFSET: {"w": torch.tensor([4.0, -2.0], dtype=torch.float64)}})
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.25, weight_decay=0.0,
+                           downlink={VHAT: {"w": torch.tensor([0.01, 0.01], dtype=torch.float64)},
+                                     GLOBAL_OFFSET: {"w": torch.tensor([4.0, -2.0], dtype=torch.float64)}})
     p.grad = torch.tensor([2.0, 0.5], dtype=torch.float64)
     opt.step()
     torch.testing.assert_close(p.detach(), torch.tensor([1.0 - 0.325, 1.0 + 0.1375], dtype=torch.float64), rtol=0, atol=1e-15)
-    up = opt.end_round()
+    up = opt.uplink()
     torch.testing.assert_close(up[VHAT]["w"], torch.tensor([0.04, 0.01], dtype=torch.float64), rtol=0, atol=1e-15)
 
 
 def test_client_coupled_weight_decay_and_restart():
     """Coupled L2: g ← g + λx enters the moments; a new optimizer (next round) restarts m at 0."""
     p = torch.nn.Parameter(torch.tensor([2.0], dtype=torch.float64))
-    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0, weight_decay=0.5, beta1=0.0, beta2=0.0)
-    opt.num_steps = 1
-    opt.begin_round({VHAT: {"w": torch.tensor([1e-16], dtype=torch.float64)}})
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0, weight_decay=0.5, beta1=0.0, beta2=0.0,
+                           downlink={VHAT: {"w": torch.tensor([1e-16], dtype=torch.float64)}})
     p.grad = torch.tensor([1.0], dtype=torch.float64)  # g + λx = 2 ⇒ m = 2, v = 4 ⇒ m/√v̂ = 1
     opt.step()
     torch.testing.assert_close(p.detach(), torch.tensor([1.9], dtype=torch.float64))
-    opt2 = FedLADAOptimizer([("w", p)], lr=0.1)
-    opt2.begin_round({VHAT: {"w": torch.tensor([1.0], dtype=torch.float64)}, GLOBAL_OFFSET: {"w": torch.zeros(1, dtype=torch.float64)}})
-    assert float(opt2.state[p]["m"]) == 0.0 and float(opt2.state[p]["vhat"]) == 1.0 and float(opt2.state[p]["v"]) == 0.0
+    opt2 = FedLADAOptimizer([("w", p)], lr=0.1, downlink={
+        VHAT: {"w": torch.tensor([1.0], dtype=torch.float64)}, GLOBAL_OFFSET: {"w": torch.zeros(1, dtype=torch.float64)}})
+    st = opt2.param_state("w", p, opt2.param_groups[0])  # the state a first step would create
+    assert float(st["m"]) == 0.0 and float(st["vhat"]) == 1.0 and float(st["v"]) == 0.0
 
 
 def test_client_requires_offset_when_amended():
     p = torch.nn.Parameter(torch.zeros(2))
-    opt = FedLADAOptimizer([("w", p)], amend_weight=0.5)
     with pytest.raises(ValueError, match=GLOBAL_OFFSET):
-        opt.begin_round({VHAT: {"w": torch.ones(2)}})
+        FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.5, downlink={VHAT: {"w": torch.ones(2)}})
 
 
 # ------------------------------------------------------------------------------------------ unit: server math
+def server_step(strategy, current, mean, vhat, mean_steps, server_round=1):
+    """``strategy.server_update`` on explicit inputs (trainable keys = those of ``vhat``) from its initial state."""
+    inputs = RoundInputs(server_round=server_round, current=current, aggregates={"arrays": mean, VHAT: vhat},
+                         reply_metrics=(), mean_steps=mean_steps, trainable=tuple(vhat), num_updates=0, nodes_seen=0)
+    new, state, _ = strategy.server_update(inputs, strategy.init_server_state(current))
+    return new, state
+
+
 def test_server_step_by_hand():
     cur = {"w": np.array([1.0, 2.0]), "b": np.array([0.0])}
     mean = {"w": np.array([0.5, 2.5]), "b": np.array([1.0])}
     vhat = {"w": np.array([0.3, 0.4])}
-    new, v, g_a = fedlada_server_step(cur, mean, vhat, ["w"], server_lr=2.0, offset_client_lr=0.1, mean_steps=5)
+    new, state = server_step(FedLADA(FedLADAHParams(server_lr=2.0), client_lr=0.1), cur, mean, vhat, 5)
+    v, g_a = state[VHAT], state[GLOBAL_OFFSET]
     np.testing.assert_allclose(new["w"], [0.0, 3.0])              # x − 2·(x − mean)
     np.testing.assert_allclose(v["w"], [0.3, 0.4])
     np.testing.assert_allclose(g_a["w"], [1.0, -1.0])             # (x_t − x_{t+1})/(η_g·η_l·K) = Δ̄/(0.1·5)
-    assert set(new) == {"w"}
+    assert set(v) == set(g_a) == {"w"}
+    np.testing.assert_array_equal(new["b"], mean["b"])            # a non-trainable float buffer is averaged
 
 
 def test_client_lr_schedule_and_offset_lr():
@@ -288,8 +330,8 @@ def test_protocol_records_and_aggregation(weighting):
     np.testing.assert_array_equal(c[VHAT]["w"].numpy(), [1e-16, 1e-16])
     np.testing.assert_array_equal(c[GLOBAL_OFFSET]["w"].numpy(), [0.0, 0.0])
     cfg = c["config"]
-    assert cfg["method"] == "fedlada" and cfg["amend-weight"] == 0.1 and cfg["client-lr"] == 0.1
-    assert cfg["weight-decay"] == 0.01 and cfg["beta2"] == 0.99 and cfg["second-moment"] == "amsgrad"
+    assert cfg["method"] == "fedlada" and cfg["fedlada.amend-weight"] == 0.1 and cfg["client-lr"] == 0.1
+    assert cfg["fedlada.weight-decay"] == 0.01 and cfg["fedlada.beta2"] == 0.99 and cfg["fedlada.second-moment"] == "amsgrad"
     replies = [
         _reply(1, [0.8, -0.6], [0.2, 0.1], 10, 4),
         _reply(2, [0.6, -1.0], [0.4, 0.3], 30, 4),
@@ -300,18 +342,18 @@ def test_protocol_records_and_aggregation(weighting):
     w = np.array([0.5, 0.5]) if weighting == "uniform" else np.array([0.25, 0.75])
     mean = w[0] * np.array([0.8, -0.6]) + w[1] * np.array([0.6, -1.0])
     np.testing.assert_allclose(arrays["w"].numpy(), mean)
-    np.testing.assert_allclose(s.vhat["w"], w[0] * np.array([0.2, 0.1]) + w[1] * np.array([0.4, 0.3]))
-    np.testing.assert_allclose(s.offset["w"], (x - mean) / (0.1 * 4))
+    np.testing.assert_allclose(s.server_state[VHAT]["w"], w[0] * np.array([0.2, 0.1]) + w[1] * np.array([0.4, 0.3]))
+    np.testing.assert_allclose(s.server_state[GLOBAL_OFFSET]["w"], (x - mean) / (0.1 * 4))
     # round 2: the decayed lr and the new v̄ / g_a go down
     msgs = list(s.configure_train(2, arrays, ConfigRecord(), FakeGrid()))
     c = msgs[0].content
     assert c["config"]["client-lr"] == pytest.approx(0.05)
-    np.testing.assert_allclose(c[GLOBAL_OFFSET]["w"].numpy(), s.offset["w"])
-    np.testing.assert_allclose(c[VHAT]["w"].numpy(), s.vhat["w"])
+    np.testing.assert_allclose(c[GLOBAL_OFFSET]["w"].numpy(), s.server_state[GLOBAL_OFFSET]["w"])
+    np.testing.assert_allclose(c[VHAT]["w"].numpy(), s.server_state[VHAT]["w"])
 
 
 def test_protocol_debug_record_and_unequal_steps():
-    s = FedLADA(FedLADAHParams(), client_lr=0.1, debug_direction_sum=True, min_available_nodes=2, min_train_nodes=3)
+    s = DirectionSumFedLADA(FedLADAHParams(), client_lr=0.1, min_available_nodes=2, min_train_nodes=3)
     x = np.array([1.0, -1.0])
     list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), ConfigRecord(), FakeGrid()))
     replies = [
@@ -323,8 +365,8 @@ def test_protocol_debug_record_and_unequal_steps():
     assert metrics["replies-used"] == 2
     mean = np.array([0.7, -0.8])
     # K̄ = uniform mean of (2, 6) = 4
-    np.testing.assert_allclose(s.offset["w"], (x - mean) / (0.1 * 4))
-    np.testing.assert_allclose(s.last_direction_sum["w"], [2.0, 3.0])
+    np.testing.assert_allclose(s.server_state[GLOBAL_OFFSET]["w"], (x - mean) / (0.1 * 4))
+    np.testing.assert_allclose(s.server_state[DIRECTION_SUM]["w"], [2.0, 3.0])
 
 
 # ------------------------------------------------------------------------------------------ config and communication
@@ -334,7 +376,7 @@ def test_run_config_keys_and_validation():
     _, spec, hp = parse_run_config({"method": "fedlada", "fedlada.amend-weight": 0.05, "fedlada.offset-lr": "initial"})
     assert spec.strategy is FedLADA and hp.amend_weight == 0.05 and hp.offset_lr == "initial"
     _, spec, hp = parse_run_config({"method": "localadam", "localadam.beta2": 0.999})
-    assert spec.strategy is LocalAdam and hp.beta2 == 0.999 and not hasattr(hp, "amend_weight")
+    assert spec.strategy is FedLADA and hp.beta2 == 0.999 and hp.amend_weight == 1.0
     with pytest.raises(ConfigError, match="fedlada.amend-weight"):
         parse_run_config({"method": "fedlada", "fedlada.amend-weight": 1.5})
     with pytest.raises(ConfigError, match="eps-placement"):
@@ -347,9 +389,95 @@ def test_run_config_keys_and_validation():
 def test_communication_per_round():
     """FedLADA: download x, v̄, g_a (3× FedAvg), upload x_i, v̂_i (2×)."""
     _, _, _, lada = run_engine(FedLADA, FedLADAHParams(), 2)
-    avg = FedAvg(FedAvgHParams(), client_lr=0.01, local_steps=5, batch_size=8, fraction_train=0.5, seed=0)
+    avg = FedAvg(client_lr=0.01, local_steps=5, batch_size=8, fraction_train=0.5, seed=0)
     simulate(avg, initial_arrays(), 2, NODES, RC)
     for h_l, h_a in zip(lada.history, avg.history):
         assert h_l.sampled == h_a.sampled == 5
         assert h_l.bytes_down == 3 * h_a.bytes_down
         assert h_l.bytes_up == 2 * h_a.bytes_up
+
+
+# ------------------------------------------------------------------------------------------ the optimizer as a torch optimizer
+PLAIN = {
+    "fedlada": (FedLADAHParams(), {}),
+    "fedlada-K-1-adam-outside-precond-decoupled": (
+        FedLADAHParams(local_updates="K-1", second_moment="adam", v_init="server", eps_placement="outside",
+                       precondition_offset=True, decoupled_wd=True), {}),
+    "fedlada-sgd-base-inside": (FedLADAHParams(second_moment="sgd", eps_placement="inside", amend_weight=0.4), {}),
+    "localadam": (LOCALADAM.default_hparams(), {"method": "localadam"}),
+}
+
+
+def _plain_strategy(name, make_model):
+    hp, kwargs = PLAIN[name]
+    s = FedLADA(hp, client_lr=0.05, local_steps=5, batch_size=4, **kwargs)
+    model = make_model()  # a non-trivial v_srv and g_a, as in a later round
+    return with_server_state(s, {VHAT: named_randn(model, 1, positive=True), GLOBAL_OFFSET: named_randn(model, 2)})
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+def test_plain_torch_loop_matches_train_reply(name):
+    """(a) The optimizer built by hand from the prepared message, driven by an ordinary loop = train_reply, exactly."""
+    make_model, x, y, loss = mlp_task()
+    out = plain_loop_round(_plain_strategy(name, make_model), make_model, x, y, loss, server_round=3, client_key=2)
+    assert_same_round(out)
+    _, _, model, uplink, client_state = out
+    assert set(uplink) == {VHAT} and client_state == {}
+    moved = max(float((model[k] - v).abs().max()) for k, v in make_model().state_dict().items())
+    assert moved > 1e-3
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+@pytest.mark.parametrize("at", [1, 3])
+def test_state_dict_round_trip_mid_round(name, at):
+    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the uninterrupted run."""
+    make_model, x, y, loss = mlp_task()
+    whole = plain_loop_round(_plain_strategy(name, make_model), make_model, x, y, loss, server_round=3, client_key=2)
+    resumed = plain_loop_round(_plain_strategy(name, make_model), make_model, x, y, loss, server_round=3, client_key=2,
+                               interrupt_at=at)
+    assert_same_round(resumed, whole)
+
+
+def test_misuse_raises_clear_errors():
+    """(c) Missing records, reply before any step, unknown or server-only keywords, out-of-range values, K−1 without K."""
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    vhat = {VHAT: {"w": torch.ones(2, dtype=torch.float64)}}
+    full = {**vhat, GLOBAL_OFFSET: {"w": torch.zeros(2, dtype=torch.float64)}}
+    with pytest.raises(ValueError, match=VHAT):
+        FedLADAOptimizer([("w", p)], lr=0.1, downlink={GLOBAL_OFFSET: full[GLOBAL_OFFSET]})
+    with pytest.raises(ValueError, match=GLOBAL_OFFSET):
+        FedLADAOptimizer([("w", p)], lr=0.1, downlink=vhat)
+    FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0, downlink=vhat)  # α = 1 needs no offset
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, downlink={VHAT: {"other": torch.ones(2)}, GLOBAL_OFFSET: full[GLOBAL_OFFSET]})
+    p.grad = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'w'"):
+        opt.step()
+    with pytest.raises(RuntimeError, match="no local step"):
+        FedLADAOptimizer([("w", p)], lr=0.1, downlink=full).uplink()
+    with pytest.raises(TypeError, match="amend_wieght"):
+        FedLADAOptimizer([("w", p)], lr=0.1, amend_wieght=0.2, downlink=full)
+    with pytest.raises(TypeError, match="initial_vhat"):  # a server field, not an optimizer argument
+        FedLADAOptimizer([("w", p)], lr=0.1, initial_vhat=1e-8, downlink=full)
+    with pytest.raises(ValueError, match="amend_weight"):
+        FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.5, downlink=full)
+    with pytest.raises(ValueError, match="eps-placement"):
+        FedLADAOptimizer([("w", p)], lr=0.1, second_moment="adam", downlink=full)
+    with pytest.raises(ValueError, match="planned_steps"):
+        FedLADAOptimizer([("w", p)], lr=0.1, local_updates="K-1", downlink=full)
+    FedLADAOptimizer([("w", p)], lr=0.1, downlink=full)  # K updates need no planned K
+
+
+def test_local_updates_k_minus_1_skips_the_last_planned_step():
+    """A1: with K−1 the K-th step changes nothing (model and moments), and K counts the steps taken."""
+    p = torch.nn.Parameter(torch.tensor([1.0, -1.0], dtype=torch.float64))
+    down = {VHAT: {"w": torch.full((2,), 1e-2, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": torch.ones(2, dtype=torch.float64)}}
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, local_updates="K-1", planned_steps=3, downlink=down)
+    seen = []
+    for k in range(3):
+        p.grad = torch.tensor([1.0, 2.0], dtype=torch.float64) * (k + 1)
+        opt.step()
+        seen.append((p.detach().clone(), opt.state[p]["m"].clone(), opt.state[p]["vhat"].clone()))
+    assert opt.steps_taken == 3
+    assert not torch.equal(seen[0][0], seen[1][0])
+    for a, b in zip(seen[1], seen[2]):
+        assert torch.equal(a, b)

@@ -13,162 +13,103 @@ Round ``t`` (``Δ_i = x_t − x_{i,K}``, descent-positive)::
 ``client-lr-decay`` per round and undoes exactly that decay); ``K̄`` is the mean of the clients' local step
 counts with the same weights as ``Δ̄`` (= K when all clients take K steps).
 
-Records: downlink ``"global-update"`` (Δ_t, trainable keys) besides the model; uplink the local model
-(``"arrays"``).  Communication per round: 2× FedAvg's download, 1× its upload.
+Symbols ↔ code: α ``amend_weight`` (client), λ ``weight_decay`` (client), η_g ``server_lr``, η_l
+``client_lr_at(t)`` (:func:`~flower_strategies.core.ops.decayed_lr`), ``Δ_t`` server state / downlink record
+``"global-update"`` (optimizer state ``global_update``), K̄ ``RoundInputs.mean_steps``.
 
-Deviation from Xu et al.: their server writes ``x_{t+1} = x_t − η_g·Δ_{t+1}`` (η_g multiplying the lr-normalised
-update); we follow ALGORITHMS.md §6 / paper 002 (``η_g = 1`` ⇒ model averaging), i.e. their ``η_g`` equals
-ours times ``η_l·K``.
+Records: downlink ``"global-update"`` (Δ_t, trainable keys; only when α < 1) besides the model; uplink the
+local model (``"arrays"``).  Communication per round: 2× FedAvg's download (1× when α = 1), 1× its upload.
 
-The pure helpers :func:`mean_local_steps` and :func:`global_offset` are shared with FedLADA.
+Conventions and deviations
+--------------------------
+* Xu et al.'s server writes ``x_{t+1} = x_t − η_g·Δ_{t+1}`` (η_g multiplying the lr-normalised update); we
+  follow ALGORITHMS.md §6 / paper 002 (``η_g = 1`` ⇒ model averaging), i.e. their ``η_g`` equals ours times
+  ``η_l·K``.
+* α = 1 is FedAvg with coupled weight decay: ``Δ_t`` has weight 0 and is not broadcast.
+* Means are uniform by default (paper 002); ``weighting="examples"`` is the common flag.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from ..core import records as R
 from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, all_finite
+from ..core.ops import NamedArrays, averaging_step, decayed_lr, global_offset
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
 
-#: Downlink record name of the broadcast global update Δ_t.
+#: Downlink record (and server state) of the broadcast global update Δ_t.
 GLOBAL_UPDATE = "global-update"
 
 
-# ------------------------------------------------------------------------------------------ pure math
-def mean_local_steps(reply_metrics: Iterable[Mapping[str, Any]], weighting: str) -> float:
-    """``K̄``: mean of the replies' ``num-steps`` with the weights of the model mean (n_i or uniform)."""
-    num = den = 0.0
-    for m in reply_metrics:
-        w = float(m[R.NUM_EXAMPLES]) if weighting == "examples" else 1.0
-        num += w * float(m[R.NUM_STEPS])
-        den += w
-    if den <= 0:
-        raise ValueError("no replies to average the local step counts over")
-    return num / den
-
-
-def global_offset(mean_delta: Mapping[str, np.ndarray], client_lr: float, mean_steps: float) -> NamedArrays:
-    """``Δ̄ / (η_l·K̄)`` = ``(x_t − x_{t+1}) / (η_g·η_l·K̄)``: the average per-step global direction.
-
-    Zero when ``η_l·K̄ = 0`` (no local progress is possible, so there is no direction to estimate).
-    """
-    scale = client_lr * mean_steps
-    if scale == 0:
-        return {k: np.zeros_like(np.asarray(v, dtype=np.float64)) for k, v in mean_delta.items()}
-    return {k: np.asarray(v, dtype=np.float64) / scale for k, v in mean_delta.items()}
-
-
-def averaging_step(
-    current: Mapping[str, np.ndarray], mean_model: Mapping[str, np.ndarray], keys: Iterable[str], server_lr: float
-) -> tuple[NamedArrays, NamedArrays]:
-    """``Δ̄ = x_t − mean_i x_i`` and ``x_{t+1} = x_t − η_g·Δ̄`` (float64) over ``keys``."""
-    delta = {k: np.asarray(current[k], np.float64) - np.asarray(mean_model[k], np.float64) for k in keys}
-    new = {k: np.asarray(current[k], np.float64) - server_lr * delta[k] for k in keys}
-    return delta, new
-
-
-def cast_like(arrays: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray]) -> NamedArrays:
-    return {k: np.asarray(v).astype(np.asarray(like[k]).dtype) for k, v in arrays.items()}
-
-
-# ------------------------------------------------------------------------------------------ hparams
 @dataclass(frozen=True)
 class FedCMHParams(HParams):
     """FedCM (client-level momentum), defaults as in paper 002's setup."""
 
-    amend_weight: float = param(0.1, lo=0.0, hi=1.0, help="α: weight of the local gradient in d = α·g + (1−α)·Δ_t (1 = FedAvg)")
+    amend_weight: float = param(0.1, lo=0.0, hi=1.0, client=True, help="α: weight of the local gradient in d = α·g + (1−α)·Δ_t (1 = FedAvg)")
+    weight_decay: float = param(1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    weight_decay: float = param(1e-3, lo=0.0, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
     client_lr_decay: float = param(0.998, lo=0.0, lo_open=True, hi=1.0, help="client lr × this after every round (paper 002: 0.998)")
 
 
-# ------------------------------------------------------------------------------------------ client
 class FedCMOptimizer(LocalOptimizer):
-    """Client of FedCM: ``x ← x − lr·(α·(g + λx) + (1−α)·Δ_t)`` with Δ_t from the downlink."""
+    """Client of FedCM: ``x ← x − η_l·(α·(g + λx) + (1−α)·Δ_t)`` with ``Δ_t`` from the downlink."""
 
-    config_keys: ClassVar[dict[str, str]] = {
-        R.CLIENT_LR: "lr", "amend-weight": "amend_weight", "weight-decay": "weight_decay",
-    }
+    hparams_class = FedCMHParams
 
-    def __init__(
-        self, params: Iterable[tuple[str, Tensor]], lr: float = 0.1, amend_weight: float = 0.1, weight_decay: float = 0.0
-    ) -> None:
-        if lr < 0 or weight_decay < 0 or not 0.0 <= amend_weight <= 1.0:
-            raise ValueError(f"need lr >= 0, weight_decay >= 0, 0 <= amend_weight <= 1 (got {lr}, {weight_decay}, {amend_weight})")
-        super().__init__(params, {"lr": lr, "amend_weight": amend_weight, "weight_decay": weight_decay})
-        self.global_update: dict[str, Tensor] = {}
+    def downlink_records(self) -> tuple[str, ...]:
+        return (GLOBAL_UPDATE,) if any(g["amend_weight"] < 1.0 for g in self.param_groups) else ()
 
-    def begin_round(self, downlink=None, persistent=None) -> None:
-        super().begin_round(downlink, persistent)
-        rec = (downlink or {}).get(GLOBAL_UPDATE)
-        for name, p, group in self.named_params():
-            if rec is not None and name in rec:
-                self.global_update[name] = rec[name].to(device=p.device, dtype=p.dtype)
-            elif group["amend_weight"] < 1.0:
-                raise ValueError(f"FedCM needs the downlink record '{GLOBAL_UPDATE}' (key '{name}' missing)")
-            else:
-                self.global_update[name] = torch.zeros_like(p)
+    def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        if group["amend_weight"] < 1.0:  # α = 1: Δ_t has weight 0 and is not sent
+            state["global_update"] = self.received(GLOBAL_UPDATE, name, p)
+            if state["global_update"] is None:
+                raise ValueError(f"FedCMOptimizer: downlink record '{GLOBAL_UPDATE}' has no entry for parameter '{name}'")
 
-    def update_param(self, name: str, p: Tensor, grad: Tensor, group: dict[str, Any]) -> None:
-        g = grad
-        if group["weight_decay"]:
-            g = g.add(p, alpha=group["weight_decay"])
-        a = group["amend_weight"]
-        d = g.mul(a).add_(self.global_update[name], alpha=1.0 - a)
-        p.add_(d, alpha=-group["lr"])
+    def update_param(self, name: str, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        a, lam = group["amend_weight"], group["weight_decay"]
+        g = grad.add(p, alpha=lam) if lam else grad                 # g + λx
+        d = g.mul(a)                                                # d = α·g + (1−α)·Δ_t
+        if a < 1.0:
+            d.add_(state["global_update"], alpha=1.0 - a)
+        p.add_(d, alpha=-group["lr"])                               # x ← x − η_l·d
 
 
-# ------------------------------------------------------------------------------------------ server
 class FedCM(FedAdaptStrategy):
     """FedCM server: model averaging (server lr η_g) and broadcast of ``Δ_t = Δ̄/(η_l·K̄)``."""
 
     method: ClassVar[str] = "fedcm"
     hparams_class = FedCMHParams
+    local_optimizer = FedCMOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
-    def uplink_specs(self) -> tuple[RecordSpec, ...]:
-        return (RecordSpec(R.MODEL, "mean", "model"),)
-
     def client_lr_at(self, server_round: int) -> float:
-        return self.client_lr * self.hparams.client_lr_decay ** max(server_round - 1, 0)
+        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
 
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        cfg = super().round_config(server_round)
-        cfg["amend-weight"] = float(self.hparams.amend_weight)
-        cfg["weight-decay"] = float(self.hparams.weight_decay)
-        return cfg
-
-    def init_state(self, arrays: NamedArrays) -> None:
-        self.global_update: NamedArrays = {k: np.zeros(np.shape(arrays[k]), np.float64) for k in self.trainable(arrays)}
+    def init_server_state(self, arrays: NamedArrays) -> ServerState:
+        return {GLOBAL_UPDATE: {k: np.zeros(np.shape(arrays[k]), np.float64) for k in self.trainable(arrays)}}  # Δ_0 = 0
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None
-        return {GLOBAL_UPDATE: cast_like(self.global_update, self.current)}
+        assert self.current is not None and self.server_state is not None
+        if self.hparams.amend_weight == 1.0:
+            return {}
+        return {GLOBAL_UPDATE: cast_like(self.server_state[GLOBAL_UPDATE], self.current)}
 
-    def server_update(self, server_round: int, current: NamedArrays, aggregates: Mapping[str, NamedArrays]) -> NamedArrays:
-        mean = aggregates[R.MODEL]
-        keys = self.trainable(current)
-        delta, new = averaging_step(current, mean, keys, self.hparams.server_lr)
-        k_bar = mean_local_steps(self.reply_metrics, self.weighting)
-        update = global_offset(delta, self.client_lr_at(server_round), k_bar)
-        new_params = cast_like(new, current)
-        if all_finite(new_params) is None and all_finite(update) is None:  # commit state only for a usable round
-            self.global_update = update
-        return self.merge_buffers(new_params, current, mean)
+    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+        current, mean = inputs.current, inputs.aggregates[R.MODEL]
+        delta, new = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # Δ̄, x_{t+1}
+        update = global_offset(delta, self.client_lr_at(inputs.server_round), inputs.mean_steps)  # Δ_{t+1}
+        return self.merge_buffers(cast_like(new, current), current, mean), {GLOBAL_UPDATE: update}, {}
 
 
 register(
-    FedCM, FedCMOptimizer,
+    FedCM,
     paper="Xu et al., FedCM: Federated Learning with Client-level Momentum, 2021 (baseline of paper 002)",
     summary="local SGD on α·g + (1−α)·Δ_t (broadcast global update) + model averaging",
 )

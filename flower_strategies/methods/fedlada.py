@@ -15,26 +15,42 @@ Round ``t`` (all ops elementwise; ``v_srv`` = server average of last round's ``v
                g_a = Δ̄ / (η_l^{(t)}·K̄)  (= (x_t − x_{t+1})/(η_g·η_l·K), Algorithm 3 line 18)
                η_l^{(t+1)} = client_lr_decay · η_l^{(t)}
 
-Initial state: ``x_0`` shared, ``v_srv = initial_vhat`` (ε_v² = 1e-16), ``g_a = 0``.  Means are uniform by
-default (Algorithm 3; ``weighting="examples"`` is the common flag).  ``K̄`` is the mean of the clients' step
-counts with the same weights as ``Δ̄`` (= K when all clients take K steps; see docs/methods/fedlada.md).
+Symbols ↔ code: α ``amend_weight``, β1/β2 ``beta1``/``beta2``, λ ``weight_decay`` (client fields, read from
+``group[...]``); m, v, v̂, g_a optimizer state ``m``, ``v``, ``vhat``, ``offset``; ϑ :meth:`FedLADAOptimizer.preconditioner`;
+v_srv / g_a server state and records ``"v-hat"`` / ``"global-offset"``; η_l ``client_lr_at(t)``
+(:func:`~flower_strategies.core.ops.decayed_lr`); η_g ``server_lr``; K̄ ``RoundInputs.mean_steps``; K_i the
+optimizer's ``steps_taken``.
 
-**LocalAdam** (paper 002's Table 3 "SGD global + Adam local") is the same method with α = 1: local AMSGrad
-with restarted momentum, ``v̂`` seeded from the averaged ``v̂``, model averaging.  It does not broadcast
-``g_a`` (2× communication instead of FedLADA's 3× download).
+Initial state: ``x_0`` shared, ``v_srv = initial_vhat`` (ε_v² = 1e-16), ``g_a = 0``.  Means are uniform by
+default (Algorithm 3; ``weighting="examples"`` is the common flag).
+
+**LocalAdam** (paper 002's Table 3 "SGD global + Adam local") is the registry name ``localadam``: this class
+with ``amend_weight = 1`` by default — local AMSGrad with restarted momentum, ``v̂`` seeded from the averaged
+``v̂``, model averaging.  With α = 1 the offset has weight 0, so ``g_a`` is not broadcast (2× communication
+instead of FedLADA's 3× download).
 
 Flags for ALGORITHMS.md §3.6 (defaults = the spec): ``local_updates`` (A1: K or the printed K−1),
 ``v_init`` (A4), ``initial_vhat`` (A5), ``eps_placement``/``eps`` (A5: none), ``decoupled_wd`` (A6),
 ``offset_lr`` (A2: lr of the producing round), ``client_lr_decay`` (A11), ``precondition_offset`` (A12),
 ``second_moment`` (AMSGrad / Adam without the max / SGD base = the FedCM client, §3.7 case 5).
 
-Records: downlink ``"v-hat"`` (v_srv) and ``"global-offset"`` (g_a; FedLADA only); uplink ``"arrays"`` (the
-local model) and ``"v-hat"`` (v̂_i), plus ``"direction-sum"`` (Σ_τ m⊙ϑ) in debug mode.
+Records: downlink ``"v-hat"`` (v_srv) and ``"global-offset"`` (g_a; only when α < 1); uplink ``"arrays"`` (the
+local model) and ``"v-hat"`` (v̂_i; the final ``v`` with ``second-moment = adam``).
+
+Conventions and deviations
+--------------------------
+* Unequal K_i (A2): ``g_a = Δ̄/(η_l·K̄)`` with K̄ the mean of the replies' ``num-steps`` (the steps each
+  client really took) with the weights of Δ̄; exact for the paper's equal-K setting.
+* ``local_updates = "K-1"`` (the printed loop) skips the last planned step entirely (no moment update), so
+  the client needs the planned K (``planned_steps``); ``num-steps`` is still K, so ``g_a`` is still ÷K.
+* Momentum restart: a fresh optimizer is built per round; nothing is persisted on the client.
+* The client requires the ``"v-hat"`` record (round 1: the server sends ``initial_vhat``); ``initial_vhat``
+  is a server field.
+* The learning-rate decay is owned by the server (``client_lr_at``); ``server_lr`` is not decayed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -43,42 +59,41 @@ import torch
 from torch import Tensor
 
 from ..core import records as R
-from .fedcm import averaging_step, cast_like, global_offset, mean_local_steps
 from ..core.hparams import ConfigError, HParams, param
-from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, all_finite
+from ..core.local import EPS_PLACEMENTS, LocalOptimizer, inverse_sqrt
+from ..core.ops import NamedArrays, averaging_step, decayed_lr, global_offset
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
 
 #: Record names (downlink and uplink share "v-hat").
 VHAT = "v-hat"
 GLOBAL_OFFSET = "global-offset"
-DIRECTION_SUM = "direction-sum"
 
 SECOND_MOMENTS = ("amsgrad", "adam", "sgd")
-EPS_PLACEMENTS = ("none", "outside", "inside")
 V_INITS = ("zero", "server")
 LOCAL_UPDATES = ("K", "K-1")
 OFFSET_LRS = ("producing", "consuming", "initial")
 
 
-# ------------------------------------------------------------------------------------------ hparams
 @dataclass(frozen=True)
-class LocalAdaptiveHParams(HParams):
-    """Fields shared by FedLADA and LocalAdam (paper 002 §4 defaults)."""
+class FedLADAHParams(HParams):
+    """FedLADA (paper 002 §4 defaults; α = 0.1 for CIFAR-10, 0.05 for CIFAR-100/TinyImageNet)."""
 
+    amend_weight: float = param(0.1, lo=0.0, hi=1.0, client=True, help="α: weight of the local adaptive direction (1 = LocalAdam)")
+    beta1: float = param(0.9, lo=0.0, hi=1.0, client=True, help="first-moment decay β1 (m restarted at 0 every round)")
+    beta2: float = param(0.99, lo=0.0, hi=1.0, client=True, help="second-moment decay β2")
+    weight_decay: float = param(0.01, lo=0.0, client=True, help="L2 weight decay λ (paper: 1e-2; 0 = Algorithm 3 exactly)")
+    decoupled_wd: bool = param(False, client=True, help="A6: AdamW-style x ← x − η_l·λ·x instead of g ← g + λ·x")
+    v_init: str = param("zero", choices=V_INITS, client=True, help="A4: client v at round start: zero | server (= the received v̂)")
+    second_moment: str = param("amsgrad", choices=SECOND_MOMENTS, client=True, help="amsgrad (ϑ=1/√max) | adam (ϑ=1/√v, no max) | sgd (ϑ=1: FedCM-style base)")
+    eps_placement: str = param("none", choices=EPS_PLACEMENTS, client=True, help="A5: none (ϑ=1/√v̂) | outside 1/(√v̂+ε) | inside 1/√(v̂+ε)")
+    eps: float = param(1e-8, lo=0.0, client=True, help="ε used when eps-placement is not 'none'")
+    local_updates: str = param("K", choices=LOCAL_UPDATES, client=True, help="A1: K updates, or the printed K−1 (last batch unused; g_a still ÷K)")
+    precondition_offset: bool = param(False, client=True, help="A12: step (α·m + (1−α)·g_a)⊙ϑ (appendix) instead of α·m⊙ϑ + (1−α)·g_a")
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    beta1: float = param(0.9, lo=0.0, hi=1.0, help="first-moment decay β1 (m restarted at 0 every round)")
-    beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2")
-    weight_decay: float = param(0.01, lo=0.0, help="L2 weight decay λ (paper: 1e-2; 0 = Algorithm 3 exactly)")
-    decoupled_wd: bool = param(False, help="A6: AdamW-style x ← x − η_l·λ·x instead of g ← g + λ·x")
     client_lr_decay: float = param(0.998, lo=0.0, lo_open=True, hi=1.0, help="A11: client lr × this after every round (1 = Algorithm 3)")
     initial_vhat: float = param(1e-16, lo=0.0, help="A5: server v̂ before round 1 (ε_v² = 1e-16; the text's '1e-8' is the alternative)")
-    v_init: str = param("zero", choices=V_INITS, help="A4: client v at round start: zero | server (= the received v̂)")
-    second_moment: str = param("amsgrad", choices=SECOND_MOMENTS, help="amsgrad (ϑ=1/√max) | adam (ϑ=1/√v, no max) | sgd (ϑ=1: FedCM-style base)")
-    eps_placement: str = param("none", choices=EPS_PLACEMENTS, help="A5: none (ϑ=1/√v̂) | outside 1/(√v̂+ε) | inside 1/√(v̂+ε)")
-    eps: float = param(1e-8, lo=0.0, help="ε used when eps-placement is not 'none'")
-    local_updates: str = param("K", choices=LOCAL_UPDATES, help="A1: K updates, or the printed K−1 (last batch unused; g_a still ÷K)")
+    offset_lr: str = param("producing", choices=OFFSET_LRS, help="A2: η_l dividing g_a: producing round | consuming round | initial")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,276 +104,126 @@ class LocalAdaptiveHParams(HParams):
                 raise ConfigError("second-moment = adam with eps-placement = none needs v-init = server and initial-vhat > 0")
 
 
-@dataclass(frozen=True)
-class FedLADAHParams(LocalAdaptiveHParams):
-    """FedLADA: α (amended weight) 0.1 (CIFAR-10; 0.05 for CIFAR-100/TinyImageNet)."""
+class _PlannedStepsForKMinus1:
+    """``FedLADAOptimizer.needs_planned_steps``: True on the class (``train_reply`` then always passes the planned
+    K), on an instance only when a group uses ``local_updates = "K-1"`` (the only rule that needs K in advance)."""
 
-    amend_weight: float = param(0.1, lo=0.0, hi=1.0, help="α: weight of the local adaptive direction (1 = LocalAdam)")
-    offset_lr: str = param("producing", choices=OFFSET_LRS, help="A2: η_l dividing g_a: producing round | consuming round | initial")
-    precondition_offset: bool = param(False, help="A12: step (α·m + (1−α)·g_a)⊙ϑ (appendix) instead of α·m⊙ϑ + (1−α)·g_a")
-
-
-@dataclass(frozen=True)
-class LocalAdamHParams(LocalAdaptiveHParams):
-    """LocalAdam (paper 002): FedLADA with α = 1 — no global offset, same other hyper-parameters."""
+    def __get__(self, obj: Any, owner: type) -> bool:
+        return obj is None or any(g["local_updates"] == "K-1" for g in obj.param_groups)
 
 
-# ------------------------------------------------------------------------------------------ client
 class FedLADAOptimizer(LocalOptimizer):
     """Local amended AMSGrad (Algorithm 3, lines 4–13) with the §3.6 flags; see the module docstring."""
 
-    config_keys: ClassVar[dict[str, str]] = {
-        R.CLIENT_LR: "lr",
-        "amend-weight": "amend_weight",
-        "beta1": "beta1",
-        "beta2": "beta2",
-        "weight-decay": "weight_decay",
-        "decoupled-wd": "decoupled_wd",
-        "initial-vhat": "initial_vhat",
-        "v-init": "v_init",
-        "second-moment": "second_moment",
-        "eps-placement": "eps_placement",
-        "eps": "eps",
-        "local-updates": "local_updates",
-        "precondition-offset": "precondition_offset",
-        "debug-direction-sum": "debug_direction_sum",
-    }
+    hparams_class = FedLADAHParams
+    needs_planned_steps = _PlannedStepsForKMinus1()  # type: ignore[assignment]
 
-    def __init__(
-        self,
-        params: Iterable[tuple[str, Tensor]],
-        lr: float = 0.001,
-        amend_weight: float = 0.1,
-        beta1: float = 0.9,
-        beta2: float = 0.99,
-        weight_decay: float = 0.0,
-        decoupled_wd: bool = False,
-        initial_vhat: float = 1e-16,
-        v_init: str = "zero",
-        second_moment: str = "amsgrad",
-        eps_placement: str = "none",
-        eps: float = 1e-8,
-        local_updates: str = "K",
-        precondition_offset: bool = False,
-        debug_direction_sum: bool = False,
-    ) -> None:
-        if lr < 0 or weight_decay < 0 or eps < 0 or initial_vhat < 0:
-            raise ValueError("lr, weight_decay, eps and initial_vhat must be >= 0")
-        if not 0.0 <= amend_weight <= 1.0 or not 0.0 <= beta1 <= 1.0 or not 0.0 <= beta2 <= 1.0:
-            raise ValueError(f"amend_weight, beta1, beta2 must lie in [0, 1] (got {amend_weight}, {beta1}, {beta2})")
-        for value, valid, what in (
-            (v_init, V_INITS, "v_init"), (second_moment, SECOND_MOMENTS, "second_moment"),
-            (eps_placement, EPS_PLACEMENTS, "eps_placement"), (local_updates, LOCAL_UPDATES, "local_updates"),
-        ):
-            if value not in valid:
-                raise ValueError(f"{what} = {value!r}; valid: {', '.join(valid)}")
-        super().__init__(params, {
-            "lr": lr, "amend_weight": amend_weight, "beta1": beta1, "beta2": beta2, "weight_decay": weight_decay,
-            "decoupled_wd": bool(decoupled_wd), "eps": eps,
-        })
-        self.initial_vhat = float(initial_vhat)
-        self.v_init = v_init
-        self.second_moment = second_moment
-        self.eps_placement = eps_placement
-        self.local_updates = local_updates
-        self.precondition_offset = bool(precondition_offset)
-        self.debug_direction_sum = bool(debug_direction_sum)
-        self.updates_done = 0
+    def downlink_records(self) -> tuple[str, ...]:
+        return (VHAT, GLOBAL_OFFSET) if any(g["amend_weight"] < 1.0 for g in self.param_groups) else (VHAT,)
 
-    def begin_round(self, downlink=None, persistent=None) -> None:
-        super().begin_round(downlink, persistent)
-        downlink = downlink or {}
-        vrec, orec = downlink.get(VHAT), downlink.get(GLOBAL_OFFSET)
-        self.updates_done = 0
-        for name, p, group in self.named_params():
-            st = self.state[p]
-            if vrec is not None and name in vrec:
-                seed = vrec[name].to(device=p.device, dtype=p.dtype).clone()
-            else:  # no server average yet: Algorithm 3's v̂⁰
-                seed = torch.full_like(p, self.initial_vhat)
-            if orec is not None and name in orec:
-                st["offset"] = orec[name].to(device=p.device, dtype=p.dtype).clone()
-            elif group["amend_weight"] < 1.0:
-                raise ValueError(f"FedLADA needs the downlink record '{GLOBAL_OFFSET}' (key '{name}' missing)")
-            else:  # α = 1 (LocalAdam): the offset has weight 0
-                st["offset"] = torch.zeros_like(p)
-            st["m"] = torch.zeros_like(p)  # momentum restarted every round
-            st["v"] = seed.clone() if self.v_init == "server" else torch.zeros_like(p)
-            st["vhat"] = seed
-            if self.debug_direction_sum:
-                st["direction_sum"] = torch.zeros_like(p)
+    def _required(self, record: str, name: str, p: Tensor) -> Tensor:
+        t = self.received(record, name, p)
+        if t is None:
+            raise ValueError(f"FedLADAOptimizer: downlink record '{record}' has no entry for parameter '{name}'")
+        return t
 
-    def _theta(self, den: Tensor, eps: float) -> Tensor:
-        if self.eps_placement == "outside":
-            return 1.0 / (den.sqrt() + eps)
-        if self.eps_placement == "inside":
-            return 1.0 / (den + eps).sqrt()
-        return den.rsqrt()
+    def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        v_srv = self._required(VHAT, name, p)
+        state["m"] = torch.zeros_like(p)                                              # m ← 0 (restart)
+        state["v"] = v_srv.clone() if group["v_init"] == "server" else torch.zeros_like(p)
+        state["vhat"] = v_srv                                                         # v̂ ← v_srv
+        if group["amend_weight"] < 1.0:                                               # α = 1: g_a has weight 0
+            state["offset"] = self._required(GLOBAL_OFFSET, name, p)
 
-    @torch.no_grad()
+    def preconditioner(self, state: dict[str, Any], group: dict[str, Any]) -> Tensor | None:
+        """ϑ: ``1/√v̂`` (amsgrad) or ``1/√v`` (adam) with the ε placement; None for the SGD base (ϑ = 1)."""
+        if group["second_moment"] == "sgd":
+            return None
+        den = state["vhat"] if group["second_moment"] == "amsgrad" else state["v"]
+        return inverse_sqrt(den, group["eps"], group["eps_placement"])
+
     def apply_step(self) -> None:
-        if self.local_updates == "K-1" and self.updates_done >= self.num_steps - 1:
-            return  # Algorithm 3 as printed: τ = 1..K−1
-        self.updates_done += 1
         for name, p, group in self.named_params():
-            if p.grad is None:
-                continue
-            st = self.state[p]
-            lr, a, wd = group["lr"], group["amend_weight"], group["weight_decay"]
-            g = p.grad
-            if wd and not group["decoupled_wd"]:
-                g = g.add(p, alpha=wd)
-            m, v, vhat = st["m"], st["v"], st["vhat"]
-            m.mul_(group["beta1"]).add_(g, alpha=1.0 - group["beta1"])
-            if self.second_moment == "sgd":
-                theta = None
-            else:
-                v.mul_(group["beta2"]).addcmul_(g, g, value=1.0 - group["beta2"])
-                if self.second_moment == "amsgrad":
-                    torch.maximum(vhat, v, out=vhat)
-                    theta = self._theta(vhat, group["eps"])
-                else:
-                    theta = self._theta(v, group["eps"])
-            if self.precondition_offset:
-                d = m.mul(a).add_(st["offset"], alpha=1.0 - a)
-                if theta is not None:
-                    d.mul_(theta)
-            else:
-                d = m.mul(a) if theta is None else m.mul(theta).mul_(a)
-                d.add_(st["offset"], alpha=1.0 - a)
-            if self.debug_direction_sum:
-                st["direction_sum"].add_(m if theta is None else m * theta)
-            if wd and group["decoupled_wd"]:
-                d.add_(p, alpha=wd)
-            p.add_(d, alpha=-lr)
+            last_skipped = group["local_updates"] == "K-1" and self.steps_taken >= self.planned_steps - 1
+            if p.grad is not None and not last_skipped:                               # A1: τ = 1..K−1 as printed
+                self.update_param(name, p, p.grad, self.param_state(name, p, group), group)
 
-    def end_round(self) -> dict[str, dict[str, Tensor]]:
-        key = "v" if self.second_moment == "adam" else "vhat"
-        out = {VHAT: {name: self.state[p][key] for name, p, _ in self.named_params()}}
-        if self.debug_direction_sum:
-            out[DIRECTION_SUM] = {name: self.state[p]["direction_sum"] for name, p, _ in self.named_params()}
-        return out
+    def update_param(self, name: str, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        a, lam, b1, b2 = group["amend_weight"], group["weight_decay"], group["beta1"], group["beta2"]
+        g = grad.add(p, alpha=lam) if lam and not group["decoupled_wd"] else grad    # g + λ·x
+        m, v, vhat = state["m"], state["v"], state["vhat"]
+        m.mul_(b1).add_(g, alpha=1.0 - b1)                                            # m ← β1·m + (1−β1)·g
+        if group["second_moment"] != "sgd":
+            v.mul_(b2).addcmul_(g, g, value=1.0 - b2)                                 # v ← β2·v + (1−β2)·g²
+            if group["second_moment"] == "amsgrad":
+                torch.maximum(vhat, v, out=vhat)                                      # v̂ ← max(v̂, v)
+        theta = self.preconditioner(state, group)                                     # ϑ
+        if group["precondition_offset"]:                                              # A12: (α·m + (1−α)·g_a)⊙ϑ
+            d = m.mul(a)
+            if a < 1.0:
+                d.add_(state["offset"], alpha=1.0 - a)
+            if theta is not None:
+                d.mul_(theta)
+        else:                                                                         # α·m⊙ϑ + (1−α)·g_a
+            d = m.mul(a) if theta is None else m.mul(theta).mul_(a)
+            if a < 1.0:
+                d.add_(state["offset"], alpha=1.0 - a)
+        if lam and group["decoupled_wd"]:
+            d.add_(p, alpha=lam)                                                      # A6: + λ·x (AdamW-style)
+        p.add_(d, alpha=-group["lr"])                                                 # x ← x − η_l·d
+
+    def uplink_arrays(self) -> dict[str, dict[str, Tensor]]:
+        return {VHAT: {
+            name: self.state[p]["v" if group["second_moment"] == "adam" else "vhat"] for name, p, group in self.named_params()
+        }}
 
 
-# ------------------------------------------------------------------------------------------ server math
-def fedlada_server_step(
-    current: Mapping[str, np.ndarray],
-    mean_model: Mapping[str, np.ndarray],
-    mean_vhat: Mapping[str, np.ndarray],
-    keys: Iterable[str],
-    *,
-    server_lr: float,
-    offset_client_lr: float,
-    mean_steps: float,
-) -> tuple[NamedArrays, NamedArrays, NamedArrays]:
-    """Algorithm 3 lines 16–18 → ``(x_{t+1}, v_srv, g_a)`` over ``keys`` (float64).
-
-    ``offset_client_lr`` is the η_l dividing ``g_a`` (the producing round's by default).
-    """
-    keys = list(keys)
-    delta, new = averaging_step(current, mean_model, keys, server_lr)
-    vsrv = {k: np.asarray(mean_vhat[k], np.float64).copy() for k in keys}
-    return new, vsrv, global_offset(delta, offset_client_lr, mean_steps)
-
-
-# ------------------------------------------------------------------------------------------ strategies
 class FedLADA(FedAdaptStrategy):
-    """FedLADA server (Algorithm 3 lines 16–18 + the paper's per-round client-lr decay).
-
-    ``debug_direction_sum=True`` makes clients also upload ``Σ_τ m⊙ϑ`` (for the Eq. (4) identity); the
-    averaged value of the last round is kept in :attr:`last_direction_sum`.
-    """
+    """FedLADA server (Algorithm 3 lines 16–18 + the paper's per-round client-lr decay)."""
 
     method: ClassVar[str] = "fedlada"
     hparams_class = FedLADAHParams
+    local_optimizer = FedLADAOptimizer
     default_weighting: ClassVar[str] = "uniform"
-    #: Whether g_a is broadcast (False for LocalAdam, whose α is 1).
-    sends_offset: ClassVar[bool] = True
-
-    def __init__(self, hparams: HParams | None = None, *, debug_direction_sum: bool = False, **kwargs: Any) -> None:
-        super().__init__(hparams, **kwargs)
-        self.debug_direction_sum = bool(debug_direction_sum)
-        self.last_direction_sum: NamedArrays | None = None
-
-    @property
-    def amend_weight(self) -> float:
-        return float(getattr(self.hparams, "amend_weight", 1.0))
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
-        specs = (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(VHAT, "mean", "params"))
-        if self.debug_direction_sum:
-            specs += (RecordSpec(DIRECTION_SUM, "mean", "params"),)
-        return specs
+        return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(VHAT, "mean", "params"))
 
     def client_lr_at(self, server_round: int) -> float:
-        return self.client_lr * self.hparams.client_lr_decay ** max(server_round - 1, 0)
+        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
 
     def offset_lr(self, server_round: int) -> float:
         """η_l dividing the g_a produced in ``server_round`` (flag ``offset_lr``, A2)."""
-        mode = getattr(self.hparams, "offset_lr", "producing")
+        mode = self.hparams.offset_lr
         if mode == "consuming":
             return self.client_lr_at(server_round + 1)
         if mode == "initial":
             return self.client_lr
         return self.client_lr_at(server_round)
 
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        hp = self.hparams
-        cfg = super().round_config(server_round)
-        cfg.update({
-            "amend-weight": self.amend_weight,
-            "beta1": float(hp.beta1),
-            "beta2": float(hp.beta2),
-            "weight-decay": float(hp.weight_decay),
-            "decoupled-wd": bool(hp.decoupled_wd),
-            "initial-vhat": float(hp.initial_vhat),
-            "v-init": hp.v_init,
-            "second-moment": hp.second_moment,
-            "eps-placement": hp.eps_placement,
-            "eps": float(hp.eps),
-            "local-updates": hp.local_updates,
-            "precondition-offset": bool(getattr(hp, "precondition_offset", False)),
-        })
-        if self.debug_direction_sum:
-            cfg["debug-direction-sum"] = True
-        return cfg
-
-    def init_state(self, arrays: NamedArrays) -> None:
+    def init_server_state(self, arrays: NamedArrays) -> ServerState:
         keys = self.trainable(arrays)
-        self.vhat: NamedArrays = {k: np.full(np.shape(arrays[k]), self.hparams.initial_vhat, np.float64) for k in keys}
-        self.offset: NamedArrays = {k: np.zeros(np.shape(arrays[k]), np.float64) for k in keys}
+        return {
+            VHAT: {k: np.full(np.shape(arrays[k]), self.hparams.initial_vhat, np.float64) for k in keys},  # v̂⁰ = ε_v²
+            GLOBAL_OFFSET: {k: np.zeros(np.shape(arrays[k]), np.float64) for k in keys},                   # g_a⁰ = 0
+        }
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None
-        out = {VHAT: cast_like(self.vhat, self.current)}
-        if self.sends_offset:
-            out[GLOBAL_OFFSET] = cast_like(self.offset, self.current)
-        return out
+        assert self.current is not None and self.server_state is not None
+        names = (VHAT, GLOBAL_OFFSET) if self.hparams.amend_weight < 1.0 else (VHAT,)
+        return {name: cast_like(self.server_state[name], self.current) for name in names}
 
-    def server_update(self, server_round: int, current: NamedArrays, aggregates: Mapping[str, NamedArrays]) -> NamedArrays:
-        mean = aggregates[R.MODEL]
-        new, vsrv, offset = fedlada_server_step(
-            current, mean, aggregates[VHAT], self.trainable(current),
-            server_lr=self.hparams.server_lr,
-            offset_client_lr=self.offset_lr(server_round),
-            mean_steps=mean_local_steps(self.reply_metrics, self.weighting),
-        )
-        new_params = cast_like(new, current)
-        if all(all_finite(a) is None for a in (new_params, vsrv, offset)):  # commit state only for a usable round
-            self.vhat, self.offset = vsrv, offset
-            if self.debug_direction_sum:
-                self.last_direction_sum = {k: np.asarray(v, np.float64) for k, v in aggregates[DIRECTION_SUM].items()}
-        return self.merge_buffers(new_params, current, mean)
-
-
-class LocalAdam(FedLADA):
-    """LocalAdam in paper 002's sense: FedLADA with α = 1 (no global offset is sent)."""
-
-    method: ClassVar[str] = "localadam"
-    hparams_class = LocalAdamHParams
-    sends_offset: ClassVar[bool] = False
+    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+        current, mean = inputs.current, inputs.aggregates[R.MODEL]
+        delta, new = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # line 17: Δ̄, x_{t+1}
+        new_state = {
+            VHAT: {k: np.asarray(inputs.aggregates[VHAT][k], np.float64) for k in inputs.trainable},  # line 16: v_srv
+            GLOBAL_OFFSET: global_offset(delta, self.offset_lr(inputs.server_round), inputs.mean_steps),  # line 18: g_a
+        }
+        return self.merge_buffers(cast_like(new, current), current, mean), new_state, {}
 
 
 _PAPER = "Sun et al., Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear Speedup, 2023"
-register(FedLADA, FedLADAOptimizer, paper=_PAPER, summary="local AMSGrad amended by the global offset g_a + averaged v̂")
-register(LocalAdam, FedLADAOptimizer, paper=_PAPER, summary="FedLADA with α = 1: local AMSGrad + model/v̂ averaging")
+register(FedLADA, paper=_PAPER, summary="local AMSGrad amended by the global offset g_a + averaged v̂")
+register(FedLADA, name="localadam", amend_weight=1.0, paper=_PAPER,
+         summary="FedLADA with α = 1: local AMSGrad + model/v̂ averaging")

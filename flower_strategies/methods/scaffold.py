@@ -12,21 +12,30 @@ Round ``t`` (server state ``x, c``; client state ``c_i``, 0 until the client is 
     server:    x ← x − η_g·mean_i(x_t − y_i)                  (= x + η_g·mean_i Δy_i)
                c ← c + (1/N_total)·Σ_i Δc_i
 
-``N_total`` is the number of all clients: ``num-clients`` if > 0, else the number of nodes the server saw
-connected when it sampled the round.  With every ``c_i`` starting at 0 this keeps ``c = (1/N_total)·Σ_all c_i``.
+Symbols ↔ code: c server state / downlink record ``"server-control"`` (optimizer state ``c``); c_i saved
+client state ``"client-control"`` (optimizer state ``ci``); K_i ``steps_taken`` (the steps this client really
+took); η_l the optimizer's ``lr`` (server: ``client_lr_at(t)``); λ ``weight_decay`` (client); η_g ``server_lr``;
+N_total ``num_clients`` or ``RoundInputs.nodes_seen``.
 
 Records: downlink ``"server-control"`` (c); uplink ``"arrays"`` (y_i) and ``"control-delta"`` (Δc_i, summed);
 persistent client state ``"client-control"`` (c_i, in the node's ``Context.state`` as
 ``fedadapt.client-control``).  Communication: 2× FedAvg's in both directions.
 
-Conventions: uploading ``y_i`` instead of ``Δy_i`` is equivalent for a mean and lets non-trainable buffers be
-averaged.  Coupled L2 weight decay enters ``g`` (paper 002 uses 1e-3 for its SGD baselines); it therefore also
-enters ``c_i⁺`` through ``x_t − y``.  ``K_i·η_l = 0`` leaves ``c_i`` unchanged (option II is undefined there).
+Conventions and deviations
+--------------------------
+* ``N_total`` is ``num-clients`` when set, else the most nodes the server ever saw connected when sampling
+  (``nodes_seen``), else — a strategy driven without sampling — the number of valid replies.  With every
+  ``c_i`` starting at 0 this keeps ``c = (1/N_total)·Σ_all c_i``; the round's N_total is returned as the round
+  metric ``num-clients-total``.
+* Uploading ``y_i`` instead of ``Δy_i`` is equivalent for a mean and lets non-trainable buffers be averaged.
+* Coupled L2 weight decay enters ``g`` (paper 002 uses 1e-3 for its SGD baselines); it therefore also
+  enters ``c_i⁺`` through ``x_t − y``.  ``K_i·η_l = 0`` leaves ``c_i`` unchanged (option II is undefined there).
+* A client updates its ``c_i`` before the server validates its reply; if the reply is rejected, ``c`` does not
+  receive that ``Δc_i`` (inherent to SCAFFOLD).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -35,144 +44,96 @@ import torch
 from torch import Tensor
 
 from ..core import records as R
-from .fedcm import averaging_step, cast_like
 from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, all_finite
+from ..core.ops import NamedArrays, averaging_step, decayed_lr
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
 
 SERVER_CONTROL = "server-control"
 CONTROL_DELTA = "control-delta"
 CLIENT_CONTROL = "client-control"
 
 
-# ------------------------------------------------------------------------------------------ pure math
-def scaffold_server_step(
-    current: Mapping[str, np.ndarray],
-    mean_model: Mapping[str, np.ndarray],
-    control: Mapping[str, np.ndarray],
-    control_delta_sum: Mapping[str, np.ndarray],
-    keys: Iterable[str],
-    *,
-    server_lr: float,
-    num_clients: int,
-) -> tuple[NamedArrays, NamedArrays]:
-    """``(x_{t+1}, c_{t+1})``: ``x − η_g·(x − mean y)`` and ``c + Σ Δc_i / N_total`` (float64)."""
-    if num_clients <= 0:
-        raise ValueError(f"num_clients must be positive, got {num_clients}")
-    keys = list(keys)
-    _, new = averaging_step(current, mean_model, keys, server_lr)
-    c = {k: np.asarray(control[k], np.float64) + np.asarray(control_delta_sum[k], np.float64) / num_clients for k in keys}
-    return new, c
-
-
-# ------------------------------------------------------------------------------------------ hparams
 @dataclass(frozen=True)
 class ScaffoldHParams(HParams):
     """SCAFFOLD option II."""
 
+    weight_decay: float = param(1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    num_clients: int = param(0, lo=0, help="N_total in c ← c + ΣΔc_i/N_total; 0 = number of connected nodes")
-    weight_decay: float = param(1e-3, lo=0.0, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
+    num_clients: int | None = param(None, lo=1, help="N_total in c ← c + ΣΔc_i/N_total; empty = the most nodes seen connected")
     client_lr_decay: float = param(1.0, lo=0.0, lo_open=True, hi=1.0, help="client lr × this after every round (paper 002 setup: 0.998)")
 
 
-# ------------------------------------------------------------------------------------------ client
 class ScaffoldOptimizer(LocalOptimizer):
     """Client of SCAFFOLD option II: corrected SGD steps and the c_i⁺ update (persistent c_i)."""
 
-    config_keys: ClassVar[dict[str, str]] = {R.CLIENT_LR: "lr", "weight-decay": "weight_decay"}
+    hparams_class = ScaffoldHParams
 
-    def __init__(self, params: Iterable[tuple[str, Tensor]], lr: float = 0.1, weight_decay: float = 0.0) -> None:
-        if lr < 0 or weight_decay < 0:
-            raise ValueError(f"lr and weight_decay must be >= 0 (got {lr}, {weight_decay})")
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
-        self.updated_control: dict[str, Tensor] = {}
+    def downlink_records(self) -> tuple[str, ...]:
+        return (SERVER_CONTROL,)
 
-    def begin_round(self, downlink=None, persistent=None) -> None:
-        super().begin_round(downlink, persistent)
-        c_rec = (downlink or {}).get(SERVER_CONTROL)
-        ci_rec = (persistent or {}).get(CLIENT_CONTROL, {})
-        for name, p, _ in self.named_params():
-            if c_rec is None or name not in c_rec:
-                raise ValueError(f"SCAFFOLD needs the downlink record '{SERVER_CONTROL}' (key '{name}' missing)")
-            st = self.state[p]
-            st["c"] = c_rec[name].to(device=p.device, dtype=p.dtype).clone()
-            st["ci"] = ci_rec[name].to(device=p.device, dtype=p.dtype).clone() if name in ci_rec else torch.zeros_like(p)
-        self.updated_control = {}
+    def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        state["c"] = self.received(SERVER_CONTROL, name, p)
+        if state["c"] is None:
+            raise ValueError(f"ScaffoldOptimizer: downlink record '{SERVER_CONTROL}' has no entry for parameter '{name}'")
+        ci = self.saved(CLIENT_CONTROL, name, p)
+        state["ci"] = torch.zeros_like(p) if ci is None else ci      # c_i = 0 before the first participation
 
-    def update_param(self, name: str, p: Tensor, grad: Tensor, group: dict[str, Any]) -> None:
-        st = self.state[p]
-        d = grad.sub(st["ci"]).add_(st["c"])
+    def update_param(self, name: str, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        d = grad.sub(state["ci"]).add_(state["c"])                   # g − c_i + c
         if group["weight_decay"]:
-            d.add_(p, alpha=group["weight_decay"])
-        p.add_(d, alpha=-group["lr"])
+            d.add_(p, alpha=group["weight_decay"])                   # + λ·y
+        p.add_(d, alpha=-group["lr"])                                # y ← y − η_l·d
 
-    def end_round(self) -> dict[str, dict[str, Tensor]]:
-        deltas: dict[str, Tensor] = {}
+    def _updated_control(self) -> dict[str, Tensor]:
+        """``c_i⁺ = c_i − c + (x_t − y)/(K·η_l)`` with K = the steps taken (``c_i`` when ``K·η_l = 0``)."""
+        out: dict[str, Tensor] = {}
         for name, p, group in self.named_params():
             st = self.state[p]
-            scale = self.num_steps * group["lr"]
-            if scale > 0:
-                c_plus = st["ci"] - st["c"] + (self.round_start[name] - p.detach()) / scale
-            else:
-                c_plus = st["ci"].clone()
-            self.updated_control[name] = c_plus
-            deltas[name] = c_plus - st["ci"]
-        return {CONTROL_DELTA: deltas}
+            scale = self.steps_taken * group["lr"]
+            out[name] = st["ci"] - st["c"] + (st["round_start"] - p.detach()) / scale if scale > 0 else st["ci"].clone()
+        return out
 
-    def persistent_state(self) -> dict[str, dict[str, Tensor]]:
-        return {CLIENT_CONTROL: dict(self.updated_control)} if self.updated_control else {}
+    def uplink_arrays(self) -> dict[str, dict[str, Tensor]]:
+        c_plus = self._updated_control()
+        return {CONTROL_DELTA: {name: c_plus[name] - self.state[p]["ci"] for name, p, _ in self.named_params()}}
+
+    def persistent_arrays(self) -> dict[str, dict[str, Tensor]]:
+        return {CLIENT_CONTROL: self._updated_control()}
 
 
-# ------------------------------------------------------------------------------------------ server
 class Scaffold(FedAdaptStrategy):
-    """SCAFFOLD option II server; :attr:`control` is c (float64)."""
+    """SCAFFOLD option II server; the server state ``"server-control"`` is c (float64)."""
 
     method: ClassVar[str] = "scaffold"
     hparams_class = ScaffoldHParams
+    local_optimizer = ScaffoldOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
         return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(CONTROL_DELTA, "sum", "params"))
 
     def client_lr_at(self, server_round: int) -> float:
-        return self.client_lr * self.hparams.client_lr_decay ** max(server_round - 1, 0)
+        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
 
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        cfg = super().round_config(server_round)
-        cfg["weight-decay"] = float(self.hparams.weight_decay)
-        return cfg
-
-    @property
-    def num_clients_total(self) -> int:
-        return int(self.hparams.num_clients) or self.nodes_seen
-
-    def init_state(self, arrays: NamedArrays) -> None:
-        self.control: NamedArrays = {k: np.zeros(np.shape(arrays[k]), np.float64) for k in self.trainable(arrays)}
+    def init_server_state(self, arrays: NamedArrays) -> ServerState:
+        return {SERVER_CONTROL: {k: np.zeros(np.shape(arrays[k]), np.float64) for k in self.trainable(arrays)}}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None
-        return {SERVER_CONTROL: cast_like(self.control, self.current)}
+        assert self.current is not None and self.server_state is not None
+        return {SERVER_CONTROL: cast_like(self.server_state[SERVER_CONTROL], self.current)}
 
-    def server_update(self, server_round: int, current: NamedArrays, aggregates: Mapping[str, NamedArrays]) -> NamedArrays:
-        mean = aggregates[R.MODEL]
-        n_total = self.num_clients_total
-        if n_total <= 0:  # server_update without configure_train (direct calls): count the replies
-            n_total = len(self.reply_metrics)
-        new, control = scaffold_server_step(
-            current, mean, self.control, aggregates[CONTROL_DELTA], self.trainable(current),
-            server_lr=self.hparams.server_lr, num_clients=n_total,
-        )
-        new_params = cast_like(new, current)
-        if all_finite(new_params) is None and all_finite(control) is None:
-            self.control = control
-        return self.merge_buffers(new_params, current, mean)
+    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+        current, mean, delta_sum = inputs.current, inputs.aggregates[R.MODEL], inputs.aggregates[CONTROL_DELTA]
+        n_total = self.hparams.num_clients or inputs.nodes_seen or len(inputs.reply_metrics)
+        _, new = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # x − η_g·(x − mean y)
+        control = {k: state[SERVER_CONTROL][k] + np.asarray(delta_sum[k], np.float64) / n_total for k in inputs.trainable}
+        return self.merge_buffers(cast_like(new, current), current, mean), {SERVER_CONTROL: control}, {"num-clients-total": n_total}
 
 
 register(
-    Scaffold, ScaffoldOptimizer,
+    Scaffold,
     paper="Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020",
     summary="SGD corrected by control variates (option II, persistent c_i) + model averaging",
 )
