@@ -20,6 +20,7 @@ from flower_strategies.core.ops import averaging_step, global_offset
 from flower_strategies.core.registry import METHODS, parse_run_config
 from flower_strategies.core.strategy import weighted_mean
 from tests.helpers import (
+    set_task_identity,
     SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
     synthetic_initial_arrays, with_server_state,
 )
@@ -132,10 +133,12 @@ def _reply(node, model, n, steps):
     md = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0, reply_to_message_id="q",
                   group_id="1", created_at=time.time(), ttl=3600.0, message_type=MessageType.TRAIN)
     return Message(content=RecordDict({"arrays": ArrayRecord({"w": Array(np.asarray(model, np.float64))}),
-                                       "metrics": MetricRecord({"num-examples": n, "num-steps": steps})}), metadata=md)
+                                       "metrics": MetricRecord({"num-examples": n, "num-steps": steps}),
+                                       "fedadapt": ConfigRecord({"method": "fedcm"})}), metadata=md)
 
 
 def test_protocol_mocked_replies():
+    set_task_identity()
     s = FedCM(FedCMHParams(client_lr_decay=0.5), client_lr=0.2, local_steps=5)
     x = np.array([1.0, 1.0])
     msgs = list(s.configure_train(1, ArrayRecord({"w": Array(x)}), ConfigRecord(), FakeGrid()))

@@ -230,11 +230,7 @@ class ClientRound:
         client hyper-parameters.  ``num_examples`` is needed by methods that plan their steps (LocalUpdate,
         FedLADA's ``K-1``); ``full_gradient`` by MimeLite (see :func:`full_gradient_from`)."""
         cls = self.spec.local_optimizer
-        planned = None
-        if cls.needs_planned_steps:
-            if num_examples is None:
-                raise ValueError(f"method '{self.method}' plans its local steps: pass num_examples=")
-            planned = self.num_steps(num_examples)
+        planned = None if num_examples is None else self.num_steps(num_examples)
         return cls(
             model.named_parameters(),
             lr=self.lr,

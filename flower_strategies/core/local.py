@@ -134,7 +134,10 @@ class LocalOptimizer(torch.optim.Optimizer):
         if planned_steps is not None and (not isinstance(planned_steps, int) or planned_steps < 1):
             raise ValueError(f"{type(self).__name__}: planned_steps must be a positive int, got {planned_steps!r}")
         if self.needs_planned_steps and planned_steps is None:
-            raise ValueError(f"{type(self).__name__} needs planned_steps= (the number of local steps this round)")
+            raise ValueError(
+                f"{type(self).__name__} needs planned_steps= (the number of local steps this round; "
+                "with ClientRound.optimizer pass num_examples=)"
+            )
         self.planned_steps = planned_steps
         missing = [r for r in self.downlink_records() if r not in self.downlink]
         if missing:
