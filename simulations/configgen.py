@@ -72,7 +72,7 @@ def render_wire() -> str:
     common = {R.SERVER_ROUND, R.METHOD, R.CLIENT_LR, R.LOCAL_STEPS, R.LOCAL_EPOCHS, R.BATCH_SIZE}
     rows = [WIRE_BEGIN, "| method | extra downlink records | uplink records (rule) | extra round-config keys |", "|---|---|---|---|"]
     for name in sorted(METHODS):
-        strategy = METHODS[name].build(trainable_keys=[n for n, _ in model.named_parameters()])
+        strategy = METHODS[name].build(trainable_keys=[n for n, _ in model.named_parameters()], num_rounds=10)
         strategy.current = arrays
         strategy.server_state = strategy.init_server_state(arrays)
         down = ", ".join(f"`{k}`" for k in strategy.downlink(1)) or "–"
