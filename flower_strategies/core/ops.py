@@ -59,7 +59,8 @@ class StreamingAggregator:
             if acc is None:
                 self._dtypes[key] = arr.dtype
                 dtype = arr.dtype if is_float(arr) else np.dtype(np.float64)
-                self._acc[key] = np.array(arr, dtype=dtype) if w == 1.0 else np.multiply(arr, w, dtype=dtype)
+                acc = self._acc[key] = np.empty(arr.shape, dtype=dtype)
+                np.multiply(arr, w, out=acc) if w != 1.0 else np.copyto(acc, arr)
             elif self.rule == "max":
                 np.maximum(acc, arr, out=acc)
             elif w == 1.0:
