@@ -52,11 +52,35 @@ def bin_path(name: str) -> str:
     return found
 
 
-def signal_group(proc: subprocess.Popen, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
     try:
-        os.killpg(proc.pid, sig)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def process_tree(roots: Sequence[int]) -> dict[int, int]:
+    """``{pid: process group}`` of ``roots`` and all their descendants, from ``/proc`` (Linux; elsewhere: the roots).
+
+    Flower starts some children detached in sessions of their own (``flower-superexec``), so killing the groups of
+    the processes we started is not enough: their descendants' groups are signalled too."""
+    parent: dict[int, int] = {}
+    group: dict[int, int] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d.name)], group[int(d.name)] = int(fields[1]), int(fields[2])
+    tree = {r: group.get(r, r) for r in roots}
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == pid and child not in tree:
+                tree[child] = group[child]
+                todo.append(child)
+    return tree
 
 
 class Cluster:
@@ -96,16 +120,20 @@ class Cluster:
         return proc
 
     def stop(self) -> None:
-        for _, proc in reversed(self.procs):
-            signal_group(proc, signal.SIGTERM)
+        """SIGTERM to the process group of every started process and of each of its descendants, SIGKILL to those
+        groups after ``grace_s`` (also when a group's leader has exited)."""
+        groups = list(dict.fromkeys(process_tree([proc.pid for _, proc in reversed(self.procs)]).values()))
+        for pgid in groups:
+            signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
         for _, proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for _, proc in self.procs:  # also the group's other members, even when its leader has exited
-            signal_group(proc, signal.SIGKILL)
+        for pgid in groups:
+            signal_group(pgid, signal.SIGKILL)
+        for _, proc in self.procs:
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
