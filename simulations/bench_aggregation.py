@@ -24,24 +24,28 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torchvision
-    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+    from flower_strategies.core import records as R
     from flower_strategies.core.registry import get_method
-    from tests.helpers import NodesGrid, reply
+    from simulations.engine import LoopbackGrid
 
     net = torchvision.models.resnet18(num_classes=10)
     state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
     model_mb = sum(a.nbytes for a in state.values()) / 2**20
-    spec = get_method(args.method)
-    strategy = spec.strategy(trainable_keys=[n for n, _ in net.named_parameters()], min_available_nodes=1)
-    nodes = list(range(1, args.replies + 1))
-    list(strategy.configure_train(1, ArrayRecord(net.state_dict()), ConfigRecord(), NodesGrid(nodes)))
+    strategy = get_method(args.method).build(trainable_keys=[n for n, _ in net.named_parameters()],
+                                             min_available_nodes=1, min_train_nodes=args.replies)
     rng = np.random.default_rng(0)
-    replies = [
-        reply(n, {"arrays": {k: (v + rng.normal(scale=1e-3, size=v.shape).astype(v.dtype)) if v.dtype.kind == "f" else v
-                             for k, v in state.items()}}, num_examples=100 + n)
-        for n in nodes
-    ]
+
+    def client(msg: Message, context) -> Message:
+        """A stand-in ClientApp: replies with the model plus small noise (what Flower delivers to the server)."""
+        arrays = {k: Array((v + rng.normal(scale=1e-3, size=v.shape).astype(v.dtype)) if v.dtype.kind == "f" else v)
+                  for k, v in state.items()}
+        metrics = MetricRecord({R.NUM_EXAMPLES: 100 + msg.metadata.dst_node_id})
+        return Message(RecordDict({R.MODEL: ArrayRecord(arrays), R.METRICS: metrics}), reply_to=msg)
+
+    grid = LoopbackGrid(client, args.replies)
+    replies = grid.send_and_receive(strategy.configure_train(1, ArrayRecord(net.state_dict()), ConfigRecord(), grid))
     tracemalloc.start()
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]

