@@ -26,7 +26,7 @@ def _model():
 
 
 def _strategy(name):
-    return METHODS[name].strategy(client_lr=0.02, local_steps=3, batch_size=8, fraction_train=0.5, min_train_nodes=2,
+    return METHODS[name].build(client_lr=0.02, local_steps=3, batch_size=8, fraction_train=0.5, min_train_nodes=2,
                                   seed=5)
 
 
