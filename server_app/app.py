@@ -7,6 +7,8 @@
 3. Runs the strategy, evaluating the global model centrally on the held-out test split after every round;
    writes ``<output-dir>/<run-name>/metrics.jsonl`` + ``metrics.csv``, prints one progress line per round
    and saves ``model.pt`` and ``summary.json`` at the end.
+4. With ``checkpoint-every > 0`` writes a data-only ``checkpoint.npz`` (:mod:`flower_strategies.core.checkpoint`)
+   on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -63,14 +66,15 @@ class Checkpointer:
     """Writes ``checkpoint.npz`` every ``every`` rounds and after the last one; keeps the latest round's
     encoded checkpoint in memory so that SIGINT/SIGTERM can write it before the process exits."""
 
-    def __init__(self, path: Path, every: int, num_rounds: int) -> None:
-        self.path, self.every, self.num_rounds = path, every, num_rounds
+    def __init__(self, path: Path, every: int, num_rounds: int, encode: Callable[[int, ArrayRecord], bytes]) -> None:
+        self.path, self.every, self.num_rounds, self.encode = path, every, num_rounds, encode
         self.latest: bytes | None = None
         self.latest_round = -1
         self.written_round = -1
 
-    def round_end(self, server_round: int, data: bytes) -> None:
-        self.latest, self.latest_round = data, server_round
+    def round_end(self, server_round: int, arrays: ArrayRecord) -> None:
+        """``on_round_end`` of :func:`run_rounds`: encode the round's checkpoint; write it on the cadence."""
+        self.latest, self.latest_round = self.encode(server_round, arrays), server_round
         if server_round % self.every == 0 or server_round == self.num_rounds:
             self.write()
 
@@ -80,12 +84,14 @@ class Checkpointer:
             self.written_round = self.latest_round
             log(INFO, "fedadapt: checkpoint of round %d written to %s", self.latest_round, self.path)
 
-    def install_signal_handlers(self) -> dict[int, Any]:
-        """SIGINT/SIGTERM: write the last completed round's checkpoint, then hand over to the previous handler
-        (Flower's graceful exit in a deployed ServerApp) or exit (KeyboardInterrupt / SystemExit(128+signum)).
-        Only possible in the main thread; returns the previous handlers (restored when the run ends)."""
+    @contextmanager
+    def signal_handlers(self) -> Iterator[None]:
+        """While active, SIGINT/SIGTERM write the last completed round's checkpoint, then hand over to the previous
+        handler (Flower's graceful exit in a deployed ServerApp) or exit (KeyboardInterrupt / SystemExit(128+signum)).
+        Only possible in the main thread; the previous handlers are restored on exit."""
         if threading.current_thread() is not threading.main_thread():
-            return {}
+            yield
+            return
 
         previous: dict[int, Any] = {}
 
@@ -102,7 +108,24 @@ class Checkpointer:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.getsignal(sig)
             signal.signal(sig, handler)
-        return previous
+        try:
+            yield
+        finally:
+            for sig, prev in previous.items():
+                signal.signal(sig, prev)
+
+
+def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, writer: MetricsWriter,
+                      run_config: Mapping[str, Any]) -> Checkpointer | None:
+    """The run's :class:`Checkpointer` (``checkpoint-every > 0``), else None."""
+    if fed.checkpoint_every <= 0:
+        return None
+
+    def encode(server_round: int, arrays: ArrayRecord) -> bytes:
+        return ckpt.encode(server_round=server_round, num_rounds=fed.num_server_rounds, arrays=R.to_numpy(arrays),
+                           strategy=strategy, metrics_rows=writer.rows, run_config=run_config)
+
+    return Checkpointer(out / "checkpoint.npz", fed.checkpoint_every, fed.num_server_rounds, encode)
 
 
 # ------------------------------------------------------------------------------------------ the run, in steps
@@ -202,28 +225,11 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         print(progress_line(row, fed.num_server_rounds), flush=True)
         return MetricRecord(dict(m))
 
-    checkpointer: Checkpointer | None = None
-    on_round_end = None
-    previous_handlers: dict[int, Any] = {}
-    if fed.checkpoint_every > 0:
-        checkpointer = Checkpointer(out / "checkpoint.npz", fed.checkpoint_every, fed.num_server_rounds)
-
-        def on_round_end(server_round: int, arrays: ArrayRecord) -> None:
-            assert checkpointer is not None
-            checkpointer.round_end(server_round, ckpt.encode(
-                server_round=server_round, num_rounds=fed.num_server_rounds, arrays=R.to_numpy(arrays),
-                strategy=strategy, metrics_rows=writer.rows, run_config=run_config,
-            ))
-
-        previous_handlers = checkpointer.install_signal_handlers()
-
+    checkpointer = make_checkpointer(fed, out, strategy, writer, run_config)
     t0 = time.monotonic()
-    try:
+    with checkpointer.signal_handlers() if checkpointer else nullcontext():
         result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
-                            start_round=start_round, on_round_end=on_round_end)
-    finally:
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
+                            start_round=start_round, on_round_end=checkpointer.round_end if checkpointer else None)
     # Flower's Result keeps an empty ArrayRecord when no round ever updated the model.
     model.load_state_dict((result.arrays if len(result.arrays) else initial).to_torch_state_dict())
     torch.save(model.state_dict(), out / "model.pt")
