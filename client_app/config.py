@@ -33,8 +33,8 @@ class AppConfig(StrategyConfig):
     precision: str = param("float32", choices=("float32", "float64"), help="model/data dtype (float64 for exactness checks)")
     round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")
     data_dir: str = param(".cache/fedadapt", help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
-    checkpoint_every: int = param(0, lo=0, help="write <output-dir>/<run-name>/checkpoint.pkl every N rounds, at the end and on SIGINT/SIGTERM; 0 = off")
-    resume: str = param("", help="path of a checkpoint to continue from (next round on; a trusted file); empty = fresh run")
+    checkpoint_every: int = param(0, lo=0, help="write <output-dir>/<run-name>/checkpoint.npz (data only: arrays + JSON) every N rounds, at the end and on SIGINT/SIGTERM; 0 = off")
+    resume: str = param("", help="path of a checkpoint.npz to continue from (next round on; validated, never unpickled); empty = fresh run")
     test_max_examples: int = param(0, lo=0, help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all 360; shakespeare-lstm: 2,000)")
 
 

@@ -7,16 +7,19 @@
 3. Runs the strategy, evaluating the global model centrally on the held-out test split after every round;
    writes ``<output-dir>/<run-name>/metrics.jsonl`` + ``metrics.csv``, prints one progress line per round
    and saves ``model.pt`` and ``summary.json`` at the end.
+4. With ``checkpoint-every > 0`` writes a data-only ``checkpoint.npz`` (:mod:`flower_strategies.core.checkpoint`)
+   on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +28,16 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, R
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from client_app.config import AppConfig
+from client_app.config import parse as app_config
 from client_app.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
-from client_app.config import AppConfig
-from client_app.config import parse as app_config
 from flower_strategies.core.registry import build_strategy, run_config_defaults
-from flower_strategies.core.strategy import FedAdaptStrategy
+from flower_strategies.core.strategy import FedAdaptStrategy, RoundLog
 
 from .loop import run_rounds
-from .metrics import COLUMNS, MetricsWriter, progress_line
-
-from logging import INFO, WARNING
+from .metrics import MetricsWriter, progress_line
 
 app = ServerApp()
 
@@ -62,17 +63,18 @@ def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float) 
 
 
 class Checkpointer:
-    """Writes ``checkpoint.pkl`` every ``every`` rounds and after the last one; keeps the latest round's
-    checkpoint in memory so that SIGINT/SIGTERM can write it before the process exits."""
+    """Writes ``checkpoint.npz`` every ``every`` rounds and after the last one; keeps the latest round's
+    encoded checkpoint in memory so that SIGINT/SIGTERM can write it before the process exits."""
 
-    def __init__(self, path: Path, every: int, num_rounds: int) -> None:
-        self.path, self.every, self.num_rounds = path, every, num_rounds
+    def __init__(self, path: Path, every: int, num_rounds: int, encode: Callable[[int, ArrayRecord], bytes]) -> None:
+        self.path, self.every, self.num_rounds, self.encode = path, every, num_rounds, encode
         self.latest: bytes | None = None
         self.latest_round = -1
         self.written_round = -1
 
-    def round_end(self, server_round: int, payload: dict[str, Any]) -> None:
-        self.latest, self.latest_round = ckpt.dumps(payload), server_round
+    def round_end(self, server_round: int, arrays: ArrayRecord) -> None:
+        """``on_round_end`` of :func:`run_rounds`: encode the round's checkpoint; write it on the cadence."""
+        self.latest, self.latest_round = self.encode(server_round, arrays), server_round
         if server_round % self.every == 0 or server_round == self.num_rounds:
             self.write()
 
@@ -82,12 +84,14 @@ class Checkpointer:
             self.written_round = self.latest_round
             log(INFO, "fedadapt: checkpoint of round %d written to %s", self.latest_round, self.path)
 
-    def install_signal_handlers(self) -> dict[int, Any]:
-        """SIGINT/SIGTERM: write the last completed round's checkpoint, then hand over to the previous handler
-        (Flower's graceful exit in a deployed ServerApp) or exit (KeyboardInterrupt / SystemExit(128+signum)).
-        Only possible in the main thread; returns the previous handlers (restored when the run ends)."""
+    @contextmanager
+    def signal_handlers(self) -> Iterator[None]:
+        """While active, SIGINT/SIGTERM write the last completed round's checkpoint, then hand over to the previous
+        handler (Flower's graceful exit in a deployed ServerApp) or exit (KeyboardInterrupt / SystemExit(128+signum)).
+        Only possible in the main thread; the previous handlers are restored on exit."""
         if threading.current_thread() is not threading.main_thread():
-            return {}
+            yield
+            return
 
         previous: dict[int, Any] = {}
 
@@ -104,113 +108,133 @@ class Checkpointer:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.getsignal(sig)
             signal.signal(sig, handler)
-        return previous
+        try:
+            yield
+        finally:
+            for sig, prev in previous.items():
+                signal.signal(sig, prev)
 
 
-def _restore_rows(writer: MetricsWriter, rows: list[dict[str, Any]]) -> None:
-    """Put the checkpointed metrics rows back into a fresh writer (rewrites metrics.jsonl and metrics.csv)."""
-    writer.rows = [dict(r) for r in rows]
-    writer.jsonl.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in writer.rows))
-    cols = COLUMNS + sorted({k for r in writer.rows for k in r} - set(COLUMNS))
-    with writer.csv.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(writer.rows)
+def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, writer: MetricsWriter,
+                      run_config: Mapping[str, Any]) -> Checkpointer | None:
+    """The run's :class:`Checkpointer` (``checkpoint-every > 0``), else None."""
+    if fed.checkpoint_every <= 0:
+        return None
+
+    def encode(server_round: int, arrays: ArrayRecord) -> bytes:
+        return ckpt.encode(server_round=server_round, num_rounds=fed.num_server_rounds, arrays=R.to_numpy(arrays),
+                           strategy=strategy, metrics_rows=writer.rows, run_config=run_config)
+
+    return Checkpointer(out / "checkpoint.npz", fed.checkpoint_every, fed.num_server_rounds, encode)
 
 
-def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
-    # Validate before anything is sent.
-    probe_fed = app_config(run_config)
-    model = build_model(probe_fed.task, probe_fed.seed, probe_fed.synthetic_dim, probe_fed.precision)
+# ------------------------------------------------------------------------------------------ the run, in steps
+def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, FedAdaptStrategy]:
+    """Validate the whole run-config (one clear error before anything is sent) and build model + strategy."""
+    probe = app_config(run_config)
+    model = build_model(probe.task, probe.seed, probe.synthetic_dim, probe.precision)
     trainable = [name for name, _ in model.named_parameters()]
     strategy, fed = build_strategy(run_config, trainable_keys=trainable, settings=AppConfig)
-    payload: dict[str, Any] | None = None
-    if fed.resume:
-        payload = ckpt.load(fed.resume)
-        ckpt.check_compatible(payload, run_config, run_config_defaults(AppConfig))
-    x_test, y_test = load_test_data(
+    assert isinstance(fed, AppConfig)
+    return fed, model, strategy
+
+
+def read_resume(fed: AppConfig, run_config: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any] | None:
+    """The validated checkpoint to resume from (``resume`` key), or None for a fresh run."""
+    if not fed.resume:
+        return None
+    payload = ckpt.load(fed.resume)
+    ckpt.check_compatible(payload, run_config, run_config_defaults(AppConfig))
+    ckpt.check_arrays(payload, model.state_dict())
+    return payload
+
+
+def load_test_split(fed: AppConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    return load_test_data(
         fed.task, seed=fed.seed, num_clients=fed.synthetic_clients, synthetic_dim=fed.synthetic_dim,
         synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
         max_examples=fed.test_max_examples,
     )
+
+
+def resume_into(strategy: FedAdaptStrategy, writer: MetricsWriter, payload: dict[str, Any]) -> tuple[ArrayRecord, int]:
+    """Restore the strategy state and the metrics rows; return the global arrays and the first round to run.
+
+    Call after :func:`discover_partitions` (which draws from the sampling RNG in a fresh run too): the restored
+    RNG state is exactly the one the uninterrupted run had after round ``payload['round']``."""
+    ckpt.restore_strategy(strategy, payload)
+    writer.restore(payload["metrics_rows"])
+    return R.to_record(payload["arrays"]), payload["round"] + 1
+
+
+def round_row(server_round: int, test_metrics: Mapping[str, float], history: list[RoundLog]) -> dict[str, Any]:
+    """The metrics row of ``server_round``: central test metrics + the round's log (replies, bytes, the
+    method's own round metrics such as decayed learning rates)."""
+    row: dict[str, Any] = {"round": server_round, "test-loss": test_metrics["loss"]}
+    if "accuracy" in test_metrics:
+        row["test-accuracy"] = test_metrics["accuracy"]
+    if server_round == 0 or not history or history[-1].server_round != server_round:
+        return row
+    h = history[-1]
+    row.update({
+        "train-loss": h.train_metrics.get(R.TRAIN_LOSS), "train-loss-before": h.train_metrics.get(R.TRAIN_LOSS_BEFORE),
+        "replies-used": h.replies_used, "replies-rejected": h.replies_rejected,
+        "replies-missing": max(0, h.sampled - h.replies_used - h.replies_rejected),
+        "bytes-down": h.bytes_down, "bytes-up": h.bytes_up, "updated": h.updated,
+    })
+    row.update(h.round_metrics)
+    if h.rejections:
+        row["rejections"] = "; ".join(h.rejections)
+    return row
+
+
+def write_summary(out: Path, fed: AppConfig, run_config: Mapping[str, Any], strategy: FedAdaptStrategy,
+                  writer: MetricsWriter, seconds: float, resumed_after: int | None,
+                  checkpointer: Checkpointer | None) -> dict[str, Any]:
+    summary = {
+        "status": "completed", "method": fed.method, "task": fed.task, "rounds": fed.num_server_rounds,
+        "final": writer.rows[-1] if writer.rows else {}, "seconds": round(seconds, 3), "run_config": dict(run_config),
+        "rounds_without_update": [h.server_round for h in strategy.history if not h.updated],
+        "resumed_after_round": resumed_after,
+    }
+    if checkpointer is not None:
+        summary["checkpoint"] = str(checkpointer.path)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return summary
+
+
+def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
+    fed, model, strategy = build(run_config)
+    payload = read_resume(fed, run_config, model)
+    x_test, y_test = load_test_split(fed)
     out = run_dir(fed)
     writer = MetricsWriter(out)
     log(INFO, "fedadapt: method=%s task=%s rounds=%d → %s", fed.method, fed.task, fed.num_server_rounds, out)
     if fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
         discover_partitions(grid, strategy, fed.round_timeout)
-
-    start_round = 1
-    initial = ArrayRecord(model.state_dict())
+    initial, start_round = ArrayRecord(model.state_dict()), 1
     if payload is not None:
-        # After discover_partitions (which draws from the sampling RNG in a fresh run too): the restored RNG
-        # state is exactly the one the uninterrupted run had after round ``payload['round']``.
-        ckpt.restore_strategy(strategy, payload)
-        initial = R.to_record(payload["arrays"])
-        _restore_rows(writer, payload["metrics_rows"])
-        start_round = int(payload["round"]) + 1
-        log(INFO, "fedadapt: resuming from %s after round %d", fed.resume, payload["round"])
+        initial, start_round = resume_into(strategy, writer, payload)
+        log(INFO, "fedadapt: resuming from %s after round %d", fed.resume, start_round - 1)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
         m = evaluate(model, x_test, y_test, fed.task)
-        row: dict[str, Any] = {"round": server_round, "test-loss": m["loss"]}
-        if "accuracy" in m:
-            row["test-accuracy"] = m["accuracy"]
-        if server_round > 0 and strategy.history and strategy.history[-1].server_round == server_round:
-            h = strategy.history[-1]
-            tm = h.train_metrics or {}
-            row.update({
-                "train-loss": tm.get(R.TRAIN_LOSS), "train-loss-before": tm.get(R.TRAIN_LOSS_BEFORE),
-                "replies-used": h.replies_used, "replies-rejected": h.replies_rejected,
-                "replies-missing": max(0, h.sampled - h.replies_used - h.replies_rejected),
-                "bytes-down": h.bytes_down, "bytes-up": h.bytes_up, "updated": h.updated,
-            })
-            row.update(h.round_metrics)  # the method's own per-round values (e.g. decayed learning rates)
-            if h.rejections:
-                row["rejections"] = "; ".join(h.rejections)
-        row = writer.add(row)
+        row = writer.add(round_row(server_round, m, strategy.history))
         print(progress_line(row, fed.num_server_rounds), flush=True)
-        return MetricRecord({k: v for k, v in m.items()})
+        return MetricRecord(dict(m))
 
-    checkpointer: Checkpointer | None = None
-    on_round_end = None
-    previous_handlers: dict[int, Any] = {}
-    if fed.checkpoint_every > 0:
-        checkpointer = Checkpointer(out / "checkpoint.pkl", fed.checkpoint_every, fed.num_server_rounds)
-
-        def on_round_end(server_round: int, arrays: ArrayRecord) -> None:
-            assert checkpointer is not None
-            checkpointer.round_end(server_round, ckpt.make_payload(
-                server_round=server_round, num_rounds=fed.num_server_rounds, arrays=R.to_numpy(arrays),
-                strategy=strategy, metrics_rows=writer.rows, run_config=run_config,
-            ))
-
-        previous_handlers = checkpointer.install_signal_handlers()
-
+    checkpointer = make_checkpointer(fed, out, strategy, writer, run_config)
     t0 = time.monotonic()
-    try:
-        result = run_rounds(
-            strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
-            start_round=start_round, on_round_end=on_round_end,
-        )
-    finally:
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
+    with checkpointer.signal_handlers() if checkpointer else nullcontext():
+        result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
+                            start_round=start_round, on_round_end=checkpointer.round_end if checkpointer else None)
     # Flower's Result keeps an empty ArrayRecord when no round ever updated the model.
-    final_arrays = result.arrays if len(result.arrays) else initial
-    model.load_state_dict(final_arrays.to_torch_state_dict())
+    model.load_state_dict((result.arrays if len(result.arrays) else initial).to_torch_state_dict())
     torch.save(model.state_dict(), out / "model.pt")
-    final = writer.rows[-1] if writer.rows else {}
-    summary = {
-        "status": "completed", "method": fed.method, "task": fed.task, "rounds": fed.num_server_rounds,
-        "final": final, "seconds": round(time.monotonic() - t0, 3), "run_config": dict(run_config),
-        "rounds_without_update": [h.server_round for h in strategy.history if not h.updated],
-        "resumed_after_round": None if payload is None else int(payload["round"]),
-    }
-    if checkpointer is not None:
-        summary["checkpoint"] = str(checkpointer.path)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0,
+                            None if payload is None else start_round - 1, checkpointer)
     log(INFO, "fedadapt: finished; metrics in %s", out)
     return summary
 

@@ -31,12 +31,21 @@ class MetricsWriter:
         self.rows.append(row)
         with self.jsonl.open("a") as fh:
             fh.write(json.dumps(row, sort_keys=True) + "\n")
+        self._write_csv()
+        return row
+
+    def restore(self, rows: list[dict[str, Any]]) -> None:
+        """Start from ``rows`` (a resumed run's checkpointed rows): rewrites metrics.jsonl and metrics.csv."""
+        self.rows = [dict(r) for r in rows]
+        self.jsonl.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
+        self._write_csv()
+
+    def _write_csv(self) -> None:
         cols = COLUMNS + sorted({k for r in self.rows for k in r} - set(COLUMNS))
         with self.csv.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=cols)
             w.writeheader()
             w.writerows(self.rows)
-        return row
 
 
 def progress_line(row: dict[str, Any], num_rounds: int) -> str:

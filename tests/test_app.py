@@ -195,3 +195,18 @@ def test_negative_caps_are_rejected_before_round_one(tmp_path):
     for key in ("loss-before-max-examples", "test-max-examples"):
         with pytest.raises(ConfigError, match=key):
             run_inprocess({**BASE, "output-dir": str(tmp_path), key: -1}, 2)
+
+
+def test_metrics_row_carries_the_round_log_and_the_methods_round_metrics():
+    """A round's row = test metrics + its RoundLog, including the method's own ``round_metrics`` (e.g. decayed lrs)."""
+    from flower_strategies.core.strategy import RoundLog
+    from server_app.app import round_row
+
+    log = RoundLog(2, sampled=4, replies_used=2, replies_rejected=1, rejections=["node 3: NaN"], bytes_down=40,
+                   bytes_up=20, updated=True, train_metrics={"train-loss": 0.5, "train-loss-before": 0.7},
+                   round_metrics={"client-lr": 0.05, "server-lr": 0.5})
+    row = round_row(2, {"loss": 0.4, "accuracy": 0.9}, [log])
+    assert row == {"round": 2, "test-loss": 0.4, "test-accuracy": 0.9, "train-loss": 0.5, "train-loss-before": 0.7,
+                   "replies-used": 2, "replies-rejected": 1, "replies-missing": 1, "bytes-down": 40, "bytes-up": 20,
+                   "updated": True, "client-lr": 0.05, "server-lr": 0.5, "rejections": "node 3: NaN"}
+    assert round_row(0, {"loss": 1.0}, [log]) == {"round": 0, "test-loss": 1.0}  # round 0: evaluation only

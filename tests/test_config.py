@@ -9,9 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord
 
 import flower_strategies as fs
+from client_app.config import AppConfig
 from client_app.task import build_model
+from flower_strategies.core.client import full_gradient
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, run_config_defaults
 from simulations import configgen
@@ -31,13 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
         ({"task": "cifar"}, "task = 'cifar' is not valid; choose one of: digits-mlp, digits-cnn, synthetic-linear"),
         ({"method": "fedadam", "fedadam.tau": -1.0}, "fedadam.tau = -1.0 is out of range; must be >= 0.0"),
         ({"method": "fedadam", "fedadam.bias-correction": "keras"}, "fedadam.bias-correction = 'keras' is not valid"),
-        ({"method": "fedavgm", "fedavgm.server-momentum": True}, "fedavgm.server-momentum must be float, got bool"),
+        ({"method": "fedavgm", "fedavgm.beta1": True}, "fedavgm.beta1 must be float, got bool"),
         ({"client-lr": float("nan")}, "client-lr must be finite"),
     ],
 )
 def test_bad_run_config_gives_one_clear_error(cfg, message):
     with pytest.raises(ConfigError) as err:
-        parse_run_config(cfg)
+        parse_run_config(cfg, AppConfig)
     assert message in str(err.value)
 
 
@@ -47,7 +51,7 @@ def test_another_methods_key_is_rejected_naming_the_valid_keys():
     msg = str(err.value)
     assert "['fedadam.tau'] belong to other methods, but method = 'fedavg'" in msg and "fedavg.server-lr" in msg
     # Flower passes every declared key with its default: unchanged foreign defaults are fine.
-    parse_run_config({"method": "fedavg", **METHODS["fedadam"].hparams.defaults("fedadam")})
+    parse_run_config({"method": "fedavg", **METHODS["fedadam"].defaults()})
 
 
 def test_valid_method_list_is_in_the_error():
@@ -84,7 +88,7 @@ def test_pyproject_config_table_matches_registry():
             else:
                 yield f"{pre}{k}", v
 
-    assert dict(flat(table)) == run_config_defaults()
+    assert dict(flat(table)) == run_config_defaults(AppConfig)
 
 
 def test_pyproject_components_and_packages():
@@ -106,10 +110,22 @@ def test_every_method_builds_from_defaults_and_its_optimizer_steps(name):
     strategy, fed = fs.build_strategy({"method": name})
     assert isinstance(strategy, spec.strategy) and strategy.method == name
     model = build_model("digits-mlp", 0)
-    strategy.init_state({k: v.detach().numpy() for k, v in model.state_dict().items()})
-    cfg = {"server-round": 1, **strategy.round_config(1)}
-    opt = spec.local_optimizer.from_config(model.named_parameters(), cfg)
+    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), num_sampled=1)
+    cfg = dict(content.config_records["config"])
+    x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    opt_cls = spec.local_optimizer
+    opt = opt_cls(
+        model.named_parameters(), lr=cfg["client-lr"],
+        downlink={n: r.to_torch_state_dict() for n, r in content.array_records.items() if n != "arrays"},
+        full_gradient=full_gradient(model, x, y, F.cross_entropy) if opt_cls.needs_full_gradient else None,
+        planned_steps=1 if opt_cls.needs_planned_steps else None,
+        **spec.hparams.client_kwargs_from_wire(cfg, name),
+    )
     assert isinstance(opt, torch.optim.Optimizer)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert opt.steps_taken == 1
     assert cfg["method"] == name
 
 
@@ -127,9 +143,10 @@ def test_optimizer_requires_named_parameters():
 def test_sgd_optimizer_step_with_prox_and_weight_decay():
     p = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
     opt = fs.SGDOptimizer([("p", p)], lr=0.1, weight_decay=0.5, mu=2.0)
-    opt.begin_round()
-    with torch.no_grad():
-        p.sub_(torch.tensor([0.5, 0.5], dtype=torch.float64))  # move away from the round start
+    # first step at the round start x_t = (1, -2) (prox term 0): d = g + 0.5·x_t = (5, 5) moves p to x_t − 0.5
+    p.grad = torch.tensor([4.5, 6.0], dtype=torch.float64)
+    opt.step()
+    np.testing.assert_allclose(p.detach().numpy(), [0.5, -2.5], atol=1e-12)
     p.grad = torch.tensor([0.3, 0.1], dtype=torch.float64)
     opt.step()
     x = np.array([0.5, -2.5])

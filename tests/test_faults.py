@@ -188,14 +188,16 @@ def test_update_norm_is_measured_against_the_global_model_for_model_records():
 
 
 def test_update_norm_of_other_records_is_their_own_norm():
-    from flower_strategies.core.strategy import RecordSpec
+    from flower_strategies.core.validation import RecordSpec, check_update_norms, update_norm
 
-    strategy = FedAvg()
-    strategy.current = {"w": np.zeros((2, 2))}
+    zero, three = {"w": np.zeros((2, 2))}, {"w": np.full((2, 2), 3.0)}
     params = RecordSpec("momentum", "mean", "params")
     model = RecordSpec("arrays", "mean", "model")
-    assert strategy.update_norm(params, {"w": np.full((2, 2), 3.0)}) == pytest.approx(6.0)
-    strategy.current = {"w": np.full((2, 2), 3.0)}
-    assert strategy.update_norm(model, {"w": np.full((2, 2), 3.0)}) == 0.0
-    assert strategy.update_norm(params, {"w": np.full((2, 2), 3.0)}) == pytest.approx(6.0)
-    assert strategy.update_norm(model, {"i": np.array([10**6])}) == 0.0  # integer buffers are not measured
+    assert update_norm(three, None) == pytest.approx(6.0)  # a non-model record: its own norm
+    assert update_norm(three, three) == 0.0  # a model record: the update against the current model
+    assert update_norm({"i": np.array([10**6])}, None) == 0.0  # integer buffers are not measured
+    # check_update_norms picks the reference by the record's spec
+    assert check_update_norms({"momentum": three}, [params], three, 5.0) == (
+        "record 'momentum' norm 6 exceeds max-update-norm 5")
+    assert check_update_norms({"arrays": three}, [model], three, 5.0) is None
+    assert "update norm 6" in check_update_norms({"arrays": three}, [model], zero, 5.0)

@@ -26,7 +26,7 @@ def _model():
 
 
 def _strategy(name):
-    return METHODS[name].strategy(client_lr=0.02, local_steps=3, batch_size=8, fraction_train=0.5, min_train_nodes=2,
+    return METHODS[name].build(client_lr=0.02, local_steps=3, batch_size=8, fraction_train=0.5, min_train_nodes=2,
                                   seed=5)
 
 
@@ -67,3 +67,25 @@ def test_legacy_replies_without_layout_or_with_failures_are_rejected_not_fatal()
     params, metrics = strat.aggregate_fit(1, [(_Proxy(1), ok), (_Proxy(2), no_layout)], [RuntimeError("lost")])
     assert metrics["replies-used"] == 1 and metrics["replies-rejected"] == 2
     assert parameters_to_ndarrays(params)[0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_configure_fit_does_not_idle_when_enough_clients_are_available():
+    """Under start_grid the client manager learns about nodes only when a wrapped method (num_available, all,
+    sample) is called or every 5 s; configure_fit asks num_available() first, so it never idles in wait_for."""
+    class Manager:
+        def __init__(self):
+            self.proxies = {str(i): _Proxy(i) for i in (1, 2, 3)}
+
+        def num_available(self):
+            return len(self.proxies)
+
+        def wait_for(self, num_clients, timeout):
+            raise AssertionError("wait_for called although enough clients are available")
+
+        def all(self):
+            return self.proxies
+
+    init = {"w": np.zeros(3, np.float32)}
+    strat = LegacyStrategy(fs.FedAvg(min_available_nodes=2, min_train_nodes=2), init)
+    pairs = strat.configure_fit(1, strat.initialize_parameters(None), Manager())
+    assert sorted(p.node_id for p, _ in pairs) == [1, 2, 3]

@@ -31,13 +31,13 @@ def test_train_message_carries_model_extras_and_round_config():
         def downlink(self, server_round):
             return {"momentum": {"w": np.ones((2, 3), np.float32)}}
 
-    s, msgs = configured(WithExtra(fs.FedProxHParams(mu=0.3), client_lr=0.02, local_steps=4, batch_size=7))
+    s, msgs = configured(WithExtra(fs.FedProx.make_hparams(mu=0.3), client_lr=0.02, local_steps=4, batch_size=7))
     assert len(msgs) == 4
     c = msgs[0].content
     assert set(c.array_records) == {"arrays", "momentum"}
     assert msgs[0].metadata.message_type == MessageType.TRAIN
     cfg = c.config_records["config"]
-    assert (cfg["server-round"], cfg["method"], cfg["client-lr"], cfg["local-steps"], cfg["batch-size"], cfg["prox-mu"]) == (
+    assert (cfg["server-round"], cfg["method"], cfg["client-lr"], cfg["local-steps"], cfg["batch-size"], cfg["fedprox.mu"]) == (
         1, "fedprox", 0.02, 4, 7, 0.3)
     assert c["momentum"]["w"].numpy().tolist() == np.ones((2, 3)).tolist()
 
@@ -120,8 +120,8 @@ def test_sampling_is_reproducible_from_the_seed_and_independent_of_global_random
 def test_sampling_follows_node_order_not_node_ids():
     a = fs.FedAvg(fraction_train=0.5, seed=3)
     b = fs.FedAvg(fraction_train=0.5, seed=3)
-    a.node_order = {101: 0, 55: 1, 999: 2, 7: 3}   # partition ids reported by nodes
-    b.node_order = {8: 0, 3: 1, 12: 2, 1: 3}       # other node ids, same partitions
+    a.order_nodes({101: 0, 55: 1, 999: 2, 7: 3})   # partition ids reported by nodes
+    b.order_nodes({8: 0, 3: 1, 12: 2, 1: 3})       # other node ids, same partitions
     pa = [a.node_order[n] for n in a.sample(NodesGrid([7, 55, 101, 999]), 0.5, 2)]
     pb = [b.node_order[n] for n in b.sample(NodesGrid([1, 3, 8, 12]), 0.5, 2)]
     assert pa == pb
@@ -158,8 +158,9 @@ def test_params_record_spec_expects_only_trainable_float_keys():
         def uplink_specs(self):
             return (RecordSpec("p", "umean", "params"),)
 
-        def server_update(self, server_round, current, aggregates):
-            return {**current, "w": current["w"] - aggregates["p"]["w"], "b": current["b"] - aggregates["p"]["b"]}
+        def server_update(self, inputs, state):
+            current, p = inputs.current, inputs.aggregates["p"]
+            return {**current, "w": current["w"] - p["w"], "b": current["b"] - p["b"]}, state, {}
 
     s, _ = configured(UploadsP(trainable_keys=["w", "b"]))
     ok = reply(1, {"p": {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}})
@@ -176,8 +177,9 @@ def test_zero_dim_arrays_keep_their_shape_on_the_wire():
 
 def test_server_update_producing_nan_keeps_previous_model():
     class Broken(fs.FedAvg):
-        def server_update(self, server_round, current, aggregates):
-            return {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in current.items()}
+        def server_update(self, inputs, state):
+            nan = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in inputs.current.items()}
+            return nan, state, {}
 
     s, _ = configured(Broken())
     out, _ = s.aggregate_train(1, [good(1, 1.0)])

@@ -161,7 +161,10 @@ class LegacyStrategy(LegacyBase):
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         s = self.inner
         need = max(s.min_available_nodes, s.min_train_nodes)
-        client_manager.wait_for(need, timeout=int(s.wait_for_nodes_s))
+        # num_available() first, as Flower's own strategies do: under start_grid it refreshes the node list (the
+        # wrapped method), so wait_for() returns at once instead of idling until the 5 s background refresh.
+        if client_manager.num_available() < need:
+            client_manager.wait_for(need, timeout=int(s.wait_for_nodes_s))
         proxies = client_manager.all()
         by_node = {_node_id(p): p for p in proxies.values()}
         picked = s.pick(list(by_node), s.fraction_train, s.min_train_nodes)

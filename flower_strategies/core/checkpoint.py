@@ -1,19 +1,20 @@
-"""Atomic, bit-exact checkpoints of a federated run (server side).
+"""Atomic, bit-exact, data-only checkpoints of a federated run (server side).
 
-A checkpoint is one pickle file holding
+A checkpoint is ONE ``.npz`` archive (NumPy's zip of ``.npy`` files; no pickle anywhere):
 
-* ``arrays``: the global arrays after round ``round`` (``{key: np.ndarray}``, dtypes preserved),
-* ``strategy_state``: :meth:`FedAdaptStrategy.checkpoint_state` – every attribute of the strategy
-  (server optimizer moments, momentum buffers, controllers, ``num_updates``, the per-round history, …),
-* ``rng_state``: the state of the strategy's client-sampling ``random.Random`` (also inside the strategy
-  state; kept separately so that it is visible and checked),
-* ``metrics_rows``: the metrics rows written so far (round 0 … ``round``),
-* ``run_config``, ``method``, ``strategy_class``, ``round``, ``num_rounds``, ``format``/``version``.
+* ``arrays/<key>``: the global arrays after round ``round`` (dtypes and shapes preserved);
+* ``state/<path>``: every array of :meth:`FedAdaptStrategy.state_dict` (the server state's named arrays:
+  server-optimizer moments, momentum buffers, controllers, …), ``<path>`` being its place in the state dict;
+* ``meta``: one UTF-8 JSON document (stored as a ``uint8`` array) with ``format``/``version``, ``round``,
+  ``num_rounds``, ``method``, ``strategy_class``, ``run_config``, ``metrics_rows``, the global array keys in
+  order, and the strategy state with each array replaced by ``{"__array__": "<member name>"}`` (so the
+  scalars, the sampling RNG state, the counters and the per-round history are plain JSON).
 
 It is written atomically (temporary file in the same directory, ``fsync``, ``os.replace``), so a crash or a
-``kill -9`` at any moment leaves either the previous or the new checkpoint, never a torn one.
-
-**Checkpoints are pickles: load only files you trust** (loading a pickle can execute code).
+``kill -9`` at any moment leaves either the previous or the new checkpoint, never a torn one.  It is read with
+``np.load(allow_pickle=False)`` and validated before anything is used (:func:`load`, :func:`check_arrays`):
+a pickle, an object array, a missing or extra member, a wrong key/shape/dtype or a NaN/Inf is a
+:class:`CheckpointError` naming the problem.  Loading a checkpoint therefore never executes code.
 
 Client-side persistent state (``Context.state`` of each node, e.g. Fed-LAMB's local momentum) is *not* in the
 server checkpoint: it lives on the nodes.  If the SuperNodes keep running while the ServerApp is restarted they
@@ -23,9 +24,11 @@ again from its method's initial state the next time it is sampled (as a client s
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 import os
-import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,42 +36,80 @@ from typing import Any
 import numpy as np
 
 FORMAT = "fedadapt-checkpoint"
-VERSION = 1
+VERSION = 2  # 1 = the former pickle format (no longer readable)
 
 #: Run-config keys that may differ between the checkpointed run and the resumed one.
 RESUMABLE_CHANGES = frozenset({"num-server-rounds", "resume", "checkpoint-every", "round-timeout", "output-dir", "run-name"})
+
+META = "meta"
+ARRAY_REF = "__array__"
+#: dtype kinds a checkpoint may hold: bool, signed/unsigned int, float, complex (never object, str, void).
+DATA_KINDS = frozenset("biufc")
 
 _counter = itertools.count()
 
 
 class CheckpointError(ValueError):
-    """A checkpoint cannot be read or does not belong to this run."""
+    """A checkpoint cannot be read, is not data-only, or does not belong to this run."""
 
 
-def make_payload(
+# ------------------------------------------------------------------------------------------ encode
+def _split(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
+    """``value`` as JSON with every ndarray moved to ``arrays[name]`` and replaced by ``{ARRAY_REF: name}``."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in DATA_KINDS:
+            raise TypeError(f"checkpoint: {path} has dtype {value.dtype}; only numeric arrays are stored")
+        if path in arrays:
+            raise ValueError(f"checkpoint: two arrays map to the member name {path!r}")
+        arrays[path] = np.array(value, copy=True)
+        return {ARRAY_REF: path}
+    if isinstance(value, Mapping):
+        return {str(k): _split(v, f"{path}/{k}", arrays) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_split(v, f"{path}/{i}", arrays) for i, v in enumerate(value)]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"checkpoint: {path} is a {type(value).__name__}; a state dict holds arrays, numbers and strings")
+
+
+def _join(value: Any, members: Mapping[str, np.ndarray]) -> Any:
+    """Inverse of :func:`_split`."""
+    if isinstance(value, dict):
+        if set(value) == {ARRAY_REF}:
+            return members[value[ARRAY_REF]]
+        return {k: _join(v, members) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_join(v, members) for v in value]
+    return value
+
+
+def encode(
     *, server_round: int, num_rounds: int, arrays: Mapping[str, np.ndarray], strategy: Any,
     metrics_rows: list[dict[str, Any]], run_config: Mapping[str, Any],
-) -> dict[str, Any]:
+) -> bytes:
+    """The checkpoint of round ``server_round`` as ``.npz`` bytes (see the module docstring for the layout)."""
+    members: dict[str, np.ndarray] = {}
+    keys = list(arrays)
+    for k in keys:
+        _split(np.asarray(arrays[k]), f"arrays/{k}", members)
+    state = _split(strategy.state_dict(), "state", members)
     cls = type(strategy)
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "round": int(server_round),
-        "num_rounds": int(num_rounds),
-        "method": getattr(strategy, "method", ""),
-        "strategy_class": f"{cls.__module__}.{cls.__qualname__}",
-        "arrays": {k: np.array(v, copy=True) for k, v in arrays.items()},
-        "strategy_state": strategy.checkpoint_state(),
-        "rng_state": strategy.rng.getstate(),
-        "metrics_rows": [dict(r) for r in metrics_rows],
-        "run_config": dict(run_config),
+    meta = {
+        "format": FORMAT, "version": VERSION, "round": int(server_round), "num_rounds": int(num_rounds),
+        "method": getattr(strategy, "method", ""), "strategy_class": f"{cls.__module__}.{cls.__qualname__}",
+        "run_config": dict(run_config), "metrics_rows": [dict(r) for r in metrics_rows],
+        "arrays": keys, "strategy_state": state,
     }
+    text = json.dumps(_split(meta, "meta", {}), allow_nan=True)  # _split: numpy scalars → Python numbers
+    members[META] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **members)
+    return buf.getvalue()
 
 
-def dumps(payload: Mapping[str, Any]) -> bytes:
-    return pickle.dumps(dict(payload), protocol=pickle.HIGHEST_PROTOCOL)
-
-
+# ------------------------------------------------------------------------------------------ write
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same directory + fsync + ``os.replace``)."""
     path = Path(path)
@@ -94,25 +135,85 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     return path
 
 
-def save(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
-    return write_atomic(path, dumps(payload))
+# ------------------------------------------------------------------------------------------ read + validate
+def _read_members(path: Path) -> dict[str, np.ndarray]:
+    where = f"resume = {str(path)!r}"
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except ValueError as err:  # a pickle (or a .npy holding objects): refused, never unpickled
+        raise CheckpointError(f"{where}: not a fedadapt checkpoint (checkpoints are .npz data; {err})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f"{where}: not a fedadapt checkpoint (unreadable: {err})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise CheckpointError(f"{where}: not a fedadapt checkpoint (a single .npy array, not an .npz archive)")
+    members: dict[str, np.ndarray] = {}
+    with archive:
+        for name in archive.files:
+            try:
+                members[name] = archive[name]
+            except ValueError as err:  # object arrays need pickle: refused
+                raise CheckpointError(f"{where}: member {name!r} is not plain data ({err})") from None
+            except (OSError, EOFError, zipfile.BadZipFile) as err:
+                raise CheckpointError(f"{where}: member {name!r} is unreadable ({err})") from None
+    return members
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint (a trusted pickle) and check its format."""
+    """Read and validate a checkpoint written by :func:`encode`.
+
+    Returns ``{"round", "num_rounds", "method", "strategy_class", "run_config", "metrics_rows", "arrays"
+    (ordered ``{key: ndarray}``), "strategy_state" (for ``strategy.load_state_dict``)}``.  Raises
+    :class:`CheckpointError` for a missing file, a non-checkpoint (pickles included: they are never
+    unpickled), another format version, missing/extra members, non-numeric arrays or NaN/Inf values.
+    """
     path = Path(path).expanduser()
+    where = f"resume = {str(path)!r}"
     if not path.is_file():
-        raise CheckpointError(f"resume = {str(path)!r}: no such checkpoint file")
-    with open(path, "rb") as fh:
-        try:
-            payload = pickle.load(fh)  # noqa: S301 - checkpoints are trusted files (documented)
-        except Exception as err:  # noqa: BLE001
-            raise CheckpointError(f"resume = {str(path)!r}: not a readable checkpoint ({err})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"resume = {str(path)!r}: not a fedadapt checkpoint")
-    if payload.get("version") != VERSION:
-        raise CheckpointError(f"resume = {str(path)!r}: checkpoint version {payload.get('version')}, expected {VERSION}")
-    return payload
+        raise CheckpointError(f"{where}: no such checkpoint file")
+    members = _read_members(path)
+    raw = members.pop(META, None)
+    if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
+        raise CheckpointError(f"{where}: not a fedadapt checkpoint (no '{META}' entry)")
+    try:
+        meta = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{where}: not a fedadapt checkpoint (bad metadata: {err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: not a fedadapt checkpoint")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(f"{where}: checkpoint version {meta.get('version')!r}, expected {VERSION}")
+    try:
+        keys = [str(k) for k in meta["arrays"]]
+        expected = {f"arrays/{k}" for k in keys} | _refs(meta["strategy_state"])
+        for field in ("round", "num_rounds", "method", "strategy_class", "run_config", "metrics_rows"):
+            meta[field]  # noqa: B018 - presence check
+    except (KeyError, TypeError) as err:
+        raise CheckpointError(f"{where}: incomplete checkpoint metadata ({err!r})") from None
+    if expected != set(members):
+        missing, extra = sorted(expected - set(members)), sorted(set(members) - expected)
+        raise CheckpointError(f"{where}: checkpoint members do not match its metadata (missing {missing}, extra {extra})")
+    for name, arr in members.items():
+        if arr.dtype.kind not in DATA_KINDS:
+            raise CheckpointError(f"{where}: member {name!r} has dtype {arr.dtype}; checkpoints hold numeric arrays only")
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            raise CheckpointError(f"{where}: member {name!r} holds NaN/Inf")
+    return {
+        "round": int(meta["round"]), "num_rounds": int(meta["num_rounds"]), "method": str(meta["method"]),
+        "strategy_class": str(meta["strategy_class"]), "run_config": dict(meta["run_config"]),
+        "metrics_rows": list(meta["metrics_rows"]),
+        "arrays": {k: members[f"arrays/{k}"] for k in keys},
+        "strategy_state": _join(meta["strategy_state"], members),
+    }
+
+
+def _refs(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        if set(value) == {ARRAY_REF}:
+            return {str(value[ARRAY_REF])}
+        return set().union(*(_refs(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_refs(v) for v in value))
+    return set()
 
 
 def check_compatible(payload: Mapping[str, Any], run_config: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
@@ -127,10 +228,34 @@ def check_compatible(payload: Mapping[str, Any], run_config: Mapping[str, Any], 
                               f"only {', '.join(sorted(RESUMABLE_CHANGES))} may change on resume")
 
 
+def check_arrays(payload: Mapping[str, Any], like: Mapping[str, Any]) -> None:
+    """Raise :class:`CheckpointError` unless the checkpoint's global arrays have exactly the keys, shapes and
+    dtypes of ``like`` (the run's model ``state_dict``, tensors or arrays)."""
+    got = {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in payload["arrays"].items()}
+    want = {k: (tuple(v.shape), _np_dtype(v)) for k, v in like.items()}
+    if got.keys() != want.keys():
+        raise CheckpointError(f"the checkpoint's model keys differ from this run's model "
+                              f"(missing {sorted(want.keys() - got.keys())}, unexpected {sorted(got.keys() - want.keys())})")
+    bad = [f"{k}: checkpoint {got[k][0]} {got[k][1]} vs model {want[k][0]} {want[k][1]}" for k in want if got[k] != want[k]]
+    if bad:
+        raise CheckpointError(f"the checkpoint's arrays do not fit this run's model ({'; '.join(bad)})")
+
+
+def _np_dtype(v: Any) -> np.dtype:
+    if isinstance(v, np.ndarray):
+        return v.dtype
+    import torch  # a model state_dict
+
+    return torch.empty((), dtype=v.dtype).numpy().dtype
+
+
 def restore_strategy(strategy: Any, payload: Mapping[str, Any]) -> None:
+    """``strategy.load_state_dict`` with the checkpoint's state, after checking it is the same strategy class."""
     cls = type(strategy)
     name = f"{cls.__module__}.{cls.__qualname__}"
     if payload["strategy_class"] != name:
         raise CheckpointError(f"checkpoint holds the state of {payload['strategy_class']}, this run uses {name}")
-    strategy.restore_state(payload["strategy_state"])
-    strategy.rng.setstate(payload["rng_state"])
+    try:
+        strategy.load_state_dict(payload["strategy_state"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"the checkpoint's strategy state does not fit {name} ({err!r})") from None

@@ -15,7 +15,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     net = new_model()
     trainable = [n for n, _ in net.named_parameters()]
     method = str(context.run_config["method"])  # the one line that picks the method: any name in flower_strategies.METHODS
-    inner = get_method(method).strategy(client_lr=0.1, local_epochs=1, batch_size=32, seed=0, trainable_keys=trainable)
+    inner = get_method(method).build(client_lr=0.1, local_epochs=1, batch_size=32, seed=0, trainable_keys=trainable)
     out = str(context.run_config.get("output", ""))
 
     def record(server_round, arrays):
