@@ -161,16 +161,19 @@ def test_fault_free_run_rejects_nothing_with_the_norm_limit_on(tmp_path):
                for r in rows(tmp_path / "ok")[1:])
 
 
-def test_without_a_norm_limit_a_huge_update_is_accepted_and_wrecks_the_model(tmp_path):
-    """Why the option exists: finite but absurd updates pass the default validation."""
+def test_a_huge_update_is_rejected_by_default_and_wrecks_the_model_only_with_every_bound_off(tmp_path):
+    """Finite but absurd updates: the default median-relative bound rejects them, so does an absolute bound; with both
+    off (the old default) the model is wrecked — why the default is on."""
     sched = {1: {0: "norm"}}
-    for limit, name in ((0.0, "off"), (1.0e4, "on")):
-        cfg = {**BASE, "method": "fedavg", "output-dir": str(tmp_path), "run-name": name, "num-server-rounds": 1,
-               "max-update-norm": limit}
+    for extra, name in (({"update-norm-ratio": 0.0, "max-update-norm": 0.0}, "off"), ({"max-update-norm": 0.0}, "default"),
+                        ({"update-norm-ratio": 0.0, "max-update-norm": 1.0e4}, "absolute")):
+        cfg = {**BASE, "method": "fedavg", "output-dir": str(tmp_path), "run-name": name, "num-server-rounds": 1, **extra}
         run(FaultGrid(client_app, NODES, cfg, sched), cfg)
-    off, on = rows(tmp_path / "off")[1], rows(tmp_path / "on")[1]
-    assert off["replies-rejected"] == 0 and on["replies-rejected"] == 1
-    assert off["test-loss"] > 1e6 * on["test-loss"]
+    off, default, absolute = (rows(tmp_path / n)[1] for n in ("off", "default", "absolute"))
+    assert off["replies-rejected"] == 0 and default["replies-rejected"] == 1 and absolute["replies-rejected"] == 1
+    assert "update-norm-ratio 100" in default["rejections"]
+    assert off["test-loss"] > 1e6 * default["test-loss"]
+    assert default["test-loss"] == pytest.approx(absolute["test-loss"], rel=1e-6)
 
 
 def test_update_norm_is_measured_against_the_global_model_for_model_records():

@@ -89,3 +89,36 @@ def test_configure_fit_does_not_idle_when_enough_clients_are_available():
     strat = LegacyStrategy(fs.FedAvg(min_available_nodes=2, min_train_nodes=2), init)
     pairs = strat.configure_fit(1, strat.initialize_parameters(None), Manager())
     assert sorted(p.node_id for p, _ in pairs) == [1, 2, 3]
+
+
+def test_legacy_client_side_evaluation_runs_the_numpyclients_evaluate_fn():
+    """``fraction_evaluate > 0`` asks the sampled NumPyClients to evaluate; their ``evaluate_fn`` runs and the results
+    are aggregated (example-weighted), as with Flower's own strategies."""
+    from flwr.app import Context
+    from flwr.client import ClientApp
+    from flwr.server import ServerConfig
+    from flwr.server.compat import start_grid
+
+    from client_app.app import client_data
+    from flower_strategies.compat.legacy import FedAdaptNumPyClient
+    from simulations.engine import LoopbackGrid
+
+    calls: list[int] = []
+
+    def evaluate_fn(model):
+        calls.append(1)
+        return 0.5, 10, {"accuracy": 0.75}
+
+    def client_fn(context: Context):
+        fed, pid, x, y = client_data(context)
+        return FedAdaptNumPyClient(build_model("synthetic-linear", 0, 4, "float64"), x, y, torch.nn.functional.mse_loss,
+                                   state=context.state, client_key=pid, evaluate_fn=evaluate_fn).to_client()
+
+    strategy = METHODS["fedavg"].build(client_lr=0.02, local_steps=3, batch_size=8, fraction_evaluate=0.5,
+                                       min_evaluate_nodes=2, seed=5)
+    legacy = LegacyStrategy(strategy, {k: v.numpy() for k, v in _model().state_dict().items()}, num_rounds=2)
+    grid = LoopbackGrid(ClientApp(client_fn=client_fn), 4, RUN_CONFIG)
+    history = start_grid(grid=grid, strategy=legacy, config=ServerConfig(num_rounds=2))
+    assert len(calls) == 4  # 2 of 4 clients per round, 2 rounds
+    assert history.losses_distributed == [(1, 0.5), (2, 0.5)]
+    assert history.metrics_distributed["accuracy"] == [(1, 0.75), (2, 0.75)]

@@ -48,6 +48,8 @@ from ..core.ops import NamedArrays
 from ..core.strategy import FedAdaptStrategy
 
 LAYOUT = "fedadapt.layout"
+#: ``FitRes.metrics`` key naming the method whose client half produced the reply (the Message API's marker).
+METHOD_KEY = "fedadapt.method"
 
 
 # ------------------------------------------------------------------------------------------ packing
@@ -107,6 +109,7 @@ class FedAdaptNumPyClient(NumPyClient):
         arrays, layout = pack({name: R.to_numpy(rec) for name, rec in reply.array_records.items()})
         metrics = _scalars(reply.metric_records[R.METRICS])
         metrics[LAYOUT] = layout
+        metrics[METHOD_KEY] = str(reply.config_records[R.REPLY_INFO][R.METHOD])
         return arrays, int(metrics[R.NUM_EXAMPLES]), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
@@ -189,11 +192,25 @@ class LegacyStrategy(LegacyBase):
         return out, dict(metrics) if metrics is not None else {}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
-        return []
+        """Client-side evaluation with the wrapped strategy's ``fraction_evaluate`` / ``min_evaluate_nodes`` and RNG."""
+        s = self.inner
+        if s.fraction_evaluate <= 0.0:
+            return []
+        by_node = {_node_id(p): p for p in client_manager.all().values()}
+        picked = s.pick(list(by_node), s.fraction_evaluate, s.min_evaluate_nodes)
+        ins = EvaluateIns(parameters, {R.SERVER_ROUND: server_round})
+        return [(by_node[n], ins) for n in picked]
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
-        return None, {}
+        """Example-weighted mean loss and metrics of the clients' evaluations (non-finite values left out)."""
+        rows = [{**{k: v for k, v in (res.metrics or {}).items() if isinstance(v, (int, float))},
+                 "loss": float(res.loss), R.NUM_EXAMPLES: float(res.num_examples)}
+                for _, res in results if res.num_examples > 0]
+        if not rows:
+            return None, {}
+        mean = self.inner.mean_reply_metrics(rows)
+        return mean.pop("loss", None), mean
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         if self.evaluate_fn is None:
@@ -224,6 +241,9 @@ def _fitres_to_message(proxy: ClientProxy, res: FitRes) -> Message:
     except (ValueError, TypeError) as err:
         return Message(error=Error(code=0, reason=f"bad layout: {err}"), metadata=_md(src))
     content = RecordDict({name: R.to_record(a) for name, a in records.items()})
+    method = metrics.pop(METHOD_KEY, None)
+    if method is not None:
+        content[R.REPLY_INFO] = ConfigRecord({R.METHOD: str(method)})
     numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     numeric.setdefault(R.NUM_EXAMPLES, res.num_examples)
     content[R.METRICS] = MetricRecord(numeric)
