@@ -166,9 +166,20 @@ def _digits_partitioner(kind: str, num_partitions: int, seed: int, alpha: float,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         part.dataset = ds
-        for i in range(num_partitions):  # materialise once (the partitioners are lazy)
-            part.load_partition(i)
+        try:
+            for i in range(num_partitions):  # materialise once (the partitioners are lazy)
+                part.load_partition(i)
+        except ValueError as err:
+            raise ValueError(partition_hint(kind, num_partitions, len(y_tr), alpha, err)) from None
     return part
+
+
+def partition_hint(kind: str, num_partitions: int, num_examples: int, alpha: float, err: Exception) -> str:
+    """A partitioner failure, with what the user can change."""
+    fix = {"dirichlet": f"raise dirichlet-alpha (now {alpha}), use fewer partitions, or partitioner = 'iid'",
+           "classes": "lower classes-per-client or use fewer partitions"}.get(kind, "use fewer partitions")
+    return (f"cannot split {num_examples} training examples into {num_partitions} '{kind}' partitions "
+            f"({err}); {fix}")
 
 
 def digits_partition(

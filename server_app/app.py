@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from client_app.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
 from flower_strategies.core.registry import build_strategy, run_config_defaults
-from flower_strategies.core.strategy import FedAdaptStrategy, RoundLog
+from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
 from .loop import run_rounds
 from .metrics import MetricsWriter, progress_line
@@ -188,11 +188,38 @@ def round_row(server_round: int, test_metrics: Mapping[str, float], history: lis
     return row
 
 
+class RunFailed(RuntimeError):
+    """The run trained nothing (or stopped training): it ends failed, with the reason."""
+
+
+def check_progress(history: list[RoundLog], max_idle_rounds: int, *, final: bool = False) -> None:
+    """Raise :class:`RunFailed` when every client failed in the last round, when the last ``max_idle_rounds`` rounds
+    updated nothing, or (``final``) when no round of the run updated the model."""
+    if not history:
+        return
+    last = history[-1]
+    errors = [r for r in last.rejections if ": client error:" in r]
+    if not last.updated and last.replies_used == 0 and errors and len(errors) == last.replies_rejected:
+        raise RunFailed(f"round {last.server_round}: every client failed; first error: {errors[0]}")
+    idle = 0
+    for h in reversed(history):
+        if h.updated:
+            break
+        idle += 1
+    if max_idle_rounds and idle >= max_idle_rounds:
+        reasons = "; ".join(last.rejections[:3]) or "no valid replies"
+        raise RunFailed(f"the last {idle} rounds updated nothing (max-idle-rounds = {max_idle_rounds}); round "
+                        f"{last.server_round}: {last.replies_rejected} replies rejected ({reasons})")
+    if final and idle == len(history):
+        raise RunFailed(f"no round of the run updated the model ({len(history)} rounds); "
+                        f"last rejections: {'; '.join(last.rejections[:3]) or 'none (no replies)'}")
+
+
 def write_summary(out: Path, fed: AppConfig, run_config: Mapping[str, Any], strategy: FedAdaptStrategy,
                   writer: MetricsWriter, seconds: float, resumed_after: int | None,
-                  checkpointer: Checkpointer | None) -> dict[str, Any]:
+                  checkpointer: Checkpointer | None, failure: str | None = None) -> dict[str, Any]:
     summary = {
-        "status": "completed", "method": fed.method, "task": fed.task, "rounds": fed.num_server_rounds,
+        "status": "failed" if failure else "completed", "failure": failure, "method": fed.method, "task": fed.task, "rounds": fed.num_server_rounds,
         "final": writer.rows[-1] if writer.rows else {}, "seconds": round(seconds, 3), "run_config": dict(run_config),
         "rounds_without_update": [h.server_round for h in strategy.history if not h.updated],
         "resumed_after_round": resumed_after,
@@ -223,18 +250,32 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         m = evaluate(model, x_test, y_test, fed.task)
         row = writer.add(round_row(server_round, m, strategy.history))
         print(progress_line(row, fed.num_server_rounds), flush=True)
+        if server_round > 0:
+            check_progress(strategy.history, fed.max_idle_rounds)
         return MetricRecord(dict(m))
 
     checkpointer = make_checkpointer(fed, out, strategy, writer, run_config)
     t0 = time.monotonic()
+    failure: RunFailed | None = None
+    final = initial
     with checkpointer.signal_handlers() if checkpointer else nullcontext():
-        result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
-                            start_round=start_round, on_round_end=checkpointer.round_end if checkpointer else None)
-    # Flower's Result keeps an empty ArrayRecord when no round ever updated the model.
-    model.load_state_dict((result.arrays if len(result.arrays) else initial).to_torch_state_dict())
+        try:
+            result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
+                                start_round=start_round, on_round_end=checkpointer.round_end if checkpointer else None)
+            final = result.arrays if len(result.arrays) else initial  # empty when no round updated the model
+            check_progress(strategy.history, 0, final=True)
+        except (RunFailed, ClientHalfMissing) as err:
+            failure = err if isinstance(err, RunFailed) else RunFailed(str(err))
+            updated = [h for h in strategy.history if h.updated]
+            final = R.to_record(strategy.current) if updated and strategy.current is not None else final
+    model.load_state_dict(final.to_torch_state_dict())
     torch.save(model.state_dict(), out / "model.pt")
     summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0,
-                            None if payload is None else start_round - 1, checkpointer)
+                            None if payload is None else start_round - 1, checkpointer,
+                            None if failure is None else str(failure))
+    if failure is not None:
+        log(ERROR, "fedadapt: run FAILED: %s (metrics in %s)", failure, out)
+        raise failure
     log(INFO, "fedadapt: finished; metrics in %s", out)
     return summary
 

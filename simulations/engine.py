@@ -12,7 +12,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 try:  # flwr 1.42 internals (pinned): a message factory outside a runtime needs a task identity
@@ -71,7 +72,11 @@ class LoopbackGrid(Grid):
         ids = []
         for msg in messages:
             ctx = self.contexts[msg.metadata.dst_node_id]
-            reply = self._app(msg, ctx)
+            try:
+                reply = self._app(msg, ctx)
+            except Exception as err:  # as in Ray and on a SuperNode: a ClientApp exception is an error reply
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"),
+                                reply_to=msg)
             if self.intercept is not None:
                 reply = self.intercept(msg, reply, int(ctx.node_config["partition-id"]))
             mid = uuid.uuid4().hex

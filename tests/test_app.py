@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 import pytest
+
+from server_app.app import RunFailed
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
@@ -93,11 +95,36 @@ def test_round_keeps_old_model_when_too_few_valid_replies(tmp_path):
             del reply.content["arrays"]
         return reply
 
-    run_inprocess({**BASE, "output-dir": str(tmp_path), "run-name": "k", "min-replies": 2}, 3, intercept=fail_all_but_one)
+    cfg = {**BASE, "output-dir": str(tmp_path), "run-name": "k", "min-replies": 2, "max-idle-rounds": 0}
+    with pytest.raises(RunFailed, match=r"no round of the run updated the model \(3 rounds\)"):
+        run_inprocess(cfg, 3, intercept=fail_all_but_one)
     rows = read_rows(tmp_path / "k" / "metrics.jsonl")
     assert all(not r["updated"] for r in rows[1:])
     assert len({r["test-loss"] for r in rows}) == 1  # model never changed
-    assert json.loads((tmp_path / "k" / "summary.json").read_text())["rounds_without_update"] == [1, 2, 3]
+    summary = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert summary["rounds_without_update"] == [1, 2, 3] and summary["status"] == "failed"
+    assert "missing ArrayRecord 'arrays'" in summary["failure"]
+
+
+def test_a_run_that_stops_training_fails_after_max_idle_rounds(tmp_path):
+    def break_from_round_2(request, reply, partition_id):
+        if int(request.content["config"]["server-round"]) >= 2:
+            del reply.content["arrays"]
+        return reply
+
+    cfg = {**BASE, "output-dir": str(tmp_path), "run-name": "idle", "num-server-rounds": 10, "max-idle-rounds": 2}
+    with pytest.raises(RunFailed, match="the last 2 rounds updated nothing"):
+        run_inprocess(cfg, 3, intercept=break_from_round_2)
+    rows = read_rows(tmp_path / "idle" / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]  # stopped at once, not after 10 rounds
+    assert json.loads((tmp_path / "idle" / "summary.json").read_text())["status"] == "failed"
+
+
+def test_every_client_failing_stops_the_run_with_their_error(tmp_path):
+    cfg = {**BASE, "output-dir": str(tmp_path), "run-name": "p", "task": "digits-mlp", "partitioner": "dirichlet",
+           "num-server-rounds": 3}
+    with pytest.raises(RunFailed, match="cannot split 1437 training examples into 100 'dirichlet' partitions.*dirichlet-alpha"):
+        run_inprocess(cfg, 100)
 
 
 def test_client_side_evaluation_when_requested(tmp_path):

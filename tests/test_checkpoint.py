@@ -42,8 +42,9 @@ def round_of(msg) -> int:
     return int(cfg["server-round"]) if cfg is not None else 0
 
 
-class Crash(RuntimeError):
-    """Stands for the server process dying in the middle of a round."""
+class Crash(BaseException):
+    """Stands for the server process dying in the middle of a round (a BaseException, like the SystemExit of a
+    killed process: the in-process engine turns a ClientApp's *Exception* into an error reply, never this)."""
 
 
 def crash_in_round(k: int):
