@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -56,10 +57,20 @@ def client_data(context: Context):
     return fed, pid, x, y
 
 
+def device_of(context: Context, setting: str) -> torch.device:
+    """The training device: the node config's ``device`` if set, else the run-config's; ``auto`` = CUDA if present."""
+    choice = str(context.node_config.get("device", setting))
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device = 'cuda' but this node has no CUDA device (use device = 'auto' or 'cpu')")
+    return torch.device(choice)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     fed, pid, x, y = client_data(context)
-    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision).to(device_of(context, fed.device))
     content = train_reply(
         model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
         state=context.state, seed=fed.seed, client_key=pid,
@@ -72,9 +83,10 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on this node's own data."""
     fed, _, x, y = client_data(context)
-    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
+    device = device_of(context, fed.device)
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision).to(device)
     model.load_state_dict(msg.content[R.MODEL].to_torch_state_dict())
-    metrics = evaluate(model, x, y, fed.task)
+    metrics = evaluate(model, x.to(device), y.to(device), fed.task)
     return Message(content=RecordDict({R.METRICS: MetricRecord({**metrics, R.NUM_EXAMPLES: len(x)})}), reply_to=msg)
 
 

@@ -35,6 +35,7 @@ class AppConfig(StrategyConfig):
     data_dir: str = param(".cache/fedadapt", help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
     checkpoint_every: int = param(0, lo=0, help="write <output-dir>/<run-name>/checkpoint.npz (data only: arrays + JSON) every N rounds, at the end and on SIGINT/SIGTERM; 0 = off")
     resume: str = param("", help="path of a checkpoint.npz to continue from (next round on; validated, never unpickled); empty = fresh run")
+    device: str = param("auto", choices=("auto", "cpu", "cuda"), help="where ClientApps train: auto = cuda when available (a SuperNode's node-config `device` overrides it; with Ray give clients GPUs via client-resources-num-gpus)")
     max_idle_rounds: int = param(3, lo=0, help="end the run as failed after this many consecutive rounds without a model update (every reply rejected or missing); 0 = never. A run in which no round updated the model always fails")
     test_max_examples: int = param(0, lo=0, help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all 360; shakespeare-lstm: 2,000)")
 

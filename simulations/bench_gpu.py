@@ -100,7 +100,23 @@ def main(argv: list[str] | None = None) -> int:
     if "cpu" in devices and "cuda" in devices:
         for method in args.methods:
             print(f"{method}: GPU speed-up {results[(method, 'cpu')] / results[(method, 'cuda')]:.1f}× per round")
+        app_check(args.methods)
     return 0
+
+
+def app_check(methods: list[str]) -> None:
+    """fedadapt's own ServerApp + ClientApp (in-process) with ``device`` = cpu and cuda: same learning, any method."""
+    import tempfile
+
+    from simulations.engine import run_inprocess
+
+    for method in methods:
+        finals = {}
+        for dev in ("cpu", "cuda"):
+            cfg = {"method": method, "task": "synthetic-linear", "num-server-rounds": 3, "local-steps": 5, "device": dev,
+                   "output-dir": tempfile.mkdtemp(), "client-lr": 0.05}
+            finals[dev] = run_inprocess(cfg, 4)["final"]["test-loss"]
+        print(f"app path {method}: final test loss cpu {finals['cpu']:.6f} cuda {finals['cuda']:.6f}", flush=True)
 
 
 if __name__ == "__main__":
