@@ -1,24 +1,55 @@
-"""fedadapt: adaptive federated optimization methods as Flower strategies + client local optimizers.
+"""fedadapt: adaptive federated optimization methods as Flower strategies + their client-side local optimizers.
 
-Flat exports and the method registry (:data:`METHODS`).  See the README for the list of methods.
+Everything a user imports is exported here; :data:`METHODS` maps each registry name to its strategy class,
+local optimizer and hyper-parameters.  See the README for the list of methods and docs/architecture.md for
+the layout (``core`` / ``methods`` / ``compat`` / ``analysis``).
 """
 
-# Importing a method module registers its methods (each module ends with its register() calls).
-from .methods.baselines import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedOptHParams, FedProx, FedYogi
+# Core: strategy base, client optimizer base, hyper-parameters, registry, client API.
 from .core.client import ClientRound, full_gradient_from, local_train, train_reply
-from .methods.mimelite import MimeLite, MimeLiteHParams, MimeLiteOptimizer
-from .methods.fedlocal import FedLocal, FedLocalClientHParams, FedLocalHParams, FedLocalOptimizer, FedLocalSync
-from .methods.fedda import FedDA, FedDAAdagrad, FedDAAdam, FedDAClientHParams, FedDAHParams, FedDAOptimizer, FedDASGDM
-from .methods.fedlamb import AdpFed, FedAMS, FedLAMB, FedLAMBHParams, FedLAMBOptimizer  # paper 004
-from .methods.localupdate import LocalUpdate, LocalUpdateDecay, LocalUpdateDecayHParams, LocalUpdateHParams, LocalUpdateOptimizer, PlateauController, ThetaHParams  # paper 003
-from .methods.fedcm import FedCM, FedCMHParams, FedCMOptimizer  # baseline of paper 002
-from .methods.fedlada import FedLADA, FedLADAHParams, FedLADAOptimizer  # paper 002 (fedlada, localadam)
-from .methods.scaffold import Scaffold, ScaffoldHParams, ScaffoldOptimizer  # baseline of papers 001/002
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer
 from .core.registry import (
-    METHODS, MethodSpec, build_strategy, get_method, parse_run_config, register, run_config_defaults, strategy_from_run_config,
+    METHODS, MethodSpec, build_strategy, get_method, parse_run_config, register, run_config_defaults,
+    strategy_from_run_config,
 )
 from .core.server_opt import ServerOptimizer
 from .core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundInputs, RoundLog
 from .core.validation import RecordSpec
+
+# Methods: importing a module registers its methods (each module ends with its register() calls).
+from .methods.baselines import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedOptHParams, FedProx, FedYogi
+from .methods.fedlocal import FedLocal, FedLocalClientHParams, FedLocalHParams, FedLocalOptimizer, FedLocalSync  # 000
+from .methods.fedda import (  # paper 001
+    FedDA, FedDAAdagrad, FedDAAdam, FedDAClientHParams, FedDAHParams, FedDAOptimizer, FedDASGDM,
+)
+from .methods.fedlada import FedLADA, FedLADAHParams, FedLADAOptimizer  # paper 002 (fedlada, localadam)
+from .methods.fedcm import FedCM, FedCMHParams, FedCMOptimizer  # baseline of paper 002
+from .methods.scaffold import Scaffold, ScaffoldHParams, ScaffoldOptimizer  # baseline of papers 001/002
+from .methods.localupdate import (  # paper 003
+    LocalUpdate, LocalUpdateDecay, LocalUpdateDecayHParams, LocalUpdateHParams, LocalUpdateOptimizer,
+    PlateauController, ThetaHParams,
+)
+from .methods.fedlamb import AdpFed, FedAMS, FedLAMB, FedLAMBHParams, FedLAMBOptimizer  # paper 004
+from .methods.mimelite import MimeLite, MimeLiteHParams, MimeLiteOptimizer  # baseline of paper 001
+
+# Compat: Flower's legacy API (NumPyClient + flwr.server.strategy).
+from .compat.legacy import FedAdaptNumPyClient, LegacyStrategy
+
+__all__ = [
+    # core
+    "METHODS", "ClientHalfMissing", "ClientRound", "ConfigError", "FedAdaptStrategy", "HParams", "LocalOptimizer",
+    "MethodSpec", "RecordSpec", "RoundInputs", "RoundLog", "SGDHParams", "SGDOptimizer", "ServerOptimizer",
+    "StrategyConfig", "build_strategy", "full_gradient_from", "get_method", "local_train", "parse_run_config",
+    "register", "run_config_defaults", "strategy_from_run_config", "train_reply",
+    # methods
+    "AdpFed", "FedAMS", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedCM", "FedCMHParams", "FedCMOptimizer",
+    "FedDA", "FedDAAdagrad", "FedDAAdam", "FedDAClientHParams", "FedDAHParams", "FedDAOptimizer", "FedDASGDM",
+    "FedLADA", "FedLADAHParams", "FedLADAOptimizer", "FedLAMB", "FedLAMBHParams", "FedLAMBOptimizer", "FedLocal",
+    "FedLocalClientHParams", "FedLocalHParams", "FedLocalOptimizer", "FedLocalSync", "FedOpt", "FedOptHParams",
+    "FedProx", "FedYogi", "LocalUpdate", "LocalUpdateDecay", "LocalUpdateDecayHParams", "LocalUpdateHParams",
+    "LocalUpdateOptimizer", "MimeLite", "MimeLiteHParams", "MimeLiteOptimizer", "PlateauController", "Scaffold",
+    "ScaffoldHParams", "ScaffoldOptimizer", "ThetaHParams",
+    # compat
+    "FedAdaptNumPyClient", "LegacyStrategy",
+]
