@@ -179,8 +179,8 @@ def test_min_node_keys_are_added_only_when_the_user_did_not_set_them():
     assert both.count("min-available-nodes") == 1 and both.count("min-train-nodes") == 1
     assert parse_run_config(both) == {"min-available-nodes": 5, "min-train-nodes": 5}
     assert parse_run_config(build_run_config(None, APP_DIR, defaults)) == defaults
-    # another app gets only the keys it declares (the Message-API example declares none of these)
-    assert build_run_config(None, APP_DIR / "examples" / "message_api_app", defaults) == ""
+    # another app gets only the keys it declares (the PyTorch example declares none of these)
+    assert build_run_config(None, APP_DIR / "examples" / "pytorch_app", defaults) == ""
 
 
 def test_a_toml_run_config_file_is_merged_too(tmp_path):

@@ -4,7 +4,7 @@ import torch
 from flwr.app import Context
 from flwr.client import ClientApp
 
-from flower_strategies.compat.legacy import FedAdaptNumPyClient
+from flower_strategies import FedAdaptNumPyClient
 
 from .task import load_partition, new_model
 

@@ -5,8 +5,7 @@ import json
 from flwr.app import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
-from flower_strategies import get_method
-from flower_strategies.compat.legacy import LegacyStrategy
+from flower_strategies import LegacyStrategy, get_method
 
 from .task import new_model
 
