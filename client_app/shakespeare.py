@@ -203,7 +203,7 @@ def load_test(data_dir: str | Path = DEFAULT_DATA_DIR, *, seed: int = 0, num_cli
     n = num_clients(data_dir)
     k = n if num_clients_used is None else min(n, num_clients_used)
     xs, ys = zip(*(load_client(i, data_dir, "test") for i in range(k)))
-    from client_app.task import seeded_subset  # the central test sample every task uses
+    from client_app.sampling import seeded_subset  # the central test sample every task uses
 
     return seeded_subset(torch.cat(xs), torch.cat(ys), max_examples, seed)
 

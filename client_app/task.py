@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from client_app.sampling import seeded_subset
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
@@ -269,15 +271,6 @@ def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim
     x, y = _full_test_data(task, seed=seed, num_clients=num_clients, synthetic_dim=synthetic_dim,
                            synthetic_heterogeneity=synthetic_heterogeneity, precision=precision)
     return seeded_subset(x, y, max_examples, seed)
-
-
-def seeded_subset(x: Tensor, y: Tensor, max_examples: int, seed: int) -> tuple[Tensor, Tensor]:
-    """At most ``max_examples`` rows of ``(x, y)``: a sorted sample without replacement seeded by ``(seed, 7)``;
-    all rows when ``max_examples <= 0`` or there are not more rows than that."""
-    if 0 < max_examples < len(x):
-        idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 7]).choice(len(x), size=max_examples, replace=False)))
-        x, y = x[idx], y[idx]
-    return x, y
 
 
 def _full_test_data(task: str, *, seed: int, num_clients: int, synthetic_dim: int, synthetic_heterogeneity: float,
