@@ -179,6 +179,7 @@ def round_row(server_round: int, test_metrics: Mapping[str, float], history: lis
     row.update({
         "train-loss": h.train_metrics.get(R.TRAIN_LOSS), "train-loss-before": h.train_metrics.get(R.TRAIN_LOSS_BEFORE),
         "replies-used": h.replies_used, "replies-rejected": h.replies_rejected,
+        "weights-clipped": h.train_metrics.get("weights-clipped"),
         "replies-missing": max(0, h.sampled - h.replies_used - h.replies_rejected),
         "bytes-down": h.bytes_down, "bytes-up": h.bytes_up, "updated": h.updated,
     })

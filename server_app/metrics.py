@@ -1,12 +1,19 @@
-"""Per-round metrics: ``metrics.jsonl`` (appended as rounds finish) and ``metrics.csv`` (rewritten)."""
+"""Per-round metrics: ``metrics.jsonl`` (appended as rounds finish) and ``metrics.csv`` (rewritten).
+
+Every line of ``metrics.jsonl`` is strict JSON: a non-finite value (e.g. the test loss of a diverged model) is
+written as ``null``, never as the ``NaN``/``Infinity`` tokens strict parsers refuse.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
+
+from flower_strategies.core.hparams import ConfigError
 
 COLUMNS = [
     "round", "test-loss", "test-accuracy", "train-loss", "train-loss-before", "replies-used",
@@ -14,30 +21,39 @@ COLUMNS = [
 ]
 
 
+def finite_or_none(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with every NaN/±Inf float replaced by None (JSON ``null``)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
 class MetricsWriter:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
-        out_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = out_dir / "metrics.jsonl"
         self.csv = out_dir / "metrics.csv"
-        self.jsonl.write_text("")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self.jsonl.write_text("")
+        except OSError as err:
+            raise ConfigError(f"output-dir: cannot write the run's metrics to {out_dir} ({err}); "
+                              f"set output-dir (and run-name) to a writable directory") from None
         self.rows: list[dict[str, Any]] = []
         self._t = time.monotonic()
 
     def add(self, row: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
-        row = {**row, "seconds": round(now - self._t, 4)}
+        row = finite_or_none({**row, "seconds": round(now - self._t, 4)})
         self._t = now
         self.rows.append(row)
         with self.jsonl.open("a") as fh:
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
+            fh.write(json.dumps(row, sort_keys=True, allow_nan=False) + "\n")
         self._write_csv()
         return row
 
     def restore(self, rows: list[dict[str, Any]]) -> None:
         """Start from ``rows`` (a resumed run's checkpointed rows): rewrites metrics.jsonl and metrics.csv."""
-        self.rows = [dict(r) for r in rows]
-        self.jsonl.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
+        self.rows = [finite_or_none(r) for r in rows]
+        self.jsonl.write_text("".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in self.rows))
         self._write_csv()
 
     def _write_csv(self) -> None:

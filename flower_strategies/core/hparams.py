@@ -220,7 +220,7 @@ class StrategyConfig(HParams):
     weighting: str = param("default", choices=("default", "examples", "uniform"), help="client weights of means; default = the method's paper")
     max_update_norm: float = param(0.0, lo=0.0, help="reject replies whose update norm exceeds this absolute bound (0 = off)")
     update_norm_ratio: float = param(100.0, lo=0.0, help="reject replies whose update norm exceeds this multiple of the round's median (0 = off; honest training stays far below 100)")
-    max_weight_ratio: float = param(3.0, lo=0.0, help="clip each reply's num-examples weight at this multiple of the round's median count (0 = off)")
+    max_weight_ratio: float = param(1.5, lo=0.0, help="clip each reply's num-examples weight at this multiple of the round's median count (0 = off; a 1-of-5 liar then weighs at most 1.5 honest clients, see docs/robustness.md)")
     aggregator: str = param("mean", choices=("mean", "median", "trimmed-mean"), help="mean = the method's own rule; median / trimmed-mean = robust coordinate-wise aggregation of every mean-rule record (O(N·model) memory)")
     trim_fraction: float = param(0.1, lo=0.0, hi=0.49, help="fraction of the largest and of the smallest values dropped per coordinate by aggregator = trimmed-mean")
     loss_before_max_examples: int = param(0, lo=0, help="clients compute train-loss-before (metrics, LocalUpdateDecay's controller) on a seeded sample of at most this many of their examples; 0 = all")
