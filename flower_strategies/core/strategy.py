@@ -37,6 +37,9 @@ from .local import LocalOptimizer, SGDOptimizer
 from .ops import ROBUST_RULES, NamedArrays, RobustAggregator, StreamingAggregator, all_finite, is_float, nbytes
 from .validation import RecordSpec, check_update_norms, layout, parse_reply, update_norm
 
+#: A reply metric above this multiple of max(1, the round's lower-median magnitude) is left out of its mean.
+METRIC_OUTLIER_RATIO = 1e3
+
 #: Reply metrics that are identifiers or weights, not quantities to average.
 NOT_AVERAGED = frozenset({R.NUM_EXAMPLES, "partition-id", "num-partitions", "node-id"})
 
@@ -531,18 +534,26 @@ class FedAdaptStrategy(Strategy):
 
     @staticmethod
     def mean_reply_metrics(reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-        """Example-weighted means of the replies' finite numeric metrics (a NaN/Inf value of one reply is left
-        out of that metric's mean, never poisons it), plus the total ``num-examples``."""
-        sums: dict[str, list[float]] = {}
+        """Example-weighted means of the replies' numeric metrics, plus the total ``num-examples``.
+
+        One reply cannot poison a metric: NaN/Inf values are left out, and with 3 or more values so is any value
+        above ``METRIC_OUTLIER_RATIO`` × max(1, the lower median of the values' magnitudes) (e.g. a train-loss of
+        1e300)."""
+        values: dict[str, list[tuple[float, float]]] = {}
         for m in reply_metrics:
             n = float(m[R.NUM_EXAMPLES])
             for key, value in m.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in NOT_AVERAGED \
                         and np.isfinite(value):
-                    acc = sums.setdefault(key, [0.0, 0.0])
-                    acc[0] += n * float(value)
-                    acc[1] += n
-        out = {k: v / w for k, (v, w) in sums.items() if w > 0 and np.isfinite(v / w)}
+                    values.setdefault(key, []).append((float(value), n))
+        out: dict[str, float] = {}
+        for key, pairs in values.items():
+            if len(pairs) >= 3:
+                scale = max(1.0, float(np.quantile([abs(v) for v, _ in pairs], 0.5, method="lower")))
+                pairs = [(v, n) for v, n in pairs if abs(v) <= METRIC_OUTLIER_RATIO * scale]
+            total = sum(n for _, n in pairs)
+            if total > 0:
+                out[key] = sum(v * n for v, n in pairs) / total
         out[R.NUM_EXAMPLES] = float(sum(float(m[R.NUM_EXAMPLES]) for m in reply_metrics))
         return out
 
