@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 
 from flower_strategies.core import records as R
 from flower_strategies.core.client import train_reply
-from .client_state import KEEP, KEY, STATUS, store_for
+from .client_state import BASE, KEEP, KEY, STATUS, store_for
 from .config import parse as app_config
 
 from .node_data import NODE_DATA_KEY, load_node_data
@@ -68,7 +68,8 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
     held = any(n.startswith(R.STATE_PREFIX) for n in context.state.array_records)
-    status = store.load(context.state, server_round) if store else ("memory" if held else "fresh")
+    base = int(config.get(BASE, 0))
+    status = store.load(context.state, server_round, context.run_id, base) if store else ("memory" if held else "fresh")
     content = train_reply(
         model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
         state=context.state, seed=fed.seed, client_key=pid,
@@ -76,7 +77,7 @@ def train(msg: Message, context: Context) -> Message:
     content[R.METRICS]["partition-id"] = pid
     if config.get(KEY) and any(n.startswith(R.STATE_PREFIX) for n in context.state.array_records):  # stateful
         if store is not None:
-            store.save(context.state, server_round, int(config.get(KEEP, 0)))
+            store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id, base)
         content[R.REPLY_INFO][STATUS] = status
     return Message(content=content, reply_to=msg)
 

@@ -10,11 +10,12 @@ silently restart.  So the method's client state (the ``fedadapt.<name>`` records
   same ``run-name`` gets a new one, so it never picks up stale state) and :data:`KEEP` = the last round whose
   checkpoint was written (a resume continues after it).
 * The ClientApp of a node with a client-state directory (node config ``client-state-dir``, else the environment
-  variable ``FEDADAPT_CLIENT_STATE_DIR``) keeps ``<dir>/<token>/client-<id>/round-<r>.npz`` (``id`` = partition id,
-  else node id).  Before training round ``t`` it loads the file with the largest ``r < t`` into ``Context.state``
-  (files with ``r >= t`` were written after the checkpoint the run resumed from, by the interrupted run: deleted);
-  after training it writes ``round-<t>.npz`` atomically and deletes the files no resume can need any more (those
-  older than the newest one with ``r <= keep``).
+  variable ``FEDADAPT_CLIENT_STATE_DIR``) keeps ``<dir>/<token>/client-<id>/round-<r>.base-<b>.run-<flwr run>.npz``
+  (``id`` = partition id, else node id; ``b`` = :data:`BASE`, the round the run resumed after).  Before training
+  round ``t`` it loads the newest valid file into ``Context.state``: one of this Flower run for a round ``< t``, or
+  one of an earlier (interrupted) run for a round ``<= b``; what the interrupted run wrote after the checkpoint
+  (possibly late, while its in-flight messages still ran) is deleted, never used.  After training it writes its file
+  atomically and deletes those no resume can need any more (older than the newest one with ``r <= keep``).
 
 File format: an ``.npz`` archive (read with ``allow_pickle=False``: data only) of members ``"0"``, ``"1"``, … and
 ``"meta"``, a UTF-8 JSON document stored as ``uint8`` (format, token, client id, round, ``[[record, key], …]``).
@@ -44,13 +45,15 @@ from flower_strategies.core.checkpoint import write_atomic
 KEY = "client-state-key"
 #: Round-config key: the last round whose server checkpoint was written (0: none yet).
 KEEP = "client-state-keep"
+#: Round-config key: the round the run resumed after (0: a fresh run).
+BASE = "client-state-base"
 #: Reply-info key (``fedadapt`` ConfigRecord of a train reply): where the client's state came from this round.
 STATUS = "client-state"
 NODE_CONFIG_KEY = "client-state-dir"
 ENV_VAR = "FEDADAPT_CLIENT_STATE_DIR"
 FORMAT = "fedadapt-client-state"
 _TOKEN = re.compile(r"[0-9a-f]{8,64}")
-_FILE = re.compile(r"round-(\d+)\.npz")
+_FILE = re.compile(r"round-(\d+)\.base-(\d+)\.run-(\d+)\.npz")
 
 
 def state_root(context: Context) -> Path | None:
@@ -68,30 +71,40 @@ class ClientStateStore:
         self.token, self.client = token, int(client)
         self.dir = Path(root) / token / f"client-{self.client}"
 
-    def rounds(self) -> list[int]:
+    def files(self) -> list[tuple[int, int, int, Path]]:
+        """``(round, base, flwr run id, path)`` of every saved state, oldest first."""
         if not self.dir.is_dir():
             return []
-        return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := _FILE.fullmatch(p.name)))
+        return sorted((int(m.group(1)), int(m.group(2)), int(m.group(3)), p)
+                      for p in self.dir.iterdir() if (m := _FILE.fullmatch(p.name)))
 
-    def path(self, server_round: int) -> Path:
-        return self.dir / f"round-{server_round}.npz"
+    def rounds(self) -> list[int]:
+        return [f[0] for f in self.files()]
 
-    def load(self, state: RecordDict, server_round: int) -> str:
-        """Put the newest saved state from before ``server_round`` into ``state`` (replacing its ``fedadapt.*``
-        records); delete files of rounds >= ``server_round``.  Returns ``"disk"`` (loaded), ``"memory"`` (nothing
-        on disk, ``state`` already holds this run's records) or ``"fresh"``."""
-        rounds = self.rounds()
-        for r in rounds:
-            if r >= server_round:  # written by the interrupted run after the checkpoint this run resumed from
-                self.path(r).unlink(missing_ok=True)
-        before = [r for r in rounds if r < server_round]
+    def path(self, server_round: int, base: int = 0, run_id: int = 0) -> Path:
+        return self.dir / f"round-{server_round}.base-{base}.run-{run_id}.npz"
+
+    def load(self, state: RecordDict, server_round: int, run_id: int = 0, base: int = 0) -> str:
+        """Put the newest valid saved state from before ``server_round`` into ``state`` (replacing its
+        ``fedadapt.*`` records) and delete the invalid files.  Valid: written by this Flower run (``run_id``) for an
+        earlier round, or by an earlier run of the same run token for a round <= ``base`` (the round this run
+        resumed after): what an interrupted run wrote after its checkpoint, even late, is never used.  Returns
+        ``"disk"`` (loaded), ``"memory"`` (nothing on disk, ``state`` already holds this run's records) or
+        ``"fresh"``."""
+        valid = []
+        for r, b, run, path in self.files():
+            if r < server_round and (run == run_id or r <= base):
+                valid.append(((r, run == run_id, b), path))
+            else:
+                path.unlink(missing_ok=True)
         held = any(name.startswith(R.STATE_PREFIX) for name in state.array_records)
-        if not before:
+        if not valid:
             return "memory" if held else "fresh"
+        newest = max(valid)[1]
         try:
-            records = self.read(self.path(before[-1]))
+            records = self.read(newest)
         except ValueError as err:
-            log(WARNING, "fedadapt: unreadable client state %s (%s); this client continues without it", self.path(before[-1]), err)
+            log(WARNING, "fedadapt: unreadable client state %s (%s); this client continues without it", newest, err)
             return "memory" if held else "fresh"
         for name in [n for n in state.array_records if n.startswith(R.STATE_PREFIX)]:
             del state[name]
@@ -99,19 +112,19 @@ class ClientStateStore:
             state[name] = R.to_record(arrays)
         return "disk"
 
-    def save(self, state: RecordDict, server_round: int, keep: int) -> None:
+    def save(self, state: RecordDict, server_round: int, keep: int, run_id: int = 0, base: int = 0) -> None:
         """Write ``state``'s ``fedadapt.*`` records as the state after ``server_round`` (atomically); delete the
-        files no resume can need (older than the newest one of a round <= ``keep``) and later ones."""
+        files no resume can need (older than the newest one of a round <= ``keep``, the last checkpointed round)."""
         records = {n: rec for n, rec in state.array_records.items() if n.startswith(R.STATE_PREFIX)}
         if not records:
             return
-        write_atomic(self.path(server_round), self.encode(records, server_round))
-        rounds = self.rounds()
-        kept = [r for r in rounds if r <= keep]
+        write_atomic(self.path(server_round, base, run_id), self.encode(records, server_round))
+        files = self.files()
+        kept = [f[0] for f in files if f[0] <= keep]
         oldest = kept[-1] if kept else 0
-        for r in rounds:
-            if r < oldest or r > server_round:
-                self.path(r).unlink(missing_ok=True)
+        for r, _, _, path in files:
+            if r < oldest:
+                path.unlink(missing_ok=True)
 
     def encode(self, records: Mapping[str, ArrayRecord], server_round: int) -> bytes:
         import io

@@ -311,7 +311,7 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         if checkpointer is None:
             return {}
         keep = checkpointer.written_round if checkpointer.written_round >= 0 else (resumed_after or 0)
-        return {client_state.KEY: token, client_state.KEEP: keep}
+        return {client_state.KEY: token, client_state.KEEP: keep, client_state.BASE: resumed_after or 0}
 
     t0 = time.monotonic()
     failure: RunFailed | None = None
