@@ -7,8 +7,9 @@ A checkpoint is ONE ``.npz`` archive (NumPy's zip of ``.npy`` files; no pickle a
   server-optimizer moments, momentum buffers, controllers, …), ``<path>`` being its place in the state dict;
 * ``meta``: one UTF-8 JSON document (stored as a ``uint8`` array) with ``format``/``version``, ``round``,
   ``num_rounds``, ``method``, ``strategy_class``, ``run_config``, ``metrics_rows``, ``app`` (the app's own JSON
-  values, e.g. the fedadapt ServerApp's run token), the global array keys in order, and the strategy state with each array replaced by ``{"__array__": "<member name>"}`` (so the
-  scalars, the sampling RNG state, the counters and the per-round history are plain JSON).
+  values, e.g. the fedadapt ServerApp's run token), the global array keys in order, and the strategy state with
+  each array replaced by ``{"__array__": "<member name>"}`` (so the scalars, the sampling RNG state, the counters
+  and the per-round history are plain JSON).
 
 It is written atomically (temporary file in the same directory, ``fsync``, ``os.replace``), so a crash or a
 ``kill -9`` at any moment leaves either the previous or the new checkpoint, never a torn one.  It is read with

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
-from flwr.common.constant import HEARTBEAT_PATIENCE, ErrorCode
+from flwr.common.constant import HEARTBEAT_INTERVAL_INF, HEARTBEAT_PATIENCE, ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -353,11 +353,11 @@ class FedAdaptStrategy(Strategy):
         last heartbeat + ``HEARTBEAT_PATIENCE`` × ``heartbeat_interval``).  A dead node is thus never sampled again
         (the SuperLink drops it from the list once its heartbeat expires), a live straggler is back after its next
         heartbeat, and a node that restarts is sampled again.  Grids without heartbeat information (in-process
-        engine, simulation) list every node."""
+        engine; Ray simulation, whose virtual nodes have an infinite heartbeat interval) list every node."""
         live = []
         for info in grid.get_nodes():
             since = self.silent_since.get(info.node_id)
-            if since is not None and info.heartbeat_interval > 0:
+            if since is not None and 0 < info.heartbeat_interval < HEARTBEAT_INTERVAL_INF:  # simulation: INF
                 if info.online_until - HEARTBEAT_PATIENCE * info.heartbeat_interval <= since:
                     continue  # no heartbeat since it missed its reply: presumed lost
                 log(INFO, "Node %s is alive again (heartbeat after its missing reply)", info.node_id)
