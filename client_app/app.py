@@ -3,7 +3,8 @@
 The same code serves simulation and deployment: the node's data partition comes from the node config
 (``partition-id``, ``num-partitions``) – or, when the node config names a node-local file
 (``data-path``, see :mod:`client_app.node_data`), from that file – the task settings from the run-config, and
-every method hyper-parameter from the server's ConfigRecord.  Persistent client state lives in ``context.state``.
+every method hyper-parameter from the server's ConfigRecord.  Persistent client state lives in ``context.state``
+and, in runs that write checkpoints, also in a node-local directory (:mod:`client_app.client_state`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flwr.clientapp import ClientApp
 
 from flower_strategies.core import records as R
 from flower_strategies.core.client import train_reply
+from .client_state import BASE, KEEP, KEY, STATUS, store_for
 from .config import parse as app_config
 
 from .node_data import NODE_DATA_KEY, load_node_data
@@ -69,13 +71,25 @@ def device_of(context: Context, setting: str) -> torch.device:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    """Train one round.  In runs that write checkpoints the method's client state is also kept on the node's disk
+    (:mod:`client_app.client_state`), so that a resumed run continues it exactly."""
     fed, pid, x, y = client_data(context)
     model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision).to(device_of(context, fed.device))
+    config = msg.content.config_records.get(R.CONFIG, {})
+    server_round = int(config.get(R.SERVER_ROUND, 0))
+    store = store_for(config, context, pid)
+    held = any(n.startswith(R.STATE_PREFIX) for n in context.state.array_records)
+    base = int(config.get(BASE, 0))
+    status = store.load(context.state, server_round, context.run_id, base) if store else ("memory" if held else "fresh")
     content = train_reply(
         model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
         state=context.state, seed=fed.seed, client_key=pid,
     )
     content[R.METRICS]["partition-id"] = pid
+    if config.get(KEY) and any(n.startswith(R.STATE_PREFIX) for n in context.state.array_records):  # stateful
+        if store is not None:
+            store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id, base)
+        content[R.REPLY_INFO][STATUS] = status
     return Message(content=content, reply_to=msg)
 
 

@@ -8,12 +8,15 @@
    writes ``<output-dir>/<run-name>/metrics.jsonl`` + ``metrics.csv``, prints one progress line per round
    and saves ``model.pt`` and ``summary.json`` at the end.
 4. With ``checkpoint-every > 0`` writes a data-only ``checkpoint.npz`` (:mod:`flower_strategies.core.checkpoint`)
-   on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.
+   on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.  Such runs
+   carry a run token (in the checkpoint; a resumed run sends the same one) that names the clients' node-local
+   saved state (:mod:`client_app.client_state`), so that stateful methods resume exactly.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import threading
 import time
@@ -28,6 +31,7 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, R
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from client_app import client_state
 from client_app.config import AppConfig
 from client_app.config import parse as app_config
 from client_app.task import build_model, evaluate, load_test_data
@@ -116,14 +120,15 @@ class Checkpointer:
 
 
 def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, writer: MetricsWriter,
-                      run_config: Mapping[str, Any]) -> Checkpointer | None:
+                      run_config: Mapping[str, Any], run_token: str = "") -> Checkpointer | None:
     """The run's :class:`Checkpointer` (``checkpoint-every > 0``), else None."""
     if fed.checkpoint_every <= 0:
         return None
 
     def encode(server_round: int, arrays: ArrayRecord) -> bytes:
         return ckpt.encode(server_round=server_round, num_rounds=fed.num_server_rounds, arrays=R.to_numpy(arrays),
-                           strategy=strategy, metrics_rows=writer.rows, run_config=run_config)
+                           strategy=strategy, metrics_rows=writer.rows, run_config=run_config,
+                           app={RUN_TOKEN: run_token})
 
     return Checkpointer(out / "checkpoint.npz", fed.checkpoint_every, fed.num_server_rounds, encode)
 
@@ -179,14 +184,54 @@ def round_row(server_round: int, test_metrics: Mapping[str, float], history: lis
     row.update({
         "train-loss": h.train_metrics.get(R.TRAIN_LOSS), "train-loss-before": h.train_metrics.get(R.TRAIN_LOSS_BEFORE),
         "replies-used": h.replies_used, "replies-rejected": h.replies_rejected,
-        "weights-clipped": h.train_metrics.get("weights-clipped"),
         "replies-missing": max(0, h.sampled - h.replies_used - h.replies_rejected),
         "bytes-down": h.bytes_down, "bytes-up": h.bytes_up, "updated": h.updated,
     })
+    if "weights-clipped" in h.train_metrics:
+        row["weights-clipped"] = h.train_metrics["weights-clipped"]
     row.update(h.round_metrics)
     if h.rejections:
         row["rejections"] = "; ".join(h.rejections)
     return row
+
+
+RUN_TOKEN = "run-token"
+
+
+def run_token(payload: Mapping[str, Any] | None) -> str:
+    """The run's token: the checkpoint's when resuming, else a new one (a fresh run never meets stale client state)."""
+    if payload is not None and payload["app"].get(RUN_TOKEN):
+        return str(payload["app"][RUN_TOKEN])
+    if payload is not None:
+        log(WARNING, "fedadapt: the checkpoint has no run token (written before client state was kept on the nodes): "
+            "the clients' saved state of the interrupted run cannot be found; stateful methods restart it")
+    return secrets.token_hex(8)
+
+
+class ClientStateReport:
+    """After a resume, which clients continued their saved state (:mod:`client_app.client_state`); printed once."""
+
+    def __init__(self, resumed_after: int | None) -> None:
+        self.resumed_after = resumed_after
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, server_round: int, replies: list[Message]) -> None:
+        if self.resumed_after is None or self.counts:
+            return
+        for msg in replies:
+            info = None if msg.has_error() else msg.content.config_records.get(R.REPLY_INFO)
+            if info is not None and client_state.STATUS in info:
+                key = str(info[client_state.STATUS])
+                self.counts[key] = self.counts.get(key, 0) + 1
+        fresh = self.counts.get("fresh", 0)
+        if fresh:
+            log(WARNING, "fedadapt: resumed after round %d, but %d of %d clients of round %d found no saved client state "
+                "of this run (first time sampled, or their node restarted with an empty disk or without a client-state "
+                "directory): for them the resumed run is not the interrupted one continued exactly",
+                self.resumed_after, fresh, sum(self.counts.values()), server_round)
+        elif self.counts:
+            log(INFO, "fedadapt: resumed after round %d; the clients of round %d continued their saved state (%s)",
+                self.resumed_after, server_round, self.counts)
 
 
 class RunFailed(RuntimeError):
@@ -218,7 +263,8 @@ def check_progress(history: list[RoundLog], max_idle_rounds: int, *, final: bool
 
 def write_summary(out: Path, fed: AppConfig, run_config: Mapping[str, Any], strategy: FedAdaptStrategy,
                   writer: MetricsWriter, seconds: float, resumed_after: int | None,
-                  checkpointer: Checkpointer | None, failure: str | None = None) -> dict[str, Any]:
+                  checkpointer: Checkpointer | None, failure: str | None = None,
+                  client_states: Mapping[str, int] | None = None) -> dict[str, Any]:
     summary = {
         "status": "failed" if failure else "completed", "failure": failure, "method": fed.method, "task": fed.task, "rounds": fed.num_server_rounds,
         "final": writer.rows[-1] if writer.rows else {}, "seconds": round(seconds, 3), "run_config": dict(run_config),
@@ -227,6 +273,8 @@ def write_summary(out: Path, fed: AppConfig, run_config: Mapping[str, Any], stra
     }
     if checkpointer is not None:
         summary["checkpoint"] = str(checkpointer.path)
+    if resumed_after is not None:
+        summary["client_state_after_resume"] = dict(client_states or {})
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return summary
 
@@ -255,14 +303,26 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
             check_progress(strategy.history, fed.max_idle_rounds)
         return MetricRecord(dict(m))
 
-    checkpointer = make_checkpointer(fed, out, strategy, writer, run_config)
+    token = run_token(payload) if fed.checkpoint_every > 0 else ""
+    checkpointer = make_checkpointer(fed, out, strategy, writer, run_config, token)
+    resumed_after = None if payload is None else start_round - 1
+    report = ClientStateReport(resumed_after)
+
+    def round_config(server_round: int) -> dict[str, Any]:
+        """Tells clients which saved state is theirs (runs that write checkpoints, i.e. can be resumed)."""
+        if checkpointer is None:
+            return {}
+        keep = checkpointer.written_round if checkpointer.written_round >= 0 else (resumed_after or 0)
+        return {client_state.KEY: token, client_state.KEEP: keep, client_state.BASE: resumed_after or 0}
+
     t0 = time.monotonic()
     failure: RunFailed | None = None
     final = initial
     with checkpointer.signal_handlers() if checkpointer else nullcontext():
         try:
             result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
-                                start_round=start_round, on_round_end=checkpointer.round_end if checkpointer else None)
+                                start_round=start_round, on_round_end=checkpointer.round_end if checkpointer else None,
+                                round_config=round_config, on_train_replies=report)
             final = result.arrays if len(result.arrays) else initial  # empty when no round updated the model
             check_progress(strategy.history, 0, final=True)
         except (RunFailed, ClientHalfMissing) as err:
@@ -271,9 +331,8 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
             final = R.to_record(strategy.current) if updated and strategy.current is not None else final
     model.load_state_dict(final.to_torch_state_dict())
     torch.save(model.state_dict(), out / "model.pt")
-    summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0,
-                            None if payload is None else start_round - 1, checkpointer,
-                            None if failure is None else str(failure))
+    summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0, resumed_after,
+                            checkpointer, None if failure is None else str(failure), report.counts)
     if failure is not None:
         log(ERROR, "fedadapt: run FAILED: %s (metrics in %s)", failure, out)
         raise failure

@@ -8,10 +8,11 @@ that loop lives; a strategy used in someone else's ServerApp runs under Flower's
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 from logging import INFO
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
@@ -29,9 +30,14 @@ def run_rounds(
     *,
     start_round: int = 1,
     on_round_end: Callable[[int, ArrayRecord], None] | None = None,
+    round_config: Callable[[int], Mapping[str, Any]] | None = None,
+    on_train_replies: Callable[[int, list[Message]], None] | None = None,
 ) -> Result:
     """Rounds ``start_round … num_rounds`` (``start_round > 1``: ``initial_arrays`` are the global arrays after
-    round ``start_round − 1`` and the strategy's state was restored with ``load_state_dict``)."""
+    round ``start_round − 1`` and the strategy's state was restored with ``load_state_dict``).
+
+    ``round_config(round)``: extra entries of the round's train ConfigRecord (the app's, beside the strategy's);
+    ``on_train_replies(round, replies)`` sees the train replies before the strategy aggregates them."""
     if start_round < 1:
         raise ValueError(f"start_round must be >= 1, got {start_round}")
     strategy.num_rounds = int(num_rounds)
@@ -47,9 +53,12 @@ def run_rounds(
     for current_round in range(start_round, num_rounds + 1):
         log(INFO, "")
         log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
-        replies = grid.send_and_receive(
-            messages=strategy.configure_train(current_round, arrays, ConfigRecord(), grid), timeout=timeout
-        )
+        extra = ConfigRecord(dict(round_config(current_round))) if round_config else ConfigRecord()
+        replies = list(grid.send_and_receive(
+            messages=strategy.configure_train(current_round, arrays, extra, grid), timeout=timeout
+        ))
+        if on_train_replies is not None:
+            on_train_replies(current_round, replies)
         agg_arrays, agg_metrics = strategy.aggregate_train(current_round, replies)
         if agg_arrays is not None:
             result.arrays = agg_arrays

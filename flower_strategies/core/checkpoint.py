@@ -6,9 +6,10 @@ A checkpoint is ONE ``.npz`` archive (NumPy's zip of ``.npy`` files; no pickle a
 * ``state/<path>``: every array of :meth:`FedAdaptStrategy.state_dict` (the server state's named arrays:
   server-optimizer moments, momentum buffers, controllers, …), ``<path>`` being its place in the state dict;
 * ``meta``: one UTF-8 JSON document (stored as a ``uint8`` array) with ``format``/``version``, ``round``,
-  ``num_rounds``, ``method``, ``strategy_class``, ``run_config``, ``metrics_rows``, the global array keys in
-  order, and the strategy state with each array replaced by ``{"__array__": "<member name>"}`` (so the
-  scalars, the sampling RNG state, the counters and the per-round history are plain JSON).
+  ``num_rounds``, ``method``, ``strategy_class``, ``run_config``, ``metrics_rows``, ``app`` (the app's own JSON
+  values, e.g. the fedadapt ServerApp's run token), the global array keys in order, and the strategy state with
+  each array replaced by ``{"__array__": "<member name>"}`` (so the scalars, the sampling RNG state, the counters
+  and the per-round history are plain JSON).
 
 It is written atomically (temporary file in the same directory, ``fsync``, ``os.replace``), so a crash or a
 ``kill -9`` at any moment leaves either the previous or the new checkpoint, never a torn one.  It is read with
@@ -17,9 +18,10 @@ a pickle, an object array, a missing or extra member, a wrong key/shape/dtype or
 :class:`CheckpointError` naming the problem.  Loading a checkpoint therefore never executes code.
 
 Client-side persistent state (``Context.state`` of each node, e.g. Fed-LAMB's local momentum) is *not* in the
-server checkpoint: it lives on the nodes.  If the SuperNodes keep running while the ServerApp is restarted they
-keep it, and the resumed run is identical to an uninterrupted one; if the nodes restart too, each client starts
-again from its method's initial state the next time it is sampled (as a client sampled for the first time).
+server checkpoint: it lives on the nodes, and Flower's ``Context.state`` lives only as long as one run.  The fedadapt
+apps keep it on the nodes' disks keyed by the run token stored under ``app`` here (``client_app.client_state``);
+a node restarted with an empty disk starts its client again from the method's initial state the next time it is
+sampled (as a client sampled for the first time).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def _join(value: Any, members: Mapping[str, np.ndarray]) -> Any:
 
 def encode(
     *, server_round: int, num_rounds: int, arrays: Mapping[str, np.ndarray], strategy: Any,
-    metrics_rows: list[dict[str, Any]], run_config: Mapping[str, Any],
+    metrics_rows: list[dict[str, Any]], run_config: Mapping[str, Any], app: Mapping[str, Any] | None = None,
 ) -> bytes:
     """The checkpoint of round ``server_round`` as ``.npz`` bytes (see the module docstring for the layout)."""
     members: dict[str, np.ndarray] = {}
@@ -99,7 +101,7 @@ def encode(
     meta = {
         "format": FORMAT, "version": VERSION, "round": int(server_round), "num_rounds": int(num_rounds),
         "method": getattr(strategy, "method", ""), "strategy_class": f"{cls.__module__}.{cls.__qualname__}",
-        "run_config": dict(run_config), "metrics_rows": [dict(r) for r in metrics_rows],
+        "run_config": dict(run_config), "metrics_rows": [dict(r) for r in metrics_rows], "app": dict(app or {}),
         "arrays": keys, "strategy_state": state,
     }
     text = json.dumps(_split(meta, "meta", {}), allow_nan=True)  # _split: numpy scalars → Python numbers
@@ -161,7 +163,7 @@ def _read_members(path: Path) -> dict[str, np.ndarray]:
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a checkpoint written by :func:`encode`.
 
-    Returns ``{"round", "num_rounds", "method", "strategy_class", "run_config", "metrics_rows", "arrays"
+    Returns ``{"round", "num_rounds", "method", "strategy_class", "run_config", "metrics_rows", "app", "arrays"
     (ordered ``{key: ndarray}``), "strategy_state" (for ``strategy.load_state_dict``)}``.  Raises
     :class:`CheckpointError` for a missing file, a non-checkpoint (pickles included: they are never
     unpickled), another format version, missing/extra members, non-numeric arrays or NaN/Inf values.
@@ -197,10 +199,12 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise CheckpointError(f"{where}: member {name!r} has dtype {arr.dtype}; checkpoints hold numeric arrays only")
         if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             raise CheckpointError(f"{where}: member {name!r} holds NaN/Inf")
+    if not isinstance(meta.get("app", {}), dict):
+        raise CheckpointError(f"{where}: incomplete checkpoint metadata ('app' is not a JSON object)")
     return {
         "round": int(meta["round"]), "num_rounds": int(meta["num_rounds"]), "method": str(meta["method"]),
         "strategy_class": str(meta["strategy_class"]), "run_config": dict(meta["run_config"]),
-        "metrics_rows": list(meta["metrics_rows"]),
+        "metrics_rows": list(meta["metrics_rows"]), "app": dict(meta.get("app", {})),
         "arrays": {k: members[f"arrays/{k}"] for k in keys},
         "strategy_state": _join(meta["strategy_state"], members),
     }

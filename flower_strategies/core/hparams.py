@@ -214,7 +214,8 @@ class StrategyConfig(HParams):
     batch_size: int = param(32, lo=1, help="local mini-batch size B")
     fraction_train: float = param(1.0, lo=0.0, hi=1.0, lo_open=True, help="fraction of available nodes sampled per round")
     min_train_nodes: int = param(2, lo=1, help="minimum nodes sampled per round")
-    min_available_nodes: int = param(2, lo=1, help="wait until this many nodes are connected")
+    min_available_nodes: int = param(2, lo=1, help="wait until this many live nodes are connected (rounds go on with the nodes that remain, down to this many)")
+    wait_for_nodes: float = param(600.0, lo=0.0, help="seconds a round waits for min-available-nodes live nodes before the run fails")
     min_replies: int = param(1, lo=1, help="rounds with fewer valid replies keep the previous model")
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
     weighting: str = param("default", choices=("default", "examples", "uniform"), help="client weights of means; default = the method's paper")
@@ -234,6 +235,7 @@ class StrategyConfig(HParams):
         """Keyword arguments of :class:`~flower_strategies.core.strategy.FedAdaptStrategy` (all but hparams)."""
         names = {f.name for f in dataclasses.fields(StrategyConfig)} - {"method", "num_server_rounds", "weighting"}
         kwargs = {name: getattr(self, name) for name in names}
+        kwargs["wait_for_nodes_s"] = kwargs.pop("wait_for_nodes")
         kwargs["weighting"] = None if self.weighting == "default" else self.weighting
         kwargs["num_rounds"] = self.num_server_rounds
         return kwargs

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
+from flwr.common.constant import HEARTBEAT_INTERVAL_INF, HEARTBEAT_PATIENCE, ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -42,6 +43,10 @@ METRIC_OUTLIER_RATIO = 1e3
 
 #: Reply metrics that are identifiers or weights, not quantities to average.
 NOT_AVERAGED = frozenset({R.NUM_EXAMPLES, "partition-id", "num-partitions", "node-id"})
+
+#: Error replies the SuperLink makes up for a node that never answered (offline node, expired message or reply):
+#: counted as missing replies, not as rejected client replies.
+NO_REPLY_CODES = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE})
 
 #: Server state: named arrays (``{key: ndarray}``) or JSON-able scalars/lists, by name.
 ServerState = dict[str, Any]
@@ -141,7 +146,10 @@ class FedAdaptStrategy(Strategy):
         (and only if floating point); other floating arrays (e.g. BatchNorm statistics) are averaged and
         integer arrays keep the server's value.  ``None`` = every floating-point array.
     wait_for_nodes_s
-        How long sampling waits for ``min_available_nodes`` nodes before failing.
+        How long sampling waits for ``min_available_nodes`` live nodes before failing (run-config
+        ``wait-for-nodes``).  Live = listed by the grid (Flower's SuperLink lists only nodes whose heartbeat has not
+        expired) and not silent: a sampled node that sent no reply is left out of sampling until the grid reports a
+        heartbeat from it after that round (see :meth:`live_nodes`).
     loss_before_max_examples
         > 0: clients estimate ``train-loss-before`` on a seeded sample of at most this many examples.
     max_update_norm
@@ -254,6 +262,9 @@ class FedAdaptStrategy(Strategy):
         self.nodes_seen = 0
         self.history: list[RoundLog] = []
         self._round: RoundLog | None = None
+        #: ``{node_id: wall time}`` of sampled nodes that sent no reply (see :meth:`live_nodes`); runtime only.
+        self.silent_since: dict[int, float] = {}
+        self._awaiting: list[int] = []
         self._t0 = 0.0
 
     # ------------------------------------------------------------------ hooks for subclasses
@@ -341,14 +352,33 @@ class FedAdaptStrategy(Strategy):
         self.num_rounds = int(num_rounds)
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
+    def live_nodes(self, grid: Grid) -> list[int]:
+        """Nodes the grid lists, less the silent ones: a node that sent no reply in a round it was sampled for is
+        left out until the grid reports a heartbeat from it after that round (Flower's ``NodeInfo.online_until`` =
+        last heartbeat + ``HEARTBEAT_PATIENCE`` × ``heartbeat_interval``).  A dead node is thus never sampled again
+        (the SuperLink drops it from the list once its heartbeat expires), a live straggler is back after its next
+        heartbeat, and a node that restarts is sampled again.  Grids without heartbeat information (in-process
+        engine; Ray simulation, whose virtual nodes have an infinite heartbeat interval) list every node."""
+        live = []
+        for info in grid.get_nodes():
+            since = self.silent_since.get(info.node_id)
+            if since is not None and 0 < info.heartbeat_interval < HEARTBEAT_INTERVAL_INF:  # simulation: INF
+                if info.online_until - HEARTBEAT_PATIENCE * info.heartbeat_interval <= since:
+                    continue  # no heartbeat since it missed its reply: presumed lost
+                log(INFO, "Node %s is alive again (heartbeat after its missing reply)", info.node_id)
+            self.silent_since.pop(info.node_id, None)
+            live.append(info.node_id)
+        return live
+
     def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
-        """Wait until enough nodes are connected, then :meth:`pick` from them."""
+        """Wait (at most ``wait_for_nodes_s``) until enough live nodes are connected, then :meth:`pick` from them."""
         deadline = time.monotonic() + self.wait_for_nodes_s
         need = max(self.min_available_nodes, minimum)
-        while len(nodes := list(grid.get_node_ids())) < need:
+        while len(nodes := self.live_nodes(grid)) < need:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(nodes)} nodes connected after {self.wait_for_nodes_s}s; need {need}")
-            log(INFO, "Waiting for nodes: %d connected (need %d)", len(nodes), need)
+                raise TimeoutError(f"only {len(nodes)} live nodes connected after waiting {self.wait_for_nodes_s:g}s "
+                                   f"(wait-for-nodes); need {need} (min-available-nodes / min-train-nodes)")
+            log(INFO, "Waiting for nodes: %d live (need %d)", len(nodes), need)
             time.sleep(1.0)
         return self.pick(nodes, fraction, minimum)
 
@@ -366,6 +396,7 @@ class FedAdaptStrategy(Strategy):
     ) -> Iterable[Message]:
         node_ids = self.sample(grid, self.fraction_train, self.min_train_nodes)
         content = self.prepare_round(server_round, arrays, config, len(node_ids))
+        self._awaiting = list(node_ids)
         log(INFO, "configure_train: sampled %d of %d nodes", len(node_ids), len(list(grid.get_node_ids())))
         return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in node_ids]
 
@@ -484,6 +515,20 @@ class FedAdaptStrategy(Strategy):
                                  f"{self.update_norm_ratio:g} × the round's median {median:.4g}")
         return [(msg, parsed) for msg, parsed, _ in kept]
 
+    def _drop_no_replies(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """Leave out the SuperLink's stand-in replies of nodes that never answered (they count as missing) and mark
+        the sampled nodes without a real reply as silent (:meth:`live_nodes`)."""
+        real = [m for m in replies if not (m.has_error() and m.error.code in NO_REPLY_CODES)]
+        answered = {m.metadata.src_node_id for m in real}
+        now = time.time()
+        for node in self._awaiting:
+            if node not in answered:
+                self.silent_since[node] = now
+                log(WARNING, "Round %d: no reply from node %s (lost or too slow for round-timeout); it is not sampled "
+                    "again until it sends a heartbeat", server_round, node)
+        self._awaiting = []
+        return real
+
     def client_weights(self, reported: Sequence[float]) -> list[float]:
         """The replies' weights: reported ``num-examples`` clipped at ``max_weight_ratio`` × their median."""
         if self.max_weight_ratio <= 0 or not reported:
@@ -497,6 +542,7 @@ class FedAdaptStrategy(Strategy):
         rlog = self._round or RoundLog(server_round)
         self._round = None
         replies = sorted(replies, key=lambda m: m.metadata.src_node_id)  # deterministic fold order
+        replies = self._drop_no_replies(server_round, replies)
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error() for r in m.content.array_records.values())
         usable = self._screen(replies, rlog)
         reported = [float(msg.content.metric_records[R.METRICS][R.NUM_EXAMPLES]) for msg, _ in usable]

@@ -29,10 +29,11 @@ strings, ``flwr`` commands), :mod:`.pki` (openssl / ssh-keygen), :mod:`.modes` (
 """
 
 from .flwr_cli import RunConfigError, build_run_config
-from .modes import SecureDeployResult, launch_deploy, launch_secure_deploy, launch_sim, node_config, node_data_paths
+from .modes import (SecureDeployResult, deploy_cluster, launch_deploy, launch_secure_deploy, launch_sim, node_config,
+                    node_data_paths, start_supernode)
 from .processes import APP_DIR, Cluster, Stopped
 
 __all__ = [
     "APP_DIR", "Cluster", "RunConfigError", "SecureDeployResult", "Stopped", "build_run_config", "launch_deploy",
-    "launch_secure_deploy", "launch_sim", "node_config", "node_data_paths",
+    "launch_secure_deploy", "launch_sim", "node_config", "node_data_paths", "deploy_cluster", "start_supernode",
 ]

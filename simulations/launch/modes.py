@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,31 +64,55 @@ def node_config(i: int, nodes: int, data: list[Path] | None) -> str:
     return cfg
 
 
-def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
-                  app_dir: Path = APP_DIR, node_data: Sequence[str | Path] | None = None,
-                  task_poll_interval: float | None = None) -> int:
-    """A ``flower-superlink`` and ``nodes`` ``flower-supernode`` processes on 127.0.0.1 (plaintext), then ``flwr run``.
+@contextmanager
+def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] | None = None,
+                   task_poll_interval: float | None = None) -> Iterator[tuple[Cluster, str]]:
+    """A ``flower-superlink`` and ``nodes`` ``flower-supernode`` processes on 127.0.0.1 (plaintext), stopped on exit;
+    yields the cluster and the name of its ``flwr`` connection (several ``flwr run`` may use the same nodes).
 
-    ``min-available-nodes = nodes`` and ``min-train-nodes = min(2, nodes)`` unless the run-config sets them."""
+    SuperNode ``i`` (process ``supernode<i>``, see :func:`start_supernode`) gets
+    ``--node-config "partition-id=i num-partitions=N"`` (plus ``data-path`` with ``node_data``),
+    ``FLWR_HOME=<flwr_home>/node<i>`` and the node-local client-state directory ``<flwr_home>/node<i>/client-state``."""
     data = node_data_paths(node_data, nodes)
-    cfg = build_run_config(run_config, app_dir, {"min-available-nodes": nodes, "min-train-nodes": min(2, nodes)})
     port = free_port()
-    log_dir = flwr_home / "logs"
-    with Cluster(flwr_home, log_dir) as cluster:
+    with Cluster(flwr_home, flwr_home / "logs") as cluster:
         link = cluster.start("superlink", superlink_argv(port, flwr_home / "state.db", "--insecure"),
                              env={"FLWR_HOME": str(flwr_home / "link")})
         wait_health(f"http://127.0.0.1:{port}/health", 60, link)
         node_env: dict[str, str] = {}
         if task_poll_interval is not None:  # how often each SuperNode's SuperExec asks for a new ClientApp task
             node_env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(float(task_poll_interval))
+        cluster.superlink_port = port
         for i in range(nodes):
-            cluster.start(f"supernode{i}", [
-                bin_path("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                "--port", str(free_port()), "--node-config", node_config(i, nodes, data),
-            ], env={"FLWR_HOME": str(flwr_home / f"node{i}"), **node_env})
+            start_supernode(cluster, i, nodes, data, node_env)
         write_connection(flwr_home, "fedadapt-deploy", port)
-        run_id, status, _ = flwr_run(cluster, "fedadapt-deploy", cfg, None, timeout, app_dir)
-    return report(run_id, status, log_dir)
+        yield cluster, "fedadapt-deploy"
+
+
+def start_supernode(cluster: Cluster, i: int, nodes: int, data: list[Path] | None = None,
+                    env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start (or restart: same node-local directories) SuperNode ``i`` of a :func:`deploy_cluster`.
+
+    Its client state (SCAFFOLD's c_i, Fed-LAMB's m, …) is kept in ``<FLWR_HOME>/node<i>/client-state``
+    (``FEDADAPT_CLIENT_STATE_DIR``, :mod:`client_app.client_state`), so a resumed run continues it exactly."""
+    home = cluster.flwr_home / f"node{i}"
+    return cluster.start(f"supernode{i}", [
+        bin_path("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{cluster.superlink_port}",
+        "--port", str(free_port()), "--node-config", node_config(i, nodes, data),
+    ], env={"FLWR_HOME": str(home), "FEDADAPT_CLIENT_STATE_DIR": str(home / "client-state"), **(env or {})})
+
+
+def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
+                  app_dir: Path = APP_DIR, node_data: Sequence[str | Path] | None = None,
+                  task_poll_interval: float | None = None) -> int:
+    """:func:`deploy_cluster`, then ``flwr run`` on it.
+
+    ``min-available-nodes = nodes`` and ``min-train-nodes = min(2, nodes)`` unless the run-config sets them; a
+    lower ``min-available-nodes`` lets the run go on with the nodes that remain when some are lost."""
+    cfg = build_run_config(run_config, app_dir, {"min-available-nodes": nodes, "min-train-nodes": min(2, nodes)})
+    with deploy_cluster(nodes, flwr_home, node_data, task_poll_interval) as (cluster, conn):
+        run_id, status, _ = flwr_run(cluster, conn, cfg, None, timeout, app_dir)
+    return report(run_id, status, flwr_home / "logs")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -165,7 +190,7 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
             return cluster.start(name, [
                 bin_path("flower-supernode"), "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(pki["ca"]),
                 "--auth-supernode-private-key", str(pki[name]), "--port", str(node_port), "--node-config", node_cfg,
-            ], env={"FLWR_HOME": str(flwr_home / name)})
+            ], env={"FLWR_HOME": str(flwr_home / name), "FEDADAPT_CLIENT_STATE_DIR": str(flwr_home / name / "client-state")})
 
         for i in range(nodes):
             supernode(f"sn{i}", node_config(i, nodes, None))

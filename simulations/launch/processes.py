@@ -96,6 +96,8 @@ class Cluster:
         self.log_dir = log_dir
         self.grace_s = grace_s
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        #: The port of the SuperLink a deployment mode started (its SuperNodes connect to it).
+        self.superlink_port: int | None = None
         self.env = {**os.environ, **BASE_ENV, "FLWR_HOME": str(flwr_home)}
         # Flower's processes start further entry points (flower-superexec, flwr-serverapp, flwr-clientapp) by name:
         # put this interpreter's scripts directory first on PATH, so a non-activated venv works too.
