@@ -33,6 +33,7 @@ from client_app.config import parse as app_config
 from flower_strategies.core.registry import build_strategy, run_config_defaults
 from flower_strategies.core.strategy import FedAdaptStrategy
 
+from . import plots, presets
 from .loop import run_rounds
 from .metrics import COLUMNS, MetricsWriter, progress_line
 
@@ -120,6 +121,7 @@ def _restore_rows(writer: MetricsWriter, rows: list[dict[str, Any]]) -> None:
 
 def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
+    run_config = presets.apply(run_config)  # the task's per-method presets on keys left at their defaults
     # Validate before anything is sent.
     probe_fed = app_config(run_config)
     model = build_model(probe_fed.task, probe_fed.seed, probe_fed.synthetic_dim, probe_fed.precision)
@@ -210,6 +212,7 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     }
     if checkpointer is not None:
         summary["checkpoint"] = str(checkpointer.path)
+    plots.write_learning_curve(writer.rows, out, f"{fed.method} on {fed.task}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
     log(INFO, "fedadapt: finished; metrics in %s", out)
     return summary
