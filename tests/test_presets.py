@@ -82,16 +82,15 @@ def test_every_method_has_a_valid_preset_for_the_default_task():
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_learns_on_the_default_job(tmp_path, method):
-    """Only ``method`` (and a short budget) changed: ≥ 2.5× chance after 3 rounds and a lower test loss than the
-    initial model (the README's table gives each method's accuracy after the full 10 rounds).  The weakest at 3
-    rounds is FedLADA (0.300: its schedules depend on num-server-rounds, so a 3-round run is not the first 3 rounds
-    of the default job); the others reach 0.45–0.77."""
+    """Only ``method`` (and a short budget) changed: ≥ 3× chance after 3 rounds and a lower test loss than the
+    initial model (the README's table gives each method's accuracy after the full 10 rounds).  Measured after 3
+    rounds: 0.43 (fedlocal) to 0.77 (fedams)."""
     summary = run_inprocess({"method": method, "num-server-rounds": 3, "output-dir": str(tmp_path)}, 10)
     assert summary["rounds_without_update"] == []
     rows = list(csv.DictReader((tmp_path / f"{method}-{TASK}-seed0" / "metrics.csv").open()))
     acc = [float(r["test-accuracy"]) for r in rows]
     loss = [float(r["test-loss"]) for r in rows]
-    assert acc[-1] >= 2.5 * CHANCE and loss[-1] < loss[0], f"{method}: test accuracy per round {acc}, loss {loss}"
+    assert acc[-1] >= 3 * CHANCE and loss[-1] < loss[0], f"{method}: test accuracy per round {acc}, loss {loss}"
     if method == "fedavg":  # the learning curve next to metrics.csv
         png = tmp_path / f"{method}-{TASK}-seed0" / FILENAME
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
