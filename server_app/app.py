@@ -40,6 +40,7 @@ from flower_strategies.core import records as R
 from flower_strategies.core.registry import build_strategy, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
+from . import plots, presets
 from .loop import run_rounds
 from .metrics import MetricsWriter, progress_line
 
@@ -281,6 +282,7 @@ def write_summary(out: Path, fed: AppConfig, run_config: Mapping[str, Any], stra
 
 def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
+    run_config = presets.apply(run_config)  # the task's per-method presets on keys left at their defaults
     fed, model, strategy = build(run_config)
     payload = read_resume(fed, run_config, model)
     x_test, y_test = load_test_split(fed)
@@ -331,6 +333,7 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
             final = R.to_record(strategy.current) if updated and strategy.current is not None else final
     model.load_state_dict(final.to_torch_state_dict())
     torch.save(model.state_dict(), out / "model.pt")
+    plots.write_learning_curve(writer.rows, out, f"{fed.method} on {fed.task}")
     summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0, resumed_after,
                             checkpointer, None if failure is None else str(failure), report.counts)
     if failure is not None:
