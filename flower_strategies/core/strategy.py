@@ -541,7 +541,10 @@ class FedAdaptStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         rlog = self._round or RoundLog(server_round)
         self._round = None
-        replies = sorted(replies, key=lambda m: m.metadata.src_node_id)  # deterministic fold order
+        # Deterministic fold order, in the sampling order (partition ids when known): float32 sums depend on the order,
+        # and a run must not depend on the node ids a runtime assigns.
+        order = self.node_order
+        replies = sorted(replies, key=lambda m: (order.get(m.metadata.src_node_id, float("inf")), m.metadata.src_node_id))
         replies = self._drop_no_replies(server_round, replies)
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error() for r in m.content.array_records.values())
         usable = self._screen(replies, rlog)
