@@ -212,7 +212,7 @@ def test_loss_before_cap_and_test_sample_through_the_run_config(tmp_path):
     assert [r["train-loss"] for r in capped[1:]] == [r["train-loss"] for r in full[1:]]
     # ... only the estimate of the loss before training and the (sampled, 50-example) test metrics differ
     assert capped[1]["train-loss-before"] != full[1]["train-loss-before"]
-    assert all(abs(r["test-accuracy"] * 50 - round(r["test-accuracy"] * 50)) < 1e-6 for r in capped)
+    assert all(abs(r["test-accuracy"] * 50 - round(r["test-accuracy"] * 50)) < 1e-4 for r in capped)  # k/50 in float32
     assert capped[-1]["test-loss"] != full[-1]["test-loss"]
 
 
