@@ -36,8 +36,8 @@ from typing import Any
 #: ``torch._dynamo`` is imported lazily by the first ``torch.optim.Optimizer(...)`` (``torch._compile._disable_dynamo``)
 #: and costs more than ``import torch`` itself.
 PRELOAD = (
-    "numpy", "torch", "torch._dynamo", "torch.optim", "sklearn.datasets", "sklearn.model_selection", "datasets", "flwr_datasets.partitioner",
-    "flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "flwr.app",
+    "numpy", "torch", "torch._dynamo", "torch.optim", "sklearn.datasets", "sklearn.model_selection", "datasets",
+    "flwr_datasets.partitioner", "flwr.supernode.runtime.run_clientapp", "flwr.clientapp", "flwr.app",
 )
 
 
