@@ -2,7 +2,8 @@
 
     python -m simulations.launch sim    [--num-supernodes 10] [--run-config "method='fedadam' num-server-rounds=5"]
                                         [--ray-address HEAD:PORT] [--client-cpus 1] [--client-gpus 0.0]
-    python -m simulations.launch deploy [--nodes 2]           [--run-config "..."] [--preloaded] [--task-poll-interval S]
+    python -m simulations.launch deploy [--nodes 2]           [--run-config "..."] [--preloaded]
+                                        [--task-poll-interval S]
     python -m simulations.launch secure [--nodes 2]           [--run-config "..."]
 
 ``sim``    starts a private ``flower-superlink --simulation`` (Ray backend) on free loopback ports, then

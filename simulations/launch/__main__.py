@@ -19,8 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=("sim", "deploy", "secure"))
     ap.add_argument("--num-supernodes", type=int, default=10, help="virtual SuperNodes (sim)")
     ap.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                    help="sim: run on this existing Ray cluster (the head's `ray start --head --port=PORT`) instead of "
-                         "a private Ray instance; an inherited RAY_ADDRESS does the same")
+                    help="sim: run on this existing Ray cluster (the head's `ray start --head --port=PORT`) "
+                         "instead of a private Ray instance; an inherited RAY_ADDRESS does the same")
     ap.add_argument("--client-cpus", type=int, default=1, help="sim: Ray CPUs reserved per ClientApp actor")
     ap.add_argument("--client-gpus", type=float, default=0.0, help="sim: Ray GPUs per ClientApp actor (e.g. 0.25)")
     ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy); registered SuperNodes (secure)")
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task-poll-interval", type=float, default=None, metavar="S",
                     help="deploy: seconds between a SuperNode's SuperExec task polls (Flower default 1.0; 0.01-60)")
     ap.add_argument("--preloaded", action="store_true",
-                    help="deploy: SuperNodes with --isolation process + a pre-loaded SuperExec that forks one ClientApp "
-                         "process per message (python -m simulations.launch.preloaded_exec) instead of a fresh "
+                    help="deploy: SuperNodes with --isolation process + a pre-loaded SuperExec that forks one "
+                         "ClientApp process per message (python -m simulations.launch.preloaded_exec) instead of a fresh "
                          "flwr-clientapp interpreter")
     ap.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
                     help="deploy: node-local data, one .npz per node or a directory of partition-<i>.npz "
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     home, app = Path(args.flwr_home).resolve(), Path(args.app).resolve()
     try:
         if args.mode == "sim":
-            return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app, ray_address=args.ray_address,
-                              client_cpus=args.client_cpus, client_gpus=args.client_gpus)
+            return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app,
+                              ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus)
         if args.mode == "secure":
             res = launch_secure_deploy(args.nodes, args.run_config, home, args.timeout, app,
                                        unregistered=args.unregistered)
