@@ -7,7 +7,8 @@
         * ``fork``: a child forked from a process that already imported them (what a pre-loaded executor would pay);
         * ``train``: one real ClientApp train call (digits-mlp, 1 local epoch) in a warm process, for scale.
 
-    python -m simulations.bench_deploy deploy [--nodes 2] [--rounds 3] [--task-poll-interval 0.1] [--node-data DIR]
+    python -m simulations.bench_deploy deploy [--nodes 2] [--rounds 3] [--task-poll-interval 0.1] [--preloaded]
+                                              [--node-data DIR]
         A real local deployment (``simulations.launch deploy``: SuperLink + N SuperNodes on 127.0.0.1); prints the
         seconds of every round as the ServerApp measured them (``metrics.jsonl``) and their mean.  Starts real
         Flower processes: run it on a machine you do not share.
@@ -28,9 +29,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: What a ``flwr-clientapp`` process imports before it can run our ClientApp.
+#: What a ``flwr-clientapp`` process imports before it can run our ClientApp (``torch._dynamo``: imported lazily by
+#: the first ``torch.optim.Optimizer(...)``, so every train message pays it too).
 CLIENTAPP_IMPORTS = (
-    "from flwr.supernode.runtime.run_clientapp import run_clientapp; import client_app.app; import flower_strategies"
+    "from flwr.supernode.runtime.run_clientapp import run_clientapp; import client_app.app; import flower_strategies; "
+    "import torch._dynamo"
 )
 
 
@@ -84,7 +87,7 @@ def _train_seconds(repeats: int) -> list[float]:
 
 
 def bench_deploy(nodes: int, rounds: int, task_poll_interval: float | None, node_data: str | None,
-                 run_config: str) -> dict[str, float]:
+                 run_config: str, preloaded: bool = False) -> dict[str, float]:
     from simulations.launch import launch_deploy
 
     with tempfile.TemporaryDirectory(prefix="fedadapt-bench-") as tmp:
@@ -92,13 +95,14 @@ def bench_deploy(nodes: int, rounds: int, task_poll_interval: float | None, node
         cfg = f"num-server-rounds={rounds} output-dir='{out}' run-name='bench' {run_config}".strip()
         t0 = time.monotonic()
         rc = launch_deploy(nodes, cfg, Path(tmp) / "flwr", timeout=1800,
-                           node_data=[node_data] if node_data else None, task_poll_interval=task_poll_interval)
+                           node_data=[node_data] if node_data else None, task_poll_interval=task_poll_interval,
+                           preloaded=preloaded)
         wall = time.monotonic() - t0
         if rc != 0:
             raise SystemExit(f"deployment failed (rc={rc})")
         rows = [json.loads(line) for line in (out / "bench" / "metrics.jsonl").read_text().splitlines()]
     per_round = [float(r["seconds"]) for r in rows[1:]]
-    res = {"nodes": nodes, "rounds": rounds, "task_poll_interval": task_poll_interval,
+    res = {"nodes": nodes, "rounds": rounds, "task_poll_interval": task_poll_interval, "preloaded": preloaded,
            "seconds_per_round": statistics.mean(per_round), "rounds_s": per_round, "wall_s": wall}
     print(f"seconds per round: {', '.join(f'{s:.1f}' for s in per_round)} (mean {res['seconds_per_round']:.1f}); "
           f"wall {wall:.0f} s incl. start-up")
@@ -112,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--task-poll-interval", type=float, default=None)
+    ap.add_argument("--preloaded", action="store_true", help="pre-loaded SuperExec (simulations.launch.preloaded_exec)")
     ap.add_argument("--node-data", default=None, help="directory of partition-<i>.npz (simulations.convert_data)")
     ap.add_argument("--run-config", default="")
     a = ap.parse_args(argv)
     if a.mode == "startup":
         res = bench_startup(a.repeats)
     else:
-        res = bench_deploy(a.nodes, a.rounds, a.task_poll_interval, a.node_data, a.run_config)
+        res = bench_deploy(a.nodes, a.rounds, a.task_poll_interval, a.node_data, a.run_config, a.preloaded)
     print(json.dumps(res))
     return 0
 

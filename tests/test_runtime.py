@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from simulations.engine import run_inprocess
 from simulations.launch import APP_DIR, RunConfigError, build_run_config, launch_deploy, launch_sim
 from simulations.launch.flwr_cli import parse_run_config
 
@@ -69,6 +72,40 @@ def test_local_deployment_superlink_and_two_supernodes(tmp_path):
     assert [r["round"] for r in rows] == [0, 1, 2] and rows[-1]["replies-used"] == 2
     assert rows[-1]["test-loss"] < rows[0]["test-loss"]
     assert _our_processes(tmp_path / "flwr") == []
+
+
+@pytest.mark.slow
+def test_preloaded_executor_deployment(tmp_path):
+    """``deploy --preloaded``: SuperNodes with ``--isolation process``, each served by the pre-loaded SuperExec, which
+    forks one ClientApp process per message; same numbers as the stock executor's run (same FAB code, same data)."""
+    out = tmp_path / "out"
+    cfg = f"method='fedprox' num-server-rounds=2 output-dir='{out}' run-name='%s'"
+    home = tmp_path / "flwr"
+    rc = launch_deploy(2, cfg % "pre", home, timeout=600, task_poll_interval=0.1, preloaded=True)
+    assert rc == 0
+    rows = _rows(out / "pre" / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [0, 1, 2] and all(r["replies-used"] == 2 for r in rows[1:])
+    for i in range(2):
+        log = (home / "logs" / f"superexec{i}.log").read_text()
+        assert "pre-loaded SuperExec" in log and "torch" in log
+        # every message the SuperNode received ran in its own forked process, which exited cleanly
+        received = (home / "logs" / f"supernode{i}.log").read_text().count("Receiving: ")
+        done = re.findall(r"task \d+: ClientApp process (\d+) exited (\d+)", log)
+        assert received >= 2 and len(done) == received, log
+        assert len({pid for pid, _ in done}) == received and {code for _, code in done} == {"0"}, log
+    assert _our_processes(home) == []
+    # the same federation in one process (simulations.engine, = the stock deployment / Ray: tests/test_engine_vs_ray.py)
+    run_inprocess({"method": "fedprox", "num-server-rounds": 2, "output-dir": str(out), "run-name": "engine"}, 2)
+    ref = _rows(out / "engine" / "metrics.jsonl")
+    for a, b in zip(rows, ref, strict=True):
+        assert a["test-loss"] == pytest.approx(b["test-loss"], rel=0, abs=1e-6)
+        if b.get("train-loss") is None:  # round 0
+            assert a.get("train-loss") is None
+        else:
+            assert a["train-loss"] == pytest.approx(b["train-loss"], rel=0, abs=1e-6)
+    model, ref_model = torch.load(out / "pre" / "model.pt"), torch.load(out / "engine" / "model.pt")
+    for k in ref_model:
+        torch.testing.assert_close(model[k], ref_model[k], rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ stopping by signal
@@ -200,3 +237,13 @@ def test_unknown_run_config_keys_are_named_before_anything_starts(tmp_path):
                          timeout=120)
     assert res.returncode == 2 and "unknown run-config key(s): 'no-such-key'" in res.stderr
     assert not (tmp_path / "flwr" / "logs").exists()  # nothing was started
+
+
+def test_preloaded_executor_never_preimports_the_apps_own_packages():
+    """Flower's ``load_app`` reuses modules already in ``sys.modules``: a pre-imported ``client_app`` would run the
+    executor's copy instead of the run's FAB.  Only third-party modules may be pre-loaded."""
+    from simulations.launch.preloaded_exec import PRELOAD
+
+    own = {"client_app", "flower_strategies", "server_app", "simulations"}
+    assert PRELOAD and not [m for m in PRELOAD if m.split(".")[0] in own]
+    assert "torch._dynamo" in PRELOAD  # imported by the first torch.optim.Optimizer(...): the largest single cost

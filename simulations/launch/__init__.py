@@ -1,14 +1,20 @@
 """Run the fedadapt Flower app for real and report whether the run *succeeded*.
 
     python -m simulations.launch sim    [--num-supernodes 10] [--run-config "method='fedadam' num-server-rounds=5"]
-    python -m simulations.launch deploy [--nodes 2]           [--run-config "..."]
+                                        [--ray-address HEAD:PORT] [--client-cpus 1] [--client-gpus 0.0]
+    python -m simulations.launch deploy [--nodes 2]           [--run-config "..."] [--preloaded]
+                                        [--task-poll-interval S]
     python -m simulations.launch secure [--nodes 2]           [--run-config "..."]
 
 ``sim``    starts a private ``flower-superlink --simulation`` (Ray backend) on free loopback ports, then
-           ``flwr run . <connection> --stream --federation-config "num-supernodes=N client-resources-num-cpus=1"``.
+           ``flwr run . <connection> --stream --federation-config "num-supernodes=N client-resources-num-cpus=1"``;
+           with ``--ray-address`` the simulation runs on that existing Ray cluster (``RAY_ADDRESS`` for the SuperLink;
+           docs/deployment.md §7).
 ``deploy`` starts a ``flower-superlink`` and N ``flower-supernode`` processes on 127.0.0.1, each SuperNode with
            ``--node-config "partition-id=i num-partitions=N"`` (plus ``data-path='…'`` with ``--node-data``: each
-           node then trains on its own file), then ``flwr run . <connection> --stream``.
+           node then trains on its own file), then ``flwr run . <connection> --stream``.  ``--preloaded``: SuperNodes
+           with ``--isolation process``, each served by :mod:`.preloaded_exec` (forks one ClientApp process per message
+           from a process that imported torch & co. once; docs/deployment.md §5).
 ``secure`` is ``deploy`` over TLS with SuperNode authentication: it generates a throw-away CA, a server certificate
            for 127.0.0.1 and one ECDSA key per SuperNode (under ``<FLWR_HOME>/pki``), registers the N nodes' public
            keys with ``flwr supernode register``, also starts one SuperNode whose key is NOT registered, tries a
@@ -25,6 +31,7 @@ Runtime dependency installation is disabled (otherwise every run downloads GBs w
 
 Modules: :mod:`.processes` (process groups, signals, health polling), :mod:`.flwr_cli` (connections, run-config
 strings, ``flwr`` commands), :mod:`.pki` (openssl / ssh-keygen), :mod:`.modes` (sim / deploy / secure),
+:mod:`.preloaded_exec` (the pre-loaded SuperExec),
 ``__main__`` (the CLI).
 """
 

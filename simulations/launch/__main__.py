@@ -18,6 +18,11 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("sim", "deploy", "secure"))
     ap.add_argument("--num-supernodes", type=int, default=10, help="virtual SuperNodes (sim)")
+    ap.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                    help="sim: run on this existing Ray cluster (the head's `ray start --head --port=PORT`) "
+                         "instead of a private Ray instance; an inherited RAY_ADDRESS does the same")
+    ap.add_argument("--client-cpus", type=int, default=1, help="sim: Ray CPUs reserved per ClientApp actor")
+    ap.add_argument("--client-gpus", type=float, default=0.0, help="sim: Ray GPUs per ClientApp actor (e.g. 0.25)")
     ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy); registered SuperNodes (secure)")
     ap.add_argument("--unregistered", type=int, default=1,
                     help="secure: extra SuperNodes whose keys are not registered (they must be refused)")
@@ -27,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--app", default=str(APP_DIR), help="Flower app directory (default: this project)")
     ap.add_argument("--task-poll-interval", type=float, default=None, metavar="S",
                     help="deploy: seconds between a SuperNode's SuperExec task polls (Flower default 1.0; 0.01-60)")
+    ap.add_argument("--preloaded", action="store_true",
+                    help="deploy: SuperNodes with --isolation process + a pre-loaded SuperExec that forks one "
+                         "ClientApp process per message (python -m simulations.launch.preloaded_exec) instead of a fresh "
+                         "flwr-clientapp interpreter")
     ap.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
                     help="deploy: node-local data, one .npz per node or a directory of partition-<i>.npz "
                          "(python -m simulations.convert_data); passed as node config data-path")
@@ -34,14 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     home, app = Path(args.flwr_home).resolve(), Path(args.app).resolve()
     try:
         if args.mode == "sim":
-            return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app)
+            return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app,
+                              ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus)
         if args.mode == "secure":
             res = launch_secure_deploy(args.nodes, args.run_config, home, args.timeout, app,
                                        unregistered=args.unregistered)
             return 0 if res.status == "finished:completed" else 1
         return launch_deploy(args.nodes, args.run_config, home, args.timeout, app,
-                             node_data=args.node_data, task_poll_interval=args.task_poll_interval)
-    except RunConfigError as err:
+                             node_data=args.node_data, task_poll_interval=args.task_poll_interval,
+                             preloaded=args.preloaded)
+    except (RunConfigError, ValueError, ConnectionError) as err:
         print(f"[fedadapt] {err}", file=sys.stderr, flush=True)
         return 2
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -26,17 +28,49 @@ def superlink_argv(port: int, database: Path, *flags: str) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port), "--database", str(database)]
 
 
+def ray_address_check(address: str, timeout: float = 5.0) -> str:
+    """``address`` (``host:port`` of a running Ray head's GCS, as printed by ``ray start --head``) if it accepts TCP
+    connections, else a clear error — instead of a simulation that fails inside the SuperLink's subprocess."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        raise ValueError(f"--ray-address {address!r}: expected host:port of the Ray head (ray start --head --port=...)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(f"no Ray cluster answers at {address} ({err}); start one with "
+                              f"`ray start --head --port={port}` on {host}") from None
+    return address
+
+
+def federation_config(num_supernodes: int, client_cpus: int = 1, client_gpus: float = 0.0) -> str:
+    """``--federation-config`` of a simulation run: federation size and Ray resources reserved per ClientApp actor."""
+    cfg = f"num-supernodes={num_supernodes} client-resources-num-cpus={int(client_cpus)}"
+    return cfg + (f" client-resources-num-gpus={float(client_gpus)}" if client_gpus else "")
+
+
 def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, timeout: float,
-               app_dir: Path = APP_DIR) -> int:
-    """A private ``flower-superlink --simulation`` (Ray) + ``flwr run --federation-config num-supernodes=N``."""
+               app_dir: Path = APP_DIR, ray_address: str | None = None, client_cpus: int = 1,
+               client_gpus: float = 0.0) -> int:
+    """A private ``flower-superlink --simulation`` (Ray) + ``flwr run --federation-config num-supernodes=N``.
+
+    ``ray_address`` (``host:port``): attach the simulation to that running Ray cluster instead of starting a private
+    Ray instance.  Flower 1.42 has no federation-config key for it (its ``SimulationConfig`` knows only
+    ``init-args-num-cpus/-num-gpus/-logging-level/-log-to-driver``); its Ray backend calls ``ray.init(**init_args)``
+    with no address, and Ray then reads ``RAY_ADDRESS`` — so the SuperLink is started with ``RAY_ADDRESS`` set and
+    its ``flwr-simulation`` child inherits it.  ``client_cpus``/``client_gpus``: Ray resources per ClientApp actor
+    (``client-resources-num-cpus/-num-gpus``); the number of actors is what the cluster's resources allow."""
     cfg = build_run_config(run_config, app_dir)
+    env = {"RAY_ADDRESS": ray_address_check(ray_address)} if ray_address else {}
     port = free_port()
     log_dir = flwr_home / "logs"
     with Cluster(flwr_home, log_dir) as cluster:
-        link = cluster.start("superlink", superlink_argv(port, flwr_home / "state.db", "--insecure", "--simulation"))
+        link = cluster.start("superlink", superlink_argv(port, flwr_home / "state.db", "--insecure", "--simulation"),
+                             env=env)
         wait_health(f"http://127.0.0.1:{port}/health", 60, link)
         write_connection(flwr_home, "fedadapt-sim", port)
-        fed_cfg = f"num-supernodes={num_supernodes} client-resources-num-cpus=1"
+        if ray_address:
+            print(f"[fedadapt] simulation attaches to the Ray cluster at {ray_address}", flush=True)
+        fed_cfg = federation_config(num_supernodes, client_cpus, client_gpus)
         run_id, status, _ = flwr_run(cluster, "fedadapt-sim", cfg, fed_cfg, timeout, app_dir)
     return report(run_id, status, log_dir)
 
@@ -66,13 +100,15 @@ def node_config(i: int, nodes: int, data: list[Path] | None) -> str:
 
 @contextmanager
 def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] | None = None,
-                   task_poll_interval: float | None = None) -> Iterator[tuple[Cluster, str]]:
+                   task_poll_interval: float | None = None, preloaded: bool = False) -> Iterator[tuple[Cluster, str]]:
     """A ``flower-superlink`` and ``nodes`` ``flower-supernode`` processes on 127.0.0.1 (plaintext), stopped on exit;
     yields the cluster and the name of its ``flwr`` connection (several ``flwr run`` may use the same nodes).
 
     SuperNode ``i`` (process ``supernode<i>``, see :func:`start_supernode`) gets
     ``--node-config "partition-id=i num-partitions=N"`` (plus ``data-path`` with ``node_data``),
-    ``FLWR_HOME=<flwr_home>/node<i>`` and the node-local client-state directory ``<flwr_home>/node<i>/client-state``."""
+    ``FLWR_HOME=<flwr_home>/node<i>`` and the node-local client-state directory ``<flwr_home>/node<i>/client-state``.
+    ``preloaded``: each SuperNode runs with ``--isolation process`` next to a pre-loaded SuperExec
+    (:mod:`.preloaded_exec`) that forks one ClientApp process per message instead of starting a fresh interpreter."""
     data = node_data_paths(node_data, nodes)
     port = free_port()
     with Cluster(flwr_home, flwr_home / "logs") as cluster:
@@ -84,33 +120,42 @@ def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] 
             node_env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(float(task_poll_interval))
         cluster.superlink_port = port
         for i in range(nodes):
-            start_supernode(cluster, i, nodes, data, node_env)
+            start_supernode(cluster, i, nodes, data, node_env, preloaded=preloaded)
         write_connection(flwr_home, "fedadapt-deploy", port)
         yield cluster, "fedadapt-deploy"
 
 
 def start_supernode(cluster: Cluster, i: int, nodes: int, data: list[Path] | None = None,
-                    env: dict[str, str] | None = None) -> subprocess.Popen:
+                    env: dict[str, str] | None = None, *, preloaded: bool = False) -> subprocess.Popen:
     """Start (or restart: same node-local directories) SuperNode ``i`` of a :func:`deploy_cluster`.
 
     Its client state (SCAFFOLD's c_i, Fed-LAMB's m, …) is kept in ``<FLWR_HOME>/node<i>/client-state``
     (``FEDADAPT_CLIENT_STATE_DIR``, :mod:`client_app.client_state`), so a resumed run continues it exactly."""
     home = cluster.flwr_home / f"node{i}"
-    return cluster.start(f"supernode{i}", [
+    node_env = {"FLWR_HOME": str(home), "FEDADAPT_CLIENT_STATE_DIR": str(home / "client-state"), **(env or {})}
+    node_port = free_port()
+    node = cluster.start(f"supernode{i}", [
         bin_path("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{cluster.superlink_port}",
-        "--port", str(free_port()), "--node-config", node_config(i, nodes, data),
-    ], env={"FLWR_HOME": str(home), "FEDADAPT_CLIENT_STATE_DIR": str(home / "client-state"), **(env or {})})
+        "--port", str(node_port), "--node-config", node_config(i, nodes, data),
+        *(["--isolation", "process"] if preloaded else []),
+    ], env=node_env)
+    if preloaded:  # the SuperNode starts no executor; this one connects to its Runtime API
+        cluster.start(f"superexec{i}", [
+            sys.executable, "-m", "simulations.launch.preloaded_exec", "--insecure",
+            "--runtime-api-address", f"127.0.0.1:{node_port}", "--parent-pid", str(node.pid),
+        ], env=node_env)
+    return node
 
 
 def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
                   app_dir: Path = APP_DIR, node_data: Sequence[str | Path] | None = None,
-                  task_poll_interval: float | None = None) -> int:
+                  task_poll_interval: float | None = None, preloaded: bool = False) -> int:
     """:func:`deploy_cluster`, then ``flwr run`` on it.
 
     ``min-available-nodes = nodes`` and ``min-train-nodes = min(2, nodes)`` unless the run-config sets them; a
     lower ``min-available-nodes`` lets the run go on with the nodes that remain when some are lost."""
     cfg = build_run_config(run_config, app_dir, {"min-available-nodes": nodes, "min-train-nodes": min(2, nodes)})
-    with deploy_cluster(nodes, flwr_home, node_data, task_poll_interval) as (cluster, conn):
+    with deploy_cluster(nodes, flwr_home, node_data, task_poll_interval, preloaded) as (cluster, conn):
         run_id, status, _ = flwr_run(cluster, conn, cfg, None, timeout, app_dir)
     return report(run_id, status, flwr_home / "logs")
 
