@@ -1,0 +1,155 @@
+"""Benchmark: simulation overhead against a plain sequential PyTorch loop doing the same local work.
+
+    python -m simulations.bench_simulation                     # digits-mlp, 10 rounds, E ∈ {1, 5}, N ∈ {10, 100}
+    python -m simulations.bench_simulation --ray               # + the Ray simulation (python -m simulations.launch sim)
+    python -m simulations.bench_simulation --nodes 3 --rounds 2 --epochs 1   # smoke run (the test uses it)
+
+For every (E, N) it prints the wall time of
+
+* ``plain``  — a hand-written loop: build the model, then per round and client: load the global weights, plain
+  ``torch.optim.SGD`` over exactly the mini-batches of ``core/client.py``'s ``batch_indices`` (same seed, round,
+  client key), then the example-weighted average of the client models (the data are loaded once, before timing);
+* ``engine`` — :func:`simulations.engine.run_inprocess`: the real ServerApp + ClientApp in this process (which also
+  computes ``train-loss-before`` on each client's data and a central test evaluation every round — part of what
+  the framework delivers);
+* ``ray``    (``--ray``) — a real ``python -m simulations.launch sim`` run; its steady state is the mean of the
+  ``seconds`` column of ``metrics.jsonl`` over the rounds after the first (start-up of Ray excluded), × rounds;
+
+and the ratios ``engine / plain`` and ``ray / plain`` (target ≤ 1.10).  Every row runs in a fresh child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def run_config(nodes: int, rounds: int, epochs: int, out: str) -> dict:
+    return {"method": "fedavg", "task": "digits-mlp", "num-server-rounds": rounds, "local-epochs": epochs,
+            "min-available-nodes": nodes, "min-train-nodes": nodes, "partitioner": "iid", "seed": 0,
+            "client-lr": 0.1, "batch-size": 32, "output-dir": out, "run-name": f"bench-n{nodes}-e{epochs}"}
+
+
+# ------------------------------------------------------------------------------------------ children
+def plain(nodes: int, rounds: int, epochs: int) -> dict:
+    import numpy as np
+    import torch
+
+    from client_app.task import build_model, digits_partition, digits_split
+    from flower_strategies.core.client import batch_indices
+
+    torch.set_num_threads(1)
+    data = [digits_partition(i, nodes, partitioner="iid", seed=0) for i in range(nodes)]
+    _, _, x_te, y_te = digits_split(0)
+    t0 = time.perf_counter()
+    model = build_model("digits-mlp", 0)
+    glob = {k: v.clone() for k, v in model.state_dict().items()}
+    loss_fn = torch.nn.functional.cross_entropy
+    for rnd in range(1, rounds + 1):
+        acc = {k: torch.zeros_like(v) for k, v in glob.items()}
+        total = 0
+        for i, (x, y) in enumerate(data):
+            model.load_state_dict(glob)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            steps = epochs * -(-len(x) // 32)
+            for idx in batch_indices(len(x), 32, steps, 0, rnd, i):
+                idx_t = torch.from_numpy(idx)
+                opt.zero_grad()
+                loss_fn(model(x[idx_t]), y[idx_t]).backward()
+                opt.step()
+            for k, v in model.state_dict().items():
+                acc[k] += v * len(x)
+            total += len(x)
+        glob = {k: v / total for k, v in acc.items()}
+    seconds = time.perf_counter() - t0
+    model.load_state_dict(glob)
+    with torch.no_grad():
+        accuracy = float((model(torch.from_numpy(x_te)).argmax(1) == torch.from_numpy(y_te)).float().mean())
+    return {"seconds": seconds, "accuracy": accuracy, "np": np.__version__}
+
+
+def engine(nodes: int, rounds: int, epochs: int, out: str) -> dict:
+    import torch
+
+    from simulations.engine import run_inprocess
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    summary = run_inprocess(run_config(nodes, rounds, epochs, out), nodes)
+    return {"seconds": time.perf_counter() - t0, "accuracy": summary["final"].get("test-accuracy")}
+
+
+def ray(nodes: int, rounds: int, epochs: int, out: str) -> dict:
+    cfg = run_config(nodes, rounds, epochs, out)
+    rc = " ".join(f"{k}={json.dumps(v)}" for k, v in cfg.items())
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "simulations.launch", "sim", "--num-supernodes", str(nodes),
+                           "--run-config", rc], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    path = Path(out) / cfg["run-name"] / "metrics.jsonl"
+    if proc.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"ray run failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steady = [r["seconds"] for r in rows if r["round"] >= 2]
+    return {"seconds": sum(steady) / len(steady) * rounds, "wall": wall, "accuracy": rows[-1].get("test-accuracy")}
+
+
+def measure(kind: str, nodes: int, rounds: int, epochs: int, out: str) -> dict:
+    cmd = [sys.executable, "-m", "simulations.bench_simulation", "--child", kind, "--nodes", str(nodes),
+           "--rounds", str(rounds), "--epochs", str(epochs), "--out", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {kind} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, nargs="+", default=[10, 100])
+    ap.add_argument("--epochs", type=int, nargs="+", default=[1, 5])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--ray", action="store_true", help="also run the Ray simulation (N = 10 only unless --ray-all)")
+    ap.add_argument("--ray-all", action="store_true", help="Ray for every N too")
+    ap.add_argument("--out", default="", help="output directory of the runs (default: a temporary one)")
+    ap.add_argument("--child", choices=("plain", "engine", "ray"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        n, e = args.nodes[0], args.epochs[0]
+        res = plain(n, args.rounds, e) if args.child == "plain" else \
+            (engine if args.child == "engine" else ray)(n, args.rounds, e, args.out)
+        print(json.dumps(res))
+        return 0
+
+    out = args.out or tempfile.mkdtemp(prefix="fedadapt-bench-sim-")
+    out = str(Path(out).resolve())
+    rows = []
+    for e in args.epochs:
+        for n in args.nodes:
+            r = {"E": e, "N": n, "plain": measure("plain", n, args.rounds, e, out),
+                 "engine": measure("engine", n, args.rounds, e, out)}
+            if args.ray and (n == 10 or args.ray_all):
+                r["ray"] = measure("ray", n, args.rounds, e, out)
+            rows.append(r)
+            print(f"  measured E={e} N={n}", file=sys.stderr, flush=True)
+    print(f"\ndigits-mlp, fedavg, {args.rounds} rounds, batch 32, iid; seconds (final test accuracy)")
+    print(f"{'E':>2s} {'N':>4s} {'plain':>14s} {'engine':>14s} {'ray steady':>14s} {'engine/plain':>12s} {'ray/plain':>10s}")
+    for r in rows:
+        p, g, y = r["plain"], r["engine"], r.get("ray")
+        cell = lambda m: f"{m['seconds']:7.2f} ({m['accuracy'] or 0:.3f})"  # noqa: E731
+        print(f"{r['E']:>2d} {r['N']:>4d} {cell(p):>14s} {cell(g):>14s} {cell(y) if y else '-':>14s} "
+              f"{g['seconds'] / p['seconds']:11.2f}x {(y['seconds'] / p['seconds']) if y else float('nan'):9.2f}x")
+    print("target: engine/plain and ray/plain <= 1.10")
+    if not args.out:
+        shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
