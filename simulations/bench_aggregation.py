@@ -7,9 +7,10 @@ side with Flower 1.42's built-in strategies, against the floor.
 Every measurement runs in its own child process (``--child``): the child builds the model and the N replies first
 (random but fixed: ``x + s_i·roll(ξ, i)`` with ``ξ ~ N(0, 1e-3²)`` drawn once from seed 0, ``s_i = 1 + 0.01·i``;
 ``num-examples = 100 + i``), runs round 1 untimed (warm-up; adaptive state gets created), then times round 2's
-``configure_train`` (untimed) + ``aggregate_train`` (timed) on the same replies.  Memory: the child resets the
-kernel's peak-RSS mark (``/proc/self/clear_refs``) just before the timed call and reports ``VmHWM − VmRSS`` (the
-*transient extra* memory the call needed, on top of the replies it was handed), in model copies.
+``configure_train`` (untimed) + ``aggregate_train`` (timed) on the same replies for rounds 2–4 and reports the
+fastest (the machine may be shared).  Memory: round 5 runs under ``tracemalloc`` (NumPy buffers and the serialised
+``bytes`` are traced; malloc's caching does not hide anything) and the peak of traced memory above the start is the
+*extra* memory the call needed on top of the replies it was handed (returned model included), in model copies.
 
 Rows:
 
@@ -54,23 +55,6 @@ def model_layout(size: str) -> tuple[dict[str, np.ndarray], list[str]]:
     net = torchvision.models.resnet18(num_classes=10)
     state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
     return state, [n for n, _ in net.named_parameters()]
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 
 class Replies:
@@ -145,59 +129,71 @@ def child(kind: str, name: str, n: int, size: str) -> dict:
         return Message(built[i], reply_to=msg)
 
     grid = LoopbackGrid(client, n)
-    if strategy is None:  # the floor: configure nothing, aggregate by hand
-        msgs = grid.send_and_receive(
-            [Message(RecordDict(), message_type="train", dst_node_id=i) for i in grid.get_node_ids()])
-        view = name == "view"
-
-        def aggregate(server_round: int):
-            acc: dict[str, np.ndarray] = {}
-            for m in msgs:
-                for k, a in m.content[R.MODEL].items():
-                    arr = R.view(a) if view else a.numpy()
-                    if arr.dtype.kind != "f":
-                        continue
-                    if k in acc:
-                        np.add(acc[k], arr, out=acc[k])
-                    else:
-                        acc[k] = arr.copy() if view else arr
-            return acc
-    else:
-        arrays = initial
-
-        def aggregate(server_round: int):
-            nonlocal arrays
-            msgs = grid.send_and_receive(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
-            gc.collect()
-            t0, peak_ok = _measure_start()
-            out, metrics = strategy.aggregate_train(server_round, msgs)
-            dt = time.perf_counter() - t0
-            peak = _status("VmHWM") - t0_rss[0]
-            used = int(metrics["replies-used"]) if "replies-used" in metrics else n
-            assert out is not None and used == n, (name, dict(metrics))
-            arrays = out
-            return dt, peak, peak_ok
-
-    t0_rss = [0]
-
-    def _measure_start():
-        ok = _reset_peak()
-        t0_rss[0] = _status("VmRSS")
-        return time.perf_counter(), ok
-
+    floor_msgs = None
     if strategy is None:
-        aggregate(1)  # warm-up
+        floor_msgs = grid.send_and_receive(
+            [Message(RecordDict(), message_type="train", dst_node_id=i) for i in grid.get_node_ids()])
+    arrays = initial
+
+    def fold_floor(msgs, view: bool):
+        acc: dict[str, np.ndarray] = {}
+        for m in msgs:
+            for k, a in m.content[R.MODEL].items():
+                arr = R.view(a) if view else a.numpy()
+                if arr.dtype.kind != "f":
+                    continue
+                if k in acc:
+                    np.add(acc[k], arr, out=acc[k])
+                else:
+                    acc[k] = arr.copy() if view else arr
+        return acc
+
+    def aggregate(server_round: int, measured):
+        """One round; only the aggregation itself runs inside ``measured``."""
+        nonlocal arrays
+        if strategy is None:
+            with measured:
+                fold_floor(floor_msgs, name == "view")
+            return
+        msgs = grid.send_and_receive(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         gc.collect()
-        t0, peak_ok = _measure_start()
-        result = aggregate(2)
-        dt = time.perf_counter() - t0
-        peak = _status("VmHWM") - t0_rss[0]
-        del result
-    else:
-        aggregate(1)  # warm-up (creates server state)
-        dt, peak, peak_ok = aggregate(2)
-    return {"kind": kind, "name": name, "n": n, "seconds": dt, "peak_bytes": peak, "model_bytes": model_bytes,
-            "peak_reset": peak_ok}
+        with measured:
+            out, metrics = strategy.aggregate_train(server_round, msgs)
+        used = int(metrics["replies-used"]) if "replies-used" in metrics else n
+        assert out is not None and used == n, (name, dict(metrics))
+        arrays = out
+
+    import contextlib
+    import tracemalloc
+
+    class Clock(contextlib.AbstractContextManager):
+        def __enter__(self):
+            gc.collect()
+            self.t0 = time.perf_counter()
+            return self
+
+        def __exit__(self, *exc):
+            self.seconds = time.perf_counter() - self.t0
+
+    class Traced(contextlib.AbstractContextManager):
+        def __enter__(self):
+            gc.collect()
+            tracemalloc.start()
+            self.base = tracemalloc.get_traced_memory()[0]
+            return self
+
+        def __exit__(self, *exc):
+            self.peak = tracemalloc.get_traced_memory()[1] - self.base
+            tracemalloc.stop()
+
+    aggregate(1, contextlib.nullcontext())  # warm-up (creates the server state)
+    clocks = [Clock() for _ in range(3)]
+    for r, c in zip((2, 3, 4), clocks):
+        aggregate(r, c)
+    traced = Traced()
+    aggregate(5, traced)
+    dt, peak = min(c.seconds for c in clocks), traced.peak
+    return {"kind": kind, "name": name, "n": n, "seconds": dt, "peak_bytes": peak, "model_bytes": model_bytes}
 
 
 # ------------------------------------------------------------------------------------------ parent side
@@ -235,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  measured N={n:<4d} {label:<20s} {r['seconds']:7.3f} s", file=sys.stderr, flush=True)
 
     model_mb = next(iter(rows.values()))["model_bytes"] / 2**20
-    print(f"\nmodel: {args.size} ({model_mb:.1f} MiB); time of aggregate_train (round 2, after a warm-up round); "
-          "extra = peak RSS above the RSS before the call, in model copies")
+    print(f"\nmodel: {args.size} ({model_mb:.1f} MiB); time = fastest aggregate_train of rounds 2-4 (after a warm-up "
+          "round); extra = tracemalloc peak during round 5's aggregate_train, in model copies")
     for n in args.replies:
         print(f"\nN = {n} replies")
         print(f"{'':<12s} {'fedadapt s':>10s} {'extra':>7s} {'flwr s':>9s} {'extra':>7s} {'flwr/ours':>9s}")
@@ -270,8 +266,6 @@ def main(argv: list[str] | None = None) -> int:
                 checks.append(f"flwr FedAdam/ours {flwr_adam / r['seconds']:5.2f}x "
                               f"({'ok' if flwr_adam >= 2 * r['seconds'] else 'MISS'})")
             print(f"N={n:<4d} {m:<11s} " + " | ".join(checks))
-    if not all(r["peak_reset"] for r in rows.values()):
-        print("note: /proc/self/clear_refs unavailable: peak memory is the process's lifetime peak")
     return 0
 
 
