@@ -8,7 +8,9 @@ every method hyper-parameter from the server's ConfigRecord.  Persistent client 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -19,7 +21,7 @@ from flower_strategies.core.client import train_reply
 from .config import parse as app_config
 
 from .node_data import NODE_DATA_KEY, load_node_data
-from .task import TASK_SPECS, build_model, evaluate, load_client_data
+from .task import HUB_TASKS, TASK_SPECS, build_model, evaluate, load_client_data
 
 app = ClientApp()
 
@@ -41,27 +43,64 @@ def client_key(context: Context) -> int:
     return int(context.node_id)
 
 
+@lru_cache(maxsize=16)
+def _app_config(items: tuple[tuple[str, Any], ...]):
+    return app_config(dict(items))
+
+
+def run_settings(context: Context):
+    """The run's :class:`~client_app.config.AppConfig`, parsed once per run-config and process (it is frozen)."""
+    try:
+        return _app_config(tuple(sorted(context.run_config.items())))
+    except TypeError:  # an unhashable value: parse without the cache
+        return app_config(context.run_config)
+
+
+@lru_cache(maxsize=256)
+def _partition(task: str, pid: int, n: int, **settings: Any):
+    return load_client_data(task, pid, n, **settings)
+
+
 def client_data(context: Context):
-    fed = app_config(context.run_config)
+    """``(settings, client key, x, y)``.  Offline partitions (digits, synthetic, Shakespeare: small) are loaded once
+    per process and reused for every later message of the same node (the tensors are only read); hub data sets and
+    node-local files are read per message."""
+    fed = run_settings(context)
     path = context.node_config.get(NODE_DATA_KEY)
     if path:  # the node brings its own data
         x, y = load_node_data(str(path), classification=TASK_SPECS[fed.task].classification, precision=fed.precision)
         return fed, client_key(context), x, y
     pid, n = node_partition(context)
-    x, y = load_client_data(
-        fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
-        classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
-        synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
-    )
+    settings = dict(partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
+                    classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
+                    synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir)
+    load = load_client_data if fed.task in HUB_TASKS else _partition
+    x, y = load(fed.task, pid, n, **settings)
     return fed, pid, x, y
+
+
+_models = threading.local()
+
+
+def model_for(fed) -> Any:
+    """The task's model, built once per process and thread and reused by every message (each round loads the
+    complete received state into it first; gradients are cleared so that nothing carries over)."""
+    cache = _models.__dict__.setdefault("cache", {})
+    key = (fed.task, fed.seed, fed.synthetic_dim, fed.precision)
+    model = cache.get(key)
+    if model is None:
+        model = cache[key] = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
+    for p in model.parameters():
+        p.grad = None
+    model.train()
+    return model
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     fed, pid, x, y = client_data(context)
-    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     content = train_reply(
-        model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
+        model_for(fed), msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
         state=context.state, seed=fed.seed, client_key=pid,
     )
     content[R.METRICS]["partition-id"] = pid
@@ -72,7 +111,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on this node's own data."""
     fed, _, x, y = client_data(context)
-    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
+    model = model_for(fed)
     model.load_state_dict(msg.content[R.MODEL].to_torch_state_dict())
     metrics = evaluate(model, x, y, fed.task)
     return Message(content=RecordDict({R.METRICS: MetricRecord({**metrics, R.NUM_EXAMPLES: len(x)})}), reply_to=msg)
