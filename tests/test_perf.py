@@ -9,7 +9,6 @@ of results.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -56,4 +55,4 @@ def test_bench_simulation_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert bench_simulation.main(["--nodes", "3", "--epochs", "1", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
-    assert "engine/plain" in out and sys.executable  # the table was printed
+    assert "engine/plain" in out
