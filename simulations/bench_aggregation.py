@@ -169,11 +169,11 @@ def child(kind: str, name: str, n: int, size: str) -> dict:
     class Clock(contextlib.AbstractContextManager):
         def __enter__(self):
             gc.collect()
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
             return self
 
         def __exit__(self, *exc):
-            self.seconds = time.perf_counter() - self.t0
+            self.seconds, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
 
     class Traced(contextlib.AbstractContextManager):
         def __enter__(self):
@@ -192,8 +192,8 @@ def child(kind: str, name: str, n: int, size: str) -> dict:
         aggregate(r, c)
     traced = Traced()
     aggregate(5, traced)
-    dt, peak = min(c.seconds for c in clocks), traced.peak
-    return {"kind": kind, "name": name, "n": n, "seconds": dt, "peak_bytes": peak, "model_bytes": model_bytes}
+    dt, cpu, peak = min(c.seconds for c in clocks), min(c.cpu for c in clocks), traced.peak
+    return {"kind": kind, "name": name, "n": n, "seconds": dt, "cpu": cpu, "peak_bytes": peak, "model_bytes": model_bytes}
 
 
 # ------------------------------------------------------------------------------------------ parent side
@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replies", type=int, nargs="+", default=[20, 100])
     ap.add_argument("--size", choices=("resnet18", "tiny"), default="resnet18")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="report wall seconds or process CPU seconds (robust on a shared machine)")
     ap.add_argument("--methods", nargs="+", metavar="M", help="only these fedadapt methods (default: every row)")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "NAME", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -230,9 +232,12 @@ def main(argv: list[str] | None = None) -> int:
             rows[(n, label)] = r = measure(kind, name, n, args.size)
             print(f"  measured N={n:<4d} {label:<20s} {r['seconds']:7.3f} s", file=sys.stderr, flush=True)
 
+    if args.clock == "cpu":
+        for r in rows.values():
+            r["seconds"] = r["cpu"]
     model_mb = next(iter(rows.values()))["model_bytes"] / 2**20
     print(f"\nmodel: {args.size} ({model_mb:.1f} MiB); time = fastest aggregate_train of rounds 2-4 (after a warm-up "
-          "round); extra = tracemalloc peak during round 5's aggregate_train, in model copies")
+          "round; {args.clock} seconds); extra = tracemalloc peak during round 5's aggregate_train, in model copies")
     for n in args.replies:
         print(f"\nN = {n} replies")
         print(f"{'':<12s} {'fedadapt s':>10s} {'extra':>7s} {'flwr s':>9s} {'extra':>7s} {'flwr/ours':>9s}")
