@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             r["seconds"] = r["cpu"]
     model_mb = next(iter(rows.values()))["model_bytes"] / 2**20
     print(f"\nmodel: {args.size} ({model_mb:.1f} MiB); time = fastest aggregate_train of rounds 2-4 (after a warm-up "
-          "round; {args.clock} seconds); extra = tracemalloc peak during round 5's aggregate_train, in model copies")
+          f"round; {args.clock} seconds); extra = tracemalloc peak during round 5's aggregate_train, in model copies")
     for n in args.replies:
         print(f"\nN = {n} replies")
         print(f"{'':<12s} {'fedadapt s':>10s} {'extra':>7s} {'flwr s':>9s} {'extra':>7s} {'flwr/ours':>9s}")
