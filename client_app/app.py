@@ -9,7 +9,9 @@ and, in runs that write checkpoints, also in a node-local directory (:mod:`clien
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from .client_state import BASE, KEEP, KEY, STATUS, store_for
 from .config import parse as app_config
 
 from .node_data import NODE_DATA_KEY, load_node_data
-from .task import TASK_SPECS, build_model, evaluate, load_client_data
+from .task import HUB_TASKS, TASK_SPECS, build_model, evaluate, load_client_data
 
 app = ClientApp()
 
@@ -44,18 +46,39 @@ def client_key(context: Context) -> int:
     return int(context.node_id)
 
 
+@lru_cache(maxsize=16)
+def _app_config(items: tuple[tuple[str, Any], ...]):
+    return app_config(dict(items))
+
+
+def run_settings(context: Context):
+    """The run's :class:`~client_app.config.AppConfig`, parsed once per run-config and process (it is frozen)."""
+    try:
+        return _app_config(tuple(sorted(context.run_config.items())))
+    except TypeError:  # an unhashable value: parse without the cache
+        return app_config(context.run_config)
+
+
+@lru_cache(maxsize=256)
+def _partition(task: str, pid: int, n: int, **settings: Any):
+    return load_client_data(task, pid, n, **settings)
+
+
 def client_data(context: Context):
-    fed = app_config(context.run_config)
+    """``(settings, client key, x, y)``.  Offline partitions (digits, synthetic, Shakespeare: small) are loaded once
+    per process and reused for every later message of the same node (the tensors are only read); hub data sets and
+    node-local files are read per message."""
+    fed = run_settings(context)
     path = context.node_config.get(NODE_DATA_KEY)
     if path:  # the node brings its own data
         x, y = load_node_data(str(path), classification=TASK_SPECS[fed.task].classification, precision=fed.precision)
         return fed, client_key(context), x, y
     pid, n = node_partition(context)
-    x, y = load_client_data(
-        fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
-        classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
-        synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
-    )
+    settings = dict(partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
+                    classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
+                    synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir)
+    load = load_client_data if fed.task in HUB_TASKS else _partition
+    x, y = load(fed.task, pid, n, **settings)
     return fed, pid, x, y
 
 
@@ -69,12 +92,29 @@ def device_of(context: Context, setting: str) -> torch.device:
     return torch.device(choice)
 
 
+_models = threading.local()
+
+
+def model_for(fed, device: torch.device) -> Any:
+    """The task's model, built once per process and thread and reused by every message (each round loads the
+    complete received state into it first; gradients are cleared so that nothing carries over)."""
+    cache = _models.__dict__.setdefault("cache", {})
+    key = (fed.task, fed.seed, fed.synthetic_dim, fed.precision, str(device))
+    model = cache.get(key)
+    if model is None:
+        model = cache[key] = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision).to(device)
+    for p in model.parameters():
+        p.grad = None
+    model.train()
+    return model
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train one round.  In runs that write checkpoints the method's client state is also kept on the node's disk
     (:mod:`client_app.client_state`), so that a resumed run continues it exactly."""
     fed, pid, x, y = client_data(context)
-    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision).to(device_of(context, fed.device))
+    model = model_for(fed, device_of(context, fed.device))
     config = msg.content.config_records.get(R.CONFIG, {})
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
@@ -98,7 +138,7 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on this node's own data."""
     fed, _, x, y = client_data(context)
     device = device_of(context, fed.device)
-    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision).to(device)
+    model = model_for(fed, device)
     model.load_state_dict(msg.content[R.MODEL].to_torch_state_dict())
     metrics = evaluate(model, x.to(device), y.to(device), fed.task)
     return Message(content=RecordDict({R.METRICS: MetricRecord({**metrics, R.NUM_EXAMPLES: len(x)})}), reply_to=msg)

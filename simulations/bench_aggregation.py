@@ -1,64 +1,276 @@
-"""Benchmark: server time and peak extra memory of one aggregation of a ResNet-18-sized update × N replies.
+"""Benchmark: one server aggregation (``aggregate_train``) of N replies of a ResNet-18-sized model, fedadapt side by
+side with Flower 1.42's built-in strategies, against the floor.
 
-    python -m simulations.bench_aggregation [--replies 20] [--method fedadam]
+    python -m simulations.bench_aggregation                       # N = 20 and 100, ResNet-18 (11.2 M float32 values)
+    python -m simulations.bench_aggregation --replies 20 --size tiny   # a smoke run (the test uses it)
 
-The replies themselves (N local models, as Flower delivers them) are built before measuring; what is reported is the
-*extra* memory the strategy allocates while validating and folding them (tracemalloc peak; NumPy allocations are
-traced), next to the size of one model.  Streaming aggregation keeps it at a small multiple of the model size,
-independent of N.
+Every measurement runs in its own child process (``--child``): the child builds the model and the N replies first
+(random but fixed: ``x + s_i·roll(ξ, i)`` with ``ξ ~ N(0, 1e-3²)`` drawn once from seed 0, ``s_i = 1 + 0.01·i``;
+``num-examples = 100 + i``), runs round 1 untimed (warm-up; adaptive state gets created), then times round 2's
+``configure_train`` (untimed) + ``aggregate_train`` (timed) on the same replies for rounds 2–4 and reports the
+fastest (the machine may be shared).  Memory: round 5 runs under ``tracemalloc`` (NumPy buffers and the serialised
+``bytes`` are traced; malloc's caching does not hide anything) and the peak of traced memory above the start is the
+*extra* memory the call needed on top of the replies it was handed (returned model included), in model copies.
+
+Rows:
+
+* ``floor``  — deserialise every reply once (``Array.numpy()``, Flower's own deserialisation) and sum the floating
+  arrays in place into one float32 accumulator: the least any aggregation of serialised replies must do;
+* ``floor-view`` (information) — the same with zero-copy read-only views of the payloads instead of copies;
+* ``fedadapt <method>`` and ``flwr <Strategy>`` for the pairs FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi (each
+  with its own defaults), and fedadapt-only rows for one method of each other family (fedlada, scaffold,
+  fedlamb, fedda): their replies carry every record the method declares (non-model records are ``|noise|``).
+
+The ratios against the targets come last.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
 import time
-import tracemalloc
 
 import numpy as np
+
+PAIRS = (("fedavg", "FedAvg"), ("fedavgm", "FedAvgM"), ("fedadagrad", "FedAdagrad"), ("fedadam", "FedAdam"),
+         ("fedyogi", "FedYogi"))
+ONLY_FEDADAPT = ("fedlada", "scaffold", "fedlamb", "fedda")
+ADAPTIVE = ("fedadagrad", "fedadam", "fedyogi")
+
+
+# ------------------------------------------------------------------------------------------ child side
+def model_layout(size: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """``(state, trainable keys)``: ResNet-18's state_dict (float32 + int64 BN counters) or a tiny stand-in."""
+    if size == "tiny":
+        state = {"conv.weight": np.zeros((8, 3, 3, 3), np.float32), "bn.weight": np.ones(8, np.float32),
+                 "bn.bias": np.zeros(8, np.float32), "bn.running_mean": np.zeros(8, np.float32),
+                 "bn.num_batches_tracked": np.zeros((), np.int64), "fc.weight": np.zeros((10, 8), np.float32)}
+        return state, ["conv.weight", "bn.weight", "bn.bias", "fc.weight"]
+    import torchvision
+
+    net = torchvision.models.resnet18(num_classes=10)
+    state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+    return state, [n for n, _ in net.named_parameters()]
+
+
+class Replies:
+    """The N replies' payloads, derived from one noise draw (cheap to build, random but fixed)."""
+
+    def __init__(self, state: dict[str, np.ndarray], n: int) -> None:
+        self.state, self.n = state, n
+        size = sum(v.size for v in state.values() if v.dtype.kind == "f")
+        self.noise = np.random.default_rng(0).normal(scale=1e-3, size=size).astype(np.float32)
+
+    def arrays(self, i: int, keys: list[str] | None = None, model: bool = True) -> dict[str, np.ndarray]:
+        noise = np.roll(self.noise, 7919 * i) * np.float32(1.0 + 0.01 * i)
+        out, at = {}, 0
+        for k, v in self.state.items():
+            if v.dtype.kind != "f":
+                if keys is None:
+                    out[k] = v
+                continue
+            part = noise[at:at + v.size].reshape(v.shape)
+            at += v.size
+            if keys is None or k in keys:
+                out[k] = (v + part) if model else np.abs(part)
+        return out
+
+
+def child(kind: str, name: str, n: int, size: str) -> dict:
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    from flower_strategies.core import records as R
+    from simulations.engine import LoopbackGrid
+
+    state, trainable = model_layout(size)
+    model_bytes = sum(v.nbytes for v in state.values())
+    replies = Replies(state, n)
+    initial = ArrayRecord({k: Array(v) for k, v in state.items()})
+
+    if kind == "flwr":
+        import flwr.serverapp.strategy as fs
+
+        strategy = getattr(fs, name)(min_available_nodes=1, min_train_nodes=n, fraction_evaluate=0.0)
+
+        def content_for(i: int) -> RecordDict:
+            return RecordDict({R.MODEL: ArrayRecord({k: Array(v) for k, v in replies.arrays(i).items()}),
+                               R.METRICS: MetricRecord({R.NUM_EXAMPLES: 100 + i})})
+    elif kind == "fedadapt":
+        from flower_strategies.core.registry import get_method
+
+        strategy = get_method(name).build(trainable_keys=trainable, min_available_nodes=1, min_train_nodes=n, num_rounds=10)
+        specs = strategy.uplink_specs()
+
+        def content_for(i: int) -> RecordDict:
+            recs: dict = {}
+            for s in specs:
+                arrays = replies.arrays(i, None if s.keys == "model" else trainable, model=s.name == R.MODEL)
+                recs[s.name] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+            recs[R.METRICS] = MetricRecord({R.NUM_EXAMPLES: 100 + i, R.NUM_STEPS: 10})
+            recs[R.REPLY_INFO] = ConfigRecord({R.METHOD: name})
+            return RecordDict(recs)
+    else:
+        strategy = None
+
+        def content_for(i: int) -> RecordDict:
+            return RecordDict({R.MODEL: ArrayRecord({k: Array(v) for k, v in replies.arrays(i).items()}),
+                               R.METRICS: MetricRecord({R.NUM_EXAMPLES: 100 + i})})
+
+    built: dict[int, RecordDict] = {}
+
+    def client(msg: Message, context) -> Message:
+        i = msg.metadata.dst_node_id
+        if i not in built:
+            built[i] = content_for(i)
+        return Message(built[i], reply_to=msg)
+
+    grid = LoopbackGrid(client, n)
+    floor_msgs = None
+    if strategy is None:
+        floor_msgs = grid.send_and_receive(
+            [Message(RecordDict(), message_type="train", dst_node_id=i) for i in grid.get_node_ids()])
+    arrays = initial
+
+    def fold_floor(msgs, view: bool):
+        acc: dict[str, np.ndarray] = {}
+        for m in msgs:
+            for k, a in m.content[R.MODEL].items():
+                arr = R.view(a) if view else a.numpy()
+                if arr.dtype.kind != "f":
+                    continue
+                if k in acc:
+                    np.add(acc[k], arr, out=acc[k])
+                else:
+                    acc[k] = arr.copy() if view else arr
+        return acc
+
+    def aggregate(server_round: int, measured):
+        """One round; only the aggregation itself runs inside ``measured``."""
+        nonlocal arrays
+        if strategy is None:
+            with measured:
+                fold_floor(floor_msgs, name == "view")
+            return
+        msgs = grid.send_and_receive(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        gc.collect()
+        with measured:
+            out, metrics = strategy.aggregate_train(server_round, msgs)
+        used = int(metrics["replies-used"]) if "replies-used" in metrics else n
+        assert out is not None and used == n, (name, dict(metrics))
+        arrays = out
+
+    import contextlib
+    import tracemalloc
+
+    class Clock(contextlib.AbstractContextManager):
+        def __enter__(self):
+            gc.collect()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
+            return self
+
+        def __exit__(self, *exc):
+            self.seconds, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+
+    class Traced(contextlib.AbstractContextManager):
+        def __enter__(self):
+            gc.collect()
+            tracemalloc.start()
+            self.base = tracemalloc.get_traced_memory()[0]
+            return self
+
+        def __exit__(self, *exc):
+            self.peak = tracemalloc.get_traced_memory()[1] - self.base
+            tracemalloc.stop()
+
+    aggregate(1, contextlib.nullcontext())  # warm-up (creates the server state)
+    clocks = [Clock() for _ in range(3)]
+    for r, c in zip((2, 3, 4), clocks):
+        aggregate(r, c)
+    traced = Traced()
+    aggregate(5, traced)
+    dt, cpu, peak = min(c.seconds for c in clocks), min(c.cpu for c in clocks), traced.peak
+    return {"kind": kind, "name": name, "n": n, "seconds": dt, "cpu": cpu, "peak_bytes": peak, "model_bytes": model_bytes}
+
+
+# ------------------------------------------------------------------------------------------ parent side
+def measure(kind: str, name: str, n: int, size: str) -> dict:
+    cmd = [sys.executable, "-m", "simulations.bench_aggregation", "--child", kind, name, str(n), "--size", size]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {kind} {name} N={n} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--replies", type=int, default=20)
-    ap.add_argument("--method", default="fedadam")
+    ap.add_argument("--replies", type=int, nargs="+", default=[20, 100])
+    ap.add_argument("--size", choices=("resnet18", "tiny"), default="resnet18")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="report wall seconds or process CPU seconds (robust on a shared machine)")
+    ap.add_argument("--methods", nargs="+", metavar="M", help="only these fedadapt methods (default: every row)")
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "NAME", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child:
+        kind, name, n = args.child
+        print(json.dumps(child(kind, name, int(n), args.size)))
+        return 0
 
-    import torchvision
-    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    rows: dict[tuple[int, str], dict] = {}
+    for n in args.replies:
+        plan = [("floor", "copy", "floor"), ("floor", "view", "floor-view")]
+        for ours, theirs in PAIRS:
+            plan += [("fedadapt", ours, f"fedadapt {ours}"), ("flwr", theirs, f"flwr {theirs}")]
+        plan += [("fedadapt", m, f"fedadapt {m}") for m in ONLY_FEDADAPT]
+        if args.methods:
+            plan = [p for p in plan if p[0] == "floor" or p[2].split()[-1].lower() in
+                    {m.lower() for m in args.methods} | {t.lower() for o, t in PAIRS if o in args.methods}]
+        for kind, name, label in plan:
+            rows[(n, label)] = r = measure(kind, name, n, args.size)
+            print(f"  measured N={n:<4d} {label:<20s} {r['seconds']:7.3f} s", file=sys.stderr, flush=True)
 
-    from flower_strategies.core import records as R
-    from flower_strategies.core.registry import get_method
-    from simulations.engine import LoopbackGrid
+    if args.clock == "cpu":
+        for r in rows.values():
+            r["seconds"] = r["cpu"]
+    model_mb = next(iter(rows.values()))["model_bytes"] / 2**20
+    print(f"\nmodel: {args.size} ({model_mb:.1f} MiB); time = fastest aggregate_train of rounds 2-4 (after a warm-up "
+          f"round; {args.clock} seconds); extra = tracemalloc peak during round 5's aggregate_train, in model copies")
+    for n in args.replies:
+        print(f"\nN = {n} replies")
+        print(f"{'':<12s} {'fedadapt s':>10s} {'extra':>7s} {'flwr s':>9s} {'extra':>7s} {'flwr/ours':>9s}")
+        for label in ("floor", "floor-view"):
+            r = rows[(n, label)]
+            print(f"{label:<12s} {r['seconds']:10.3f} {r['peak_bytes'] / r['model_bytes']:6.2f}x")
+        for ours, theirs in PAIRS:
+            a, b = rows.get((n, f"fedadapt {ours}")), rows.get((n, f"flwr {theirs}"))
+            if a and b:
+                print(f"{ours:<12s} {a['seconds']:10.3f} {a['peak_bytes'] / a['model_bytes']:6.2f}x "
+                      f"{b['seconds']:9.3f} {b['peak_bytes'] / b['model_bytes']:6.2f}x {b['seconds'] / a['seconds']:8.2f}x")
+        for m in ONLY_FEDADAPT:
+            if (a := rows.get((n, f"fedadapt {m}"))):
+                print(f"{m:<12s} {a['seconds']:10.3f} {a['peak_bytes'] / a['model_bytes']:6.2f}x")
 
-    net = torchvision.models.resnet18(num_classes=10)
-    state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
-    model_mb = sum(a.nbytes for a in state.values()) / 2**20
-    strategy = get_method(args.method).build(trainable_keys=[n for n, _ in net.named_parameters()],
-                                             min_available_nodes=1, min_train_nodes=args.replies)
-    rng = np.random.default_rng(0)
-
-    def client(msg: Message, context) -> Message:
-        """A stand-in ClientApp: replies with the model plus small noise (what Flower delivers to the server)."""
-        arrays = {k: Array((v + rng.normal(scale=1e-3, size=v.shape).astype(v.dtype)) if v.dtype.kind == "f" else v)
-                  for k, v in state.items()}
-        metrics = MetricRecord({R.NUM_EXAMPLES: 100 + msg.metadata.dst_node_id})
-        return Message(RecordDict({R.MODEL: ArrayRecord(arrays), R.METRICS: metrics}), reply_to=msg)
-
-    grid = LoopbackGrid(client, args.replies)
-    replies = grid.send_and_receive(strategy.configure_train(1, ArrayRecord(net.state_dict()), ConfigRecord(), grid))
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    base = tracemalloc.get_traced_memory()[0]
-    t0 = time.perf_counter()
-    out, metrics = strategy.aggregate_train(1, replies)
-    dt = time.perf_counter() - t0
-    peak = (tracemalloc.get_traced_memory()[1] - base) / 2**20
-    tracemalloc.stop()
-    assert out is not None and metrics["replies-used"] == args.replies
-    print(f"method={args.method} model=ResNet-18 ({sum(v.size for v in state.values()):,} values, {model_mb:.1f} MiB float32) "
-          f"replies={args.replies}")
-    print(f"aggregate_train: {dt:.2f} s, peak extra memory {peak:.0f} MiB = {peak / model_mb:.1f}x one model "
-          f"(the {args.replies} replies themselves hold {args.replies * model_mb:.0f} MiB)")
+    print("\nratios vs targets (floor: <= 1.3x; FedAvg family: faster than flwr FedAvg; adaptive: >= 2x faster than "
+          "flwr FedAdam; extra memory <= 2 model copies)")
+    for n in args.replies:
+        floor = rows[(n, "floor")]["seconds"]
+        flwr_avg = rows.get((n, "flwr FedAvg"), {}).get("seconds")
+        flwr_adam = rows.get((n, "flwr FedAdam"), {}).get("seconds")
+        for m in [o for o, _ in PAIRS] + list(ONLY_FEDADAPT):
+            if (r := rows.get((n, f"fedadapt {m}"))) is None:
+                continue
+            ratio, extra = r["seconds"] / floor, r["peak_bytes"] / r["model_bytes"]
+            checks = [f"{ratio:5.2f}x floor ({'ok' if ratio <= 1.3 else 'MISS'})",
+                      f"extra {extra:4.2f} copies ({'ok' if extra <= 2.0 else 'MISS'})"]
+            if m in ("fedavg", "fedavgm") and flwr_avg:
+                checks.append(f"flwr FedAvg/ours {flwr_avg / r['seconds']:5.2f}x ({'ok' if flwr_avg > r['seconds'] else 'MISS'})")
+            if m in ADAPTIVE and flwr_adam:
+                checks.append(f"flwr FedAdam/ours {flwr_adam / r['seconds']:5.2f}x "
+                              f"({'ok' if flwr_adam >= 2 * r['seconds'] else 'MISS'})")
+            print(f"N={n:<4d} {m:<11s} " + " | ".join(checks))
     return 0
 
 

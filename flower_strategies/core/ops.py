@@ -13,6 +13,9 @@ import numpy as np
 
 NamedArrays = dict[str, np.ndarray]
 
+#: Elements per chunk of the chunked kernels (256 KiB of float32: stays in cache between the fused operations).
+CHUNK = 1 << 16
+
 #: Aggregation rules understood by :class:`StreamingAggregator`.
 AGGREGATION_RULES = ("wmean", "umean", "max", "sum")
 
@@ -25,8 +28,8 @@ def is_float(arr: np.ndarray) -> bool:
 class StreamingAggregator:
     """Fold named arrays into a running aggregate, one reply at a time, in place.
 
-    Memory: one accumulator per key plus one reused scratch buffer (``wmean`` only) — two model copies whatever
-    the number of replies, no per-reply temporaries.  Floating arrays accumulate in their own dtype (float32
+    Memory: one accumulator per key (one model copy whatever the number of replies) plus a cache-sized scratch
+    chunk (``wmean``); no per-reply temporaries.  Floating arrays accumulate in their own dtype (float32
     models in float32, float64 models — the exactness runs — in float64); integer arrays in float64.
 
     Rules
@@ -44,7 +47,7 @@ class StreamingAggregator:
             raise ValueError(f"unknown aggregation rule {rule!r}; valid: {', '.join(AGGREGATION_RULES)}")
         self.rule = rule
         self._acc: NamedArrays = {}
-        self._scratch: NamedArrays = {}
+        self._scratch: dict[np.dtype, np.ndarray] = {}
         self._dtypes: dict[str, np.dtype] = {}
         self._total_weight = 0.0
         self.count = 0
@@ -65,12 +68,15 @@ class StreamingAggregator:
                 np.maximum(acc, arr, out=acc)
             elif w == 1.0:
                 np.add(acc, arr, out=acc)
-            else:
-                scratch = self._scratch.get(key)
+            else:  # acc += w·arr, a cache-sized chunk at a time (no model-sized scratch)
+                a, src = acc.reshape(-1), arr.reshape(-1)
+                scratch = self._scratch.get(acc.dtype)
                 if scratch is None:
-                    scratch = self._scratch[key] = np.empty_like(acc)
-                np.multiply(arr, w, out=scratch)
-                np.add(acc, scratch, out=acc)
+                    scratch = self._scratch[acc.dtype] = np.empty(CHUNK, dtype=acc.dtype)
+                for i in range(0, a.size, CHUNK):
+                    seg = a[i : i + CHUNK]
+                    tmp = np.multiply(src[i : i + CHUNK], w, out=scratch[: seg.size])
+                    np.add(seg, tmp, out=seg)
         self._total_weight += w
         self.count += 1
 
@@ -109,16 +115,32 @@ def tree_map(fn, *trees: Mapping[str, np.ndarray]) -> NamedArrays:
 
 
 def all_finite(arrays: Mapping[str, np.ndarray]) -> str | None:
-    """Return the first key holding a NaN/Inf (floating arrays only), or None."""
+    """Return the first key holding a NaN/Inf (floating arrays only), or None.
+
+    ``min`` and ``max`` are NaN when any element is, ``±inf`` when any element is: two reductions, no temporaries."""
     for key, arr in arrays.items():
         a = np.asarray(arr)
-        if is_float(a) and not np.isfinite(a).all():
+        if is_float(a) and a.size and not (np.isfinite(a.min()) and np.isfinite(a.max())):
             return key
     return None
 
 
 def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
     return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+
+
+def pseudo_gradient(current: Mapping[str, np.ndarray], mean: NamedArrays, keys: Iterable[str]) -> NamedArrays:
+    """``D̄ = x_t − mean_i x_i`` over ``keys`` in the parameters' dtype, written into ``mean``'s buffers (the round's
+    own aggregate, not needed afterwards for these keys): no model-sized allocation.  float64 runs: the float64
+    difference, bit for bit."""
+    out: NamedArrays = {}
+    for k in keys:
+        x, m = np.asarray(current[k]), mean[k]
+        if m.dtype == x.dtype and m.flags.writeable:
+            out[k] = np.subtract(x, m, out=m)
+        else:
+            out[k] = np.subtract(x, m, dtype=x.dtype)
+    return out
 
 
 def averaging_step(

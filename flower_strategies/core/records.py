@@ -18,6 +18,7 @@ Records are addressed by name, never by position.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -54,20 +55,36 @@ def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
 
 
+@lru_cache(maxsize=4096)
+def _npy_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """``(shape, fortran_order, dtype, data offset)`` of a ``.npy`` payload from its header bytes (cached: every
+    round's replies repeat the same few headers, and NumPy parses each with ``ast.literal_eval``)."""
+    import io
+
+    buf = io.BytesIO(prefix)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            return None
+        shape, fortran, dtype = read_header(buf)
+    except ValueError:  # truncated prefix (a header longer than the prefix): no fast path
+        return None
+    return tuple(shape), bool(fortran), dtype, buf.tell()
+
+
 def view(array: Array) -> np.ndarray:
     """A read-only NumPy view of an Array's serialized bytes, without copying (falls back to a copy for arrays
     that are not plain C-ordered ``.npy`` data)."""
     data = array.data
     if array.stype == "numpy.ndarray" and data[:6] == b"\x93NUMPY":
-        import io
-
-        buf = io.BytesIO(data)
-        version = np.lib.format.read_magic(buf)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-        shape, fortran, dtype = read_header(buf) if read_header else ((), True, np.dtype(object))
-        if not fortran and not dtype.hasobject:
-            count = int(np.prod(shape, dtype=np.int64))
-            return np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(shape)
+        hlen = int.from_bytes(data[8:10], "little") if data[6] == 1 else int.from_bytes(data[8:12], "little")
+        head = _npy_header(bytes(data[: (10 if data[6] == 1 else 12) + hlen]))
+        if head is not None:
+            shape, fortran, dtype, offset = head
+            if not fortran and not dtype.hasobject:
+                count = int(np.prod(shape, dtype=np.int64))
+                return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
     return array.numpy()
 
 

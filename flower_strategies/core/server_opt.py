@@ -21,7 +21,10 @@ Flags (each ambiguity of the sources is explicit):
                      ``"flower"`` → the same with exponent ``server_round + 1`` (what Flower 1.42's FedAdam does).
 ``m₀ = 0`` always.
 
-All state is kept in float64; the new parameters are cast back to each array's dtype.
+State (``m``, ``v``) lives in each parameter's dtype (float64 exactness runs: float64; float32 models: float32) and
+every update is computed in that dtype, a cache-sized chunk at a time: the step allocates the new state and the
+new parameters and no model-sized temporaries.  For float64 parameters the operations (and so the bits) are those
+of the textbook float64 expressions above.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import NamedArrays
+from .ops import CHUNK, NamedArrays
 
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adagrad", "adam", "yogi")
 BIAS_CORRECTIONS = ("none", "adam", "flower")
@@ -68,13 +71,13 @@ class ServerOptimizer:
         return self.tau**2 if self.initial_v is None else float(self.initial_v)
 
     def init(self, params: Mapping[str, np.ndarray]) -> ServerState:
-        """Zero momentum (``m_t``) and ``v_t = v₀`` for every key of ``params``."""
+        """Zero momentum (``m_t``) and ``v_t = v₀`` for every key of ``params``, in each parameter's dtype."""
         state: ServerState = {}
         if self.kind == "sgd":
             return state
-        state["m_t"] = {k: np.zeros(np.shape(p), dtype=np.float64) for k, p in params.items()}
+        state["m_t"] = {k: np.zeros(np.shape(p), dtype=_dtype(p)) for k, p in params.items()}
         if self.adaptive:
-            state["v_t"] = {k: np.full(np.shape(p), self.v0, dtype=np.float64) for k, p in params.items()}
+            state["v_t"] = {k: np.full(np.shape(p), self.v0, dtype=_dtype(p)) for k, p in params.items()}
         return state
 
     def effective_lr(self, step: int, server_round: int) -> float:
@@ -91,32 +94,64 @@ class ServerOptimizer:
         *,
         step: int,
         server_round: int,
+        overwrite_grad: bool = False,
     ) -> tuple[NamedArrays, ServerState]:
-        """Return ``(new_params, new_state)``; inputs are not modified."""
+        """Return ``(new_params, new_state)``; inputs are not modified, except that ``overwrite_grad=True`` lets the
+        step write the new parameters into ``pseudo_grad``'s arrays (a caller-owned temporary)."""
         new_params: NamedArrays = {}
         new_state: ServerState = {name: {} for name in state}
-        lr_s = self.effective_lr(step, server_round)
+        lr_s = float(self.effective_lr(step, server_round))
+        b1, b2, tau = self.beta1, self.beta2, self.tau
         for k, x in params.items():
-            d = np.asarray(pseudo_grad[k], dtype=np.float64)
-            x64 = np.asarray(x, dtype=np.float64)
-            if self.kind == "sgd":
-                upd = d
-            elif self.kind == "sgdm":
-                u = self.beta1 * state["m_t"][k] + d
-                new_state["m_t"][k] = u
-                upd = u
-            else:
-                m = self.beta1 * state["m_t"][k] + (1.0 - self.beta1) * d
-                v = state["v_t"][k]
-                d2 = d * d
-                if self.kind == "adagrad":
-                    v = v + d2
-                elif self.kind == "adam":
-                    v = self.beta2 * v + (1.0 - self.beta2) * d2
-                else:  # yogi
-                    v = v - (1.0 - self.beta2) * d2 * np.sign(v - d2)
-                new_state["m_t"][k] = m
-                new_state["v_t"][k] = v
-                upd = m / (np.sqrt(v) + self.tau)
-            new_params[k] = (x64 - lr_s * upd).astype(np.asarray(x).dtype, copy=False)
+            x = np.asarray(x)
+            dtype = _dtype(x)
+            d = np.asarray(pseudo_grad[k])
+            out = d if overwrite_grad and d.dtype == dtype and d.flags.writeable else np.empty(x.shape, dtype)
+            if self.kind != "sgd":
+                m_new = new_state["m_t"][k] = np.empty(x.shape, dtype)
+            if self.adaptive:
+                v_new = new_state["v_t"][k] = np.empty(x.shape, dtype)
+            xf, df, of = x.reshape(-1), d.reshape(-1), out.reshape(-1)
+            t = np.empty(min(CHUNK, xf.size), dtype)
+            t2 = np.empty_like(t) if self.adaptive else t
+            t3 = np.empty_like(t) if self.kind == "yogi" else t
+            for i in range(0, xf.size, CHUNK):
+                c = slice(i, i + CHUNK)
+                n = min(CHUNK, xf.size - i)
+                tc, t2c, t3c = t[:n], t2[:n], t3[:n]
+                dc = df[c]
+                if self.kind == "sgd":
+                    upd = dc
+                elif self.kind == "sgdm":  # u = β1·u + D̄
+                    mc = m_new.reshape(-1)[c]
+                    np.multiply(state["m_t"][k].reshape(-1)[c], b1, out=mc)
+                    np.add(mc, dc, out=mc)
+                    upd = mc
+                else:
+                    mc, vc = m_new.reshape(-1)[c], v_new.reshape(-1)[c]
+                    v_old = state["v_t"][k].reshape(-1)[c]
+                    np.multiply(state["m_t"][k].reshape(-1)[c], b1, out=mc)  # m = β1·m + (1−β1)·D̄
+                    np.add(mc, np.multiply(dc, 1.0 - b1, out=tc), out=mc)
+                    d2 = np.multiply(dc, dc, out=t2c)  # D̄²
+                    if self.kind == "adagrad":  # v = v + D̄²
+                        np.add(v_old, d2, out=vc)
+                    elif self.kind == "adam":  # v = β2·v + (1−β2)·D̄²
+                        np.multiply(v_old, b2, out=vc)
+                        np.add(vc, np.multiply(d2, 1.0 - b2, out=d2), out=vc)
+                    else:  # yogi: v = v − (1−β2)·D̄²·sign(v − D̄²)
+                        sign = np.sign(np.subtract(v_old, d2, out=t3c), out=t3c)
+                        np.multiply(d2, 1.0 - b2, out=d2)
+                        np.subtract(v_old, np.multiply(d2, sign, out=d2), out=vc)
+                    upd = np.sqrt(vc, out=tc)  # m / (√v + τ)
+                    np.add(upd, tau, out=upd)
+                    np.divide(mc, upd, out=upd)
+                step_ = np.multiply(upd, lr_s, out=tc)  # x − lr_s·upd
+                np.subtract(xf[c], step_, out=of[c])
+            new_params[k] = out
         return new_params, new_state
+
+
+def _dtype(p: np.ndarray) -> np.dtype:
+    """The dtype server state and math use for parameter ``p``: its own when floating, else float64."""
+    dt = np.asarray(p).dtype
+    return dt if np.issubdtype(dt, np.floating) else np.dtype(np.float64)

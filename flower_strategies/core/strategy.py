@@ -36,7 +36,7 @@ from . import records as R
 from .hparams import HParams
 from .local import LocalOptimizer, SGDOptimizer
 from .ops import ROBUST_RULES, NamedArrays, RobustAggregator, StreamingAggregator, all_finite, is_float, nbytes
-from .validation import RecordSpec, check_update_norms, layout, parse_reply, update_norm
+from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply, update_norm
 
 #: A reply metric above this multiple of max(1, the round's lower-median magnitude) is left out of its mean.
 METRIC_OUTLIER_RATIO = 1e3
@@ -76,6 +76,8 @@ class RoundInputs:
 
     server_round: int
     current: NamedArrays
+    #: The round's aggregated uplink records: fresh buffers owned by this round, which ``server_update`` may reuse
+    #: (e.g. :func:`.ops.pseudo_gradient` writes ``D̄`` into the mean model's arrays).
     aggregates: Mapping[str, NamedArrays]
     #: Metrics of each valid reply (``num-examples``, ``num-steps``, ``train-loss-before``, …, ``node-id``).
     reply_metrics: tuple[Mapping[str, Any], ...]
@@ -407,7 +409,7 @@ class FedAdaptStrategy(Strategy):
         """The train content of this round: model + downlink extras + round ConfigRecord (transport-agnostic;
         the legacy adapter uses it too)."""
         self._t0 = time.monotonic()
-        self.current = R.to_numpy(arrays)
+        self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:
             self.server_state = self.init_server_state(self.current)
         cfg = ConfigRecord(dict(config))
@@ -433,15 +435,22 @@ class FedAdaptStrategy(Strategy):
         """Return why ``msg`` must be rejected, or None if it is usable."""
         return self._parse(msg, self.expected_layouts())[0]
 
-    def _parse(self, msg: Message, expected: Mapping[str, Any]) -> tuple[str | None, dict[str, NamedArrays]]:
+    def _parse(self, msg: Message, expected: Mapping[str, Any]) -> tuple[str | None, dict[str, NamedArrays], list[float]]:
+        """``(reason, parsed records, update norms per uplink spec)``.  One pass over each record: its update norm
+        (chunked) doubles as the NaN/Inf check (:func:`.validation.nonfinite_reason`)."""
         reason = self._check_client_half(msg)
         if reason is not None:
-            return reason, {}
-        reason, parsed = parse_reply(msg, expected)
+            return reason, {}, []
+        reason, parsed = parse_reply(msg, expected, check_finite=False)
+        if reason is not None:
+            return reason, {}, []
+        assert self.current is not None
+        specs = self.uplink_specs()
+        norms = [update_norm(parsed[s.name], self.current if s.keys == "model" else None) for s in specs]
+        reason = nonfinite_reason(parsed, norms, [s.name for s in specs])
         if reason is None and self.max_update_norm > 0:
-            assert self.current is not None
-            reason = check_update_norms(parsed, self.uplink_specs(), self.current, self.max_update_norm)
-        return reason, ({} if reason else parsed)
+            reason = check_update_norms(parsed, specs, self.current, self.max_update_norm, norms)
+        return reason, ({} if reason else parsed), norms
 
     @property
     def needs_client_half(self) -> bool:
@@ -488,16 +497,12 @@ class FedAdaptStrategy(Strategy):
         kept: list[tuple[Message, dict[str, NamedArrays] | None, list[float]]] = []
         missing_half = 0
         for msg in replies:
-            reason, parsed = self._parse(msg, expected)
+            reason, parsed, norms = self._parse(msg, expected)
             if reason is not None:
                 missing_half += reason.startswith(CLIENT_HALF_REASON) or (
                     self.needs_client_half and reason.startswith("missing ArrayRecord"))
                 self._reject(rlog, msg, reason)
                 continue
-            norms = []
-            if self.update_norm_ratio > 0:
-                assert self.current is not None
-                norms = [update_norm(parsed[s.name], self.current if s.keys == "model" else None) for s in specs]
             fits = budget >= sum(nbytes(a) for a in parsed.values())
             budget -= sum(nbytes(a) for a in parsed.values()) if fits else 0
             kept.append((msg, parsed if fits else None, norms))
@@ -559,7 +564,7 @@ class FedAdaptStrategy(Strategy):
         expected = self.expected_layouts()
         for (msg, parsed), weight in zip(usable, weights):
             if parsed is None:
-                parsed = parse_reply(msg, expected)[1]
+                parsed = parse_reply(msg, expected, check_finite=False)[1]  # checked when screening
             for spec in specs:
                 aggs[spec.name].add(parsed[spec.name], weight)
             del parsed  # O(model) when the replies did not fit the budget: one reply deserialised at a time

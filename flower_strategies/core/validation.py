@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Message
 
 from . import records as R
-from .ops import NamedArrays, all_finite, is_float
+from .ops import CHUNK, NamedArrays, all_finite, is_float
 
 #: ``{key: (shape, dtype)}`` a record must match exactly.
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -46,8 +46,13 @@ def check_num_examples(value: object) -> str | None:
     return None
 
 
-def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | None, dict[str, NamedArrays]]:
-    """``(reason, {})`` for an unusable reply, else ``(None, {record: arrays})`` for the ``expected`` records."""
+def parse_reply(
+    msg: Message, expected: Mapping[str, Layout], *, check_finite: bool = True
+) -> tuple[str | None, dict[str, NamedArrays]]:
+    """``(reason, {})`` for an unusable reply, else ``(None, {record: arrays})`` for the ``expected`` records.
+
+    ``check_finite=False`` leaves the NaN/Inf check to the caller (the strategy derives it from the update norms it
+    computes anyway: a finite norm proves every value finite, see :func:`nonfinite_reason`)."""
     if msg.has_error():
         return f"client error: {msg.error.reason}", {}
     content = msg.content
@@ -73,7 +78,7 @@ def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | Non
             if np.dtype(arr.dtype) != dtype:
                 return f"record '{name}' key '{key}' has dtype {arr.dtype}, expected {dtype}", {}
         arrays = R.views(rec)  # zero-copy, read-only: validation and aggregation only read them
-        bad = all_finite(arrays)
+        bad = all_finite(arrays) if check_finite else None
         if bad is not None:
             return f"record '{name}' key '{bad}' holds NaN/Inf", {}
         parsed[name] = arrays
@@ -82,28 +87,56 @@ def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | Non
 
 def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray] | None) -> float:
     """L2 norm over the floating arrays of ``arrays − reference`` (``reference=None``: of ``arrays`` itself),
-    computed in each array's own dtype with one temporary per array (screening, not math: a float32 overflow
-    to inf is a rejection, as it should be)."""
+    computed in each array's own dtype, a cache-sized chunk at a time (no model-sized temporaries; screening, not
+    math: a float32 overflow to inf is a rejection, as it should be).
+
+    Non-finite exactly when some value is NaN/Inf or the sum of squares overflows."""
     total = 0.0
+    scratch: dict[np.dtype, np.ndarray] = {}
     with np.errstate(over="ignore", invalid="ignore"):
         for key, value in arrays.items():
             a = np.asarray(value)
             if not is_float(a):
                 continue
-            d = np.subtract(a, reference[key]) if reference is not None and key in reference else a
-            total += float(np.vdot(d.ravel(), d.ravel()))
+            flat = a.reshape(-1)
+            if reference is None or key not in reference:
+                total += float(np.dot(flat, flat))
+                continue
+            ref = np.asarray(reference[key]).reshape(-1)
+            buf = scratch.get(a.dtype)
+            if buf is None:
+                buf = scratch[a.dtype] = np.empty(min(CHUNK, flat.size), dtype=a.dtype)
+            elif buf.size < min(CHUNK, flat.size):
+                buf = scratch[a.dtype] = np.empty(min(CHUNK, flat.size), dtype=a.dtype)
+            for i in range(0, flat.size, CHUNK):
+                d = np.subtract(flat[i : i + CHUNK], ref[i : i + CHUNK], out=buf[: min(CHUNK, flat.size - i)])
+                total += float(np.dot(d, d))
     return float(np.sqrt(total))
 
 
+def nonfinite_reason(parsed: Mapping[str, NamedArrays], norms: Sequence[float], names: Sequence[str]) -> str | None:
+    """The NaN/Inf rejection of :func:`parse_reply`, decided from the records' update norms: a finite norm proves
+    every value of its record finite; only a non-finite one (NaN/Inf, or a sum of squares that overflowed) is
+    re-checked value by value."""
+    for name, norm in zip(names, norms):
+        if not np.isfinite(norm):
+            bad = all_finite(parsed[name])
+            if bad is not None:
+                return f"record '{name}' key '{bad}' holds NaN/Inf"
+    return None
+
+
 def check_update_norms(
-    parsed: Mapping[str, NamedArrays], specs: Sequence[RecordSpec], current: Mapping[str, np.ndarray], bound: float
+    parsed: Mapping[str, NamedArrays], specs: Sequence[RecordSpec], current: Mapping[str, np.ndarray], bound: float,
+    norms: Sequence[float] | None = None,
 ) -> str | None:
     """Reason to reject when a record's norm exceeds ``bound``: a ``keys="model"`` record (a local model) is
-    measured as the update ``record − current``, any other record (momenta, gradients, …) by its own norm."""
-    for spec in specs:
+    measured as the update ``record − current``, any other record (momenta, gradients, …) by its own norm
+    (``norms``: the same, already computed, one per spec)."""
+    for i, spec in enumerate(specs):
         if spec.name not in parsed:
             continue
-        norm = update_norm(parsed[spec.name], current if spec.keys == "model" else None)
+        norm = norms[i] if norms is not None else update_norm(parsed[spec.name], current if spec.keys == "model" else None)
         if not np.isfinite(norm) or norm > bound:
             what = "update norm" if spec.keys == "model" else "norm"
             return f"record '{spec.name}' {what} {norm:.4g} exceeds max-update-norm {bound:g}"

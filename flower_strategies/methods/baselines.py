@@ -36,7 +36,7 @@ import numpy as np
 
 from ..core.hparams import param
 from ..core.local import SGDHParams, SGDOptimizer
-from ..core.ops import NamedArrays
+from ..core.ops import NamedArrays, pseudo_gradient
 from ..core.registry import register
 from ..core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, ServerOptimizer
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
@@ -78,9 +78,10 @@ class FedOpt(FedAdaptStrategy):
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates["arrays"]
         params = {k: current[k] for k in inputs.trainable}
-        pseudo_grad = {k: current[k].astype(np.float64) - mean[k].astype(np.float64) for k in inputs.trainable}
+        pseudo_grad = pseudo_gradient(current, mean, inputs.trainable)  # in mean's buffers (model dtype)
         new_params, new_state = self.opt.step(
-            params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round
+            params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round,
+            overwrite_grad=True,
         )
         return self.merge_buffers(new_params, current, mean), dict(new_state), {}
 

@@ -1,0 +1,186 @@
+"""Benchmark: simulation overhead against a plain sequential PyTorch loop doing the same local work.
+
+    python -m simulations.bench_simulation                     # digits-mlp, 10 rounds, E ∈ {1, 5}, N ∈ {10, 100}
+    python -m simulations.bench_simulation --ray               # + the Ray simulation (python -m simulations.launch sim)
+    python -m simulations.bench_simulation --nodes 3 --rounds 2 --epochs 1   # smoke run (the test uses it)
+
+For every (E, N) it prints the wall time of
+
+* ``plain``  — a hand-written loop: build the model, then per round and client: load the global weights, plain
+  ``torch.optim.SGD`` over exactly the mini-batches of ``core/client.py``'s ``batch_indices`` (same seed, round,
+  client key), then the example-weighted average of the client models (the data are loaded once, before timing);
+* ``engine`` — :func:`simulations.engine.run_inprocess`: the real ServerApp + ClientApp in this process (which also
+  computes ``train-loss-before`` on each client's data and a central test evaluation every round — part of what
+  the framework delivers);
+* ``ray``    (``--ray``) — a real ``python -m simulations.launch sim`` run; its steady state is the mean of the
+  ``seconds`` column of ``metrics.jsonl`` over the rounds after the first (start-up of Ray excluded), × rounds;
+
+and the ratios ``engine / plain`` and ``ray / plain`` (target ≤ 1.10).  Every row runs in a fresh child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def warm_up() -> None:
+    """One untimed forward/backward/SGD step (torch's first-call initialisation is not anyone's per-run cost)."""
+    import torch
+
+    from client_app.task import build_model
+
+    torch.set_num_threads(1)
+    model = build_model("digits-mlp", 0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.nn.functional.cross_entropy(model(torch.zeros(4, 64)), torch.zeros(4, dtype=torch.long)).backward()
+    opt.step()
+
+
+def run_config(nodes: int, rounds: int, epochs: int, out: str) -> dict:
+    return {"method": "fedavg", "task": "digits-mlp", "num-server-rounds": rounds, "local-epochs": epochs,
+            "min-available-nodes": nodes, "min-train-nodes": nodes, "partitioner": "iid", "seed": 0,
+            "client-lr": 0.1, "batch-size": 32, "output-dir": out, "run-name": f"bench-n{nodes}-e{epochs}"}
+
+
+# ------------------------------------------------------------------------------------------ children
+def plain(nodes: int, rounds: int, epochs: int) -> dict:
+    import numpy as np
+    import torch
+
+    from client_app.task import build_model, digits_partition, digits_split
+    from flower_strategies.core.client import batch_indices
+
+    torch.set_num_threads(1)
+    data = [digits_partition(i, nodes, partitioner="iid", seed=0) for i in range(nodes)]
+    _, _, x_te, y_te = digits_split(0)
+    warm_up()
+    t0, c0 = time.perf_counter(), time.process_time()
+    model = build_model("digits-mlp", 0)
+    glob = {k: v.clone() for k, v in model.state_dict().items()}
+    loss_fn = torch.nn.functional.cross_entropy
+    for rnd in range(1, rounds + 1):
+        acc = {k: torch.zeros_like(v) for k, v in glob.items()}
+        total = 0
+        for i, (x, y) in enumerate(data):
+            model.load_state_dict(glob)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            steps = epochs * -(-len(x) // 32)
+            for idx in batch_indices(len(x), 32, steps, 0, rnd, i):
+                idx_t = torch.from_numpy(idx)
+                opt.zero_grad()
+                loss_fn(model(x[idx_t]), y[idx_t]).backward()
+                opt.step()
+            for k, v in model.state_dict().items():
+                acc[k] += v * len(x)
+            total += len(x)
+        glob = {k: v / total for k, v in acc.items()}
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    model.load_state_dict(glob)
+    with torch.no_grad():
+        accuracy = float((model(torch.from_numpy(x_te)).argmax(1) == torch.from_numpy(y_te)).float().mean())
+    return {"seconds": seconds, "cpu": cpu, "accuracy": accuracy, "np": np.__version__}
+
+
+def engine(nodes: int, rounds: int, epochs: int, out: str) -> dict:
+    import torch
+
+    import client_app.app  # noqa: F401  (imports are not the engine's per-run cost)
+    import server_app.app  # noqa: F401
+    from client_app.task import digits_partition
+    from simulations.engine import run_inprocess
+
+    torch.set_num_threads(1)
+    for i in range(nodes):  # the data set split once, as the plain loop's data are loaded before timing
+        digits_partition(i, nodes, partitioner="iid", seed=0)
+    cfg = run_config(nodes, rounds, epochs, out)
+    warm_up()
+    t0, c0 = time.perf_counter(), time.process_time()
+    summary = run_inprocess(cfg, nodes)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    rows = [json.loads(line) for line in (Path(out) / cfg["run-name"] / "metrics.jsonl").read_text().splitlines()]
+    steady = [r["seconds"] for r in rows if r["round"] >= 2]
+    return {"seconds": seconds, "cpu": cpu, "steady": sum(steady) / len(steady) * rounds,
+            "accuracy": summary["final"].get("test-accuracy")}
+
+
+def ray(nodes: int, rounds: int, epochs: int, out: str) -> dict:
+    cfg = run_config(nodes, rounds, epochs, out)
+    rc = " ".join(f"{k}={json.dumps(v)}" for k, v in cfg.items())
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "simulations.launch", "sim", "--num-supernodes", str(nodes),
+                           "--run-config", rc], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    path = Path(out) / cfg["run-name"] / "metrics.jsonl"
+    if proc.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"ray run failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steady = [r["seconds"] for r in rows if r["round"] >= 2]
+    return {"seconds": sum(steady) / len(steady) * rounds, "wall": wall, "accuracy": rows[-1].get("test-accuracy")}
+
+
+def measure(kind: str, nodes: int, rounds: int, epochs: int, out: str) -> dict:
+    cmd = [sys.executable, "-m", "simulations.bench_simulation", "--child", kind, "--nodes", str(nodes),
+           "--rounds", str(rounds), "--epochs", str(epochs), "--out", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {kind} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, nargs="+", default=[10, 100])
+    ap.add_argument("--epochs", type=int, nargs="+", default=[1, 5])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--ray", action="store_true", help="also run the Ray simulation (N = 10 only unless --ray-all)")
+    ap.add_argument("--ray-all", action="store_true", help="Ray for every N too")
+    ap.add_argument("--out", default="", help="output directory of the runs (default: a temporary one)")
+    ap.add_argument("--child", choices=("plain", "engine", "ray"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        n, e = args.nodes[0], args.epochs[0]
+        res = plain(n, args.rounds, e) if args.child == "plain" else \
+            (engine if args.child == "engine" else ray)(n, args.rounds, e, args.out)
+        print(json.dumps(res))
+        return 0
+
+    out = args.out or tempfile.mkdtemp(prefix="fedadapt-bench-sim-")
+    out = str(Path(out).resolve())
+    rows = []
+    for e in args.epochs:
+        for n in args.nodes:
+            r = {"E": e, "N": n, "plain": measure("plain", n, args.rounds, e, out),
+                 "engine": measure("engine", n, args.rounds, e, out)}
+            if args.ray and (n == 10 or args.ray_all):
+                r["ray"] = measure("ray", n, args.rounds, e, out)
+            rows.append(r)
+            print(f"  measured E={e} N={n}", file=sys.stderr, flush=True)
+    print(f"\ndigits-mlp, fedavg, {args.rounds} rounds, batch 32, iid; seconds (final test accuracy)")
+    print("engine = the whole run_inprocess call (strategy, test set, 11 central evaluations, metrics files, model.pt);"
+          " cpu = process CPU seconds (one torch thread; robust on a shared machine), wall = wall seconds;"
+          " steady = mean wall time of rounds >= 2 (metrics.jsonl seconds) x rounds")
+    print(f"{'E':>2s} {'N':>4s} {'plain cpu':>9s} {'engine cpu':>10s} {'cpu ratio':>9s} | {'plain wall':>10s} "
+          f"{'engine wall':>11s} {'eng steady':>10s} {'ray steady':>10s} {'wall ratio':>10s} {'ray/plain':>9s} | accuracy")
+    for r in rows:
+        p, g, y = r["plain"], r["engine"], r.get("ray")
+        ray_s = f"{y['seconds']:10.2f}" if y else f"{'-':>10s}"
+        ray_ratio = f"{y['seconds'] / p['seconds']:8.2f}x" if y else f"{'-':>9s}"
+        print(f"{r['E']:>2d} {r['N']:>4d} {p['cpu']:9.2f} {g['cpu']:10.2f} {g['cpu'] / p['cpu']:8.2f}x | "
+              f"{p['seconds']:10.2f} {g['seconds']:11.2f} {g['steady']:10.2f} {ray_s} {g['seconds'] / p['seconds']:9.2f}x "
+              f"{ray_ratio} | {p['accuracy']:.3f} {g['accuracy']:.3f}{' ' + format(y['accuracy'], '.3f') if y else ''}")
+    print("target: engine/plain and ray/plain <= 1.10")
+    if not args.out:
+        shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
