@@ -120,6 +120,7 @@ def test_a_run_that_stops_training_fails_after_max_idle_rounds(tmp_path):
     assert json.loads((tmp_path / "idle" / "summary.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.slow  # an end-to-end run: the full suite runs it
 def test_every_client_failing_stops_the_run_with_their_error(tmp_path):
     cfg = {**BASE, "output-dir": str(tmp_path), "run-name": "p", "task": "digits-mlp", "partitioner": "dirichlet",
            "num-server-rounds": 3}

@@ -29,6 +29,8 @@ from server_app.app import RunFailed
 from simulations.engine import run_inprocess
 from tests.helpers import NodesGrid, config, record, reply
 
+pytestmark = pytest.mark.slow  # the attack matrix runs many short federated runs; the full suite (CI) runs it
+
 NOISE = 0.05
 NODES = 5
 ROUNDS = 10

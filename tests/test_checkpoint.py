@@ -162,6 +162,7 @@ def test_sigterm_writes_the_last_completed_round_and_resume_is_identical(tmp_pat
     assert_same_run(ref, tmp_path / "ck")
 
 
+@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 def test_kill_9_of_the_server_process_then_resume(tmp_path):
     """A real ``kill -9`` (SIGKILL cannot be caught): the checkpoint of round 3 on disk is intact."""
     cfg = {**BASE, "method": "fedavgm"}

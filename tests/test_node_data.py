@@ -49,6 +49,7 @@ def test_converter_writes_exactly_the_bundled_partitions(tmp_path):
     assert manifest["num-partitions"] == NODES and sum(manifest["examples"]) == total and manifest["seed"] == 3
 
 
+@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 def test_converter_command_line(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "simulations.convert_data", "--out", str(tmp_path), "--num-partitions", "3",

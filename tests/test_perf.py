@@ -53,6 +53,7 @@ def test_metrics_bit_identical_to_golden(name: str, tmp_path: Path, one_thread: 
     assert run_rows(name, tmp_path / "b") == want
 
 
+@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 def test_bench_aggregation_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from simulations import bench_aggregation
 
@@ -62,6 +63,7 @@ def test_bench_aggregation_runs(capsys: pytest.CaptureFixture[str]) -> None:
         assert label in out
 
 
+@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 def test_bench_simulation_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from simulations import bench_simulation
 

@@ -80,6 +80,7 @@ def test_every_method_has_a_valid_preset_for_the_default_task():
         assert spec.name == method
 
 
+@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_learns_on_the_default_job(tmp_path, method):
     """Only ``method`` (and a short budget) changed: ≥ 3× chance after 3 rounds and a lower test loss than the

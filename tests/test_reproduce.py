@@ -19,6 +19,8 @@ import pytest
 from simulations import reproduce as R
 from simulations.reproduce.catalogue import CATALOGUE_DIR
 
+pytestmark = pytest.mark.slow  # the reproduction suite runs end to end; the full suite (CI) runs it
+
 ROUNDS = 3
 
 
@@ -223,6 +225,7 @@ def test_sweep_both_picks_the_lowest_loss_pair_and_feeds_it_back(tmp_path):
     assert rows[0]["mean_train_loss_last"] == pytest.approx(c["scores"][best])
 
 
+@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 def test_parallel_workers_give_the_same_results_as_one_process(tmp_path):
     paper = R.Paper("zzz", "test", ("iid",), (R.Entry("avg", {"method": "fedavg", "client-lr": 0.1}),
                                               R.Entry("adam", {"method": "fedadam", "client-lr": 0.1}),

@@ -193,6 +193,7 @@ _STAND_IN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_stop_signals_stop_every_started_process_group(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "-c", _STAND_IN, str(tmp_path)], cwd=APP_DIR, stdout=subprocess.PIPE,

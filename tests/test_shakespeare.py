@@ -135,6 +135,7 @@ def test_missing_cache_names_the_prepare_command(tmp_path):
         S.num_clients(tmp_path)
 
 
+@pytest.mark.slow  # an end-to-end run: the full suite runs it
 def test_one_federated_round_in_process(cache, tmp_path):
     from simulations.engine import run_inprocess
 
