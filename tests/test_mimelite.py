@@ -12,30 +12,17 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 import flower_strategies.methods.mimelite as ml
-from client_app.task import TASK_SPECS, build_model, synthetic_client
+from client_app.task import TASK_SPECS, build_model
 from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, build_strategy
 from flower_strategies.core.strategy import RoundInputs
 from flower_strategies.methods.baselines import FedAvg
-from simulations.engine import simulate
 from tests.helpers import NodesGrid, record, reply
 from tests.reference import fedda_ref as ref
 
-# The paper-001 harness (same constants as tests/test_fedda.py, whose module is ported separately).
-DIM = 5
-SEED = 0
-NODES = 4
-ROUNDS = 10
-RUN_CONFIG = {"task": "synthetic-linear", "seed": SEED, "precision": "float64", "synthetic-dim": DIM}
-W0 = np.random.default_rng(123).normal(size=(1, DIM))
-CLIENT_LR = 0.05
-STEPS = 3
-BATCH = 8
-
-
-def client_data(nodes: int = NODES) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    return {i: tuple(np.asarray(a, np.float64) for a in synthetic_client(i, DIM, 1.0, SEED)[:2]) for i in range(nodes)}
+# The paper-001 harness is shared with tests/test_fedda.py.
+from tests.test_fedda import BATCH, CLIENT_LR, DIM, NODES, ROUNDS, RUN_CONFIG, SEED, STEPS, W0, client_data, max_err, run_sim  # noqa: E402
 
 
 def model_at(w: np.ndarray = W0) -> torch.nn.Module:
@@ -43,26 +30,6 @@ def model_at(w: np.ndarray = W0) -> torch.nn.Module:
     with torch.no_grad():
         model.w.weight.copy_(torch.from_numpy(np.asarray(w, np.float64)))
     return model
-
-
-def run_sim(strategy, rounds: int = ROUNDS):
-    """Run in-process; return (w after each round incl. round 0, sampled partition ids per round)."""
-    sampled: list[list[int]] = []
-    orig = strategy.configure_train
-
-    def configure_train(*args, **kwargs):
-        msgs = list(orig(*args, **kwargs))
-        sampled.append([m.metadata.dst_node_id - 1 for m in msgs])  # partition id = node id − 1
-        return msgs
-
-    strategy.configure_train = configure_train
-    snaps, _ = simulate(strategy, ArrayRecord(model_at().state_dict()), rounds, NODES, RUN_CONFIG)
-    return [s["w.weight"] for s in snaps], sampled
-
-
-def max_err(a, b) -> float:
-    assert len(a) == len(b)
-    return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(a, b))
 
 
 def _strategy(base: str, frac: float = 1.0, weighting: str | None = None, **kw):
