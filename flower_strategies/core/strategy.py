@@ -488,13 +488,12 @@ class FedAdaptStrategy(Strategy):
         rlog.rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
         log(WARNING, "Round %d: rejected reply from node %s: %s", rlog.server_round, msg.metadata.src_node_id, reason)
 
-    def _screen(self, replies: list[Message], rlog: RoundLog) -> list[tuple[Message, dict[str, NamedArrays] | None]]:
+    def _screen(self, replies: list[Message], rlog: RoundLog) -> list[tuple[Message, dict[str, NamedArrays]]]:
         """Validate every reply and screen update norms against the round's median; return the usable ones with
-        their parsed records (kept while they fit in a memory budget, else re-read when folding)."""
+        their parsed records (zero-copy views of the payloads the messages already hold: keeping them costs nothing)."""
         expected = self.expected_layouts()
         specs = self.uplink_specs()
-        budget = 512 * 2**20  # bytes of parsed replies kept between the two passes
-        kept: list[tuple[Message, dict[str, NamedArrays] | None, list[float]]] = []
+        kept: list[tuple[Message, dict[str, NamedArrays], list[float]]] = []
         missing_half = 0
         for msg in replies:
             reason, parsed, norms = self._parse(msg, expected)
@@ -503,9 +502,7 @@ class FedAdaptStrategy(Strategy):
                     self.needs_client_half and reason.startswith("missing ArrayRecord"))
                 self._reject(rlog, msg, reason)
                 continue
-            fits = budget >= sum(nbytes(a) for a in parsed.values())
-            budget -= sum(nbytes(a) for a in parsed.values()) if fits else 0
-            kept.append((msg, parsed if fits else None, norms))
+            kept.append((msg, parsed, norms))
         if replies and missing_half == len(replies):
             raise ClientHalfMissing(
                 f"every reply of round {rlog.server_round} lacks the client half of method '{self.method}' "
@@ -561,13 +558,9 @@ class FedAdaptStrategy(Strategy):
         specs = self.uplink_specs()
         aggs = {s.name: self._aggregator(s) for s in specs}
         reply_metrics: list[dict[str, Any]] = []
-        expected = self.expected_layouts()
         for (msg, parsed), weight in zip(usable, weights):
-            if parsed is None:
-                parsed = parse_reply(msg, expected, check_finite=False)[1]  # checked when screening
             for spec in specs:
                 aggs[spec.name].add(parsed[spec.name], weight)
-            del parsed  # O(model) when the replies did not fit the budget: one reply deserialised at a time
             metrics = dict(msg.content.metric_records[R.METRICS])
             reply_metrics.append({**metrics, R.NUM_EXAMPLES: weight, "node-id": msg.metadata.src_node_id})
         rlog.replies_used = len(reply_metrics)
