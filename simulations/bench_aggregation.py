@@ -10,7 +10,9 @@ Every measurement runs in its own child process (``--child``): the child builds 
 ``configure_train`` (untimed) + ``aggregate_train`` (timed) on the same replies for rounds 2–4 and reports the
 fastest (the machine may be shared).  Memory: round 5 runs under ``tracemalloc`` (NumPy buffers and the serialised
 ``bytes`` are traced; malloc's caching does not hide anything) and the peak of traced memory above the start is the
-*extra* memory the call needed on top of the replies it was handed (returned model included), in model copies.
+*extra* memory the call needed on top of the replies it was handed (returned model included), in model copies;
+a second child measures round 2 as peak resident-set growth (``rss``: VmHWM reset through ``/proc/self/clear_refs``,
+glibc's mmap threshold pinned so freed blocks go back to the OS).  The memory check uses the larger of the two.
 
 Rows:
 
@@ -80,7 +82,7 @@ class Replies:
         return out
 
 
-def child(kind: str, name: str, n: int, size: str) -> dict:
+def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
     from flower_strategies.core import records as R
@@ -186,7 +188,33 @@ def child(kind: str, name: str, n: int, size: str) -> dict:
             self.peak = tracemalloc.get_traced_memory()[1] - self.base
             tracemalloc.stop()
 
+    class Resident(contextlib.AbstractContextManager):
+        """Peak resident-set growth (Linux: VmHWM reset through /proc/self/clear_refs; 0 where unavailable)."""
+
+        @staticmethod
+        def status() -> dict[str, int]:
+            with open("/proc/self/status") as f:
+                return {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)
+                        if k in ("VmHWM", "VmRSS")}
+
+        def __enter__(self):
+            gc.collect()
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+                self.base = self.status()["VmRSS"]
+            except OSError:
+                self.base = None
+            return self
+
+        def __exit__(self, *exc):
+            self.peak = self.status()["VmHWM"] - self.base if self.base is not None else 0
+
     aggregate(1, contextlib.nullcontext())  # warm-up (creates the server state)
+    if mode == "rss":
+        resident = Resident()
+        aggregate(2, resident)
+        return {"rss_bytes": resident.peak}
     clocks = [Clock() for _ in range(3)]
     for r, c in zip((2, 3, 4), clocks):
         aggregate(r, c)
@@ -198,11 +226,19 @@ def child(kind: str, name: str, n: int, size: str) -> dict:
 
 # ------------------------------------------------------------------------------------------ parent side
 def measure(kind: str, name: str, n: int, size: str) -> dict:
-    cmd = [sys.executable, "-m", "simulations.bench_aggregation", "--child", kind, name, str(n), "--size", size]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"child {kind} {name} N={n} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Time (+ tracemalloc) in one child process, resident-set growth in another: the RSS child pins glibc's mmap
+    threshold, so that big blocks go back to the OS when freed and the growth of one call is its real peak (not
+    hidden by memory an earlier round freed but kept) — which would slow the timed child's allocations."""
+    out = {}
+    for mode, extra_env in (("time", {}), ("rss", {"MALLOC_MMAP_THRESHOLD_": "131072"})):
+        cmd = [sys.executable, "-m", "simulations.bench_aggregation", "--child", kind, name, str(n), "--size", size,
+               "--mode", mode]
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore", **extra_env})
+        if proc.returncode != 0:
+            raise RuntimeError(f"child {kind} {name} N={n} ({mode}) failed:\n{proc.stderr[-3000:]}")
+        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,10 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="report wall seconds or process CPU seconds (robust on a shared machine)")
     ap.add_argument("--methods", nargs="+", metavar="M", help="only these fedadapt methods (default: every row)")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "NAME", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("time", "rss"), default="time", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kind, name, n = args.child
-        print(json.dumps(child(kind, name, int(n), args.size)))
+        print(json.dumps(child(kind, name, int(n), args.size, args.mode)))
         return 0
 
     rows: dict[tuple[int, str], dict] = {}
@@ -237,21 +274,27 @@ def main(argv: list[str] | None = None) -> int:
             r["seconds"] = r["cpu"]
     model_mb = next(iter(rows.values()))["model_bytes"] / 2**20
     print(f"\nmodel: {args.size} ({model_mb:.1f} MiB); time = fastest aggregate_train of rounds 2-4 (after a warm-up "
-          f"round; {args.clock} seconds); extra = tracemalloc peak during round 5's aggregate_train, in model copies")
+          f"round; {args.clock} seconds); extra = tracemalloc peak during round 5's aggregate_train, rss = peak resident-set "
+          f"growth of round 2's in a separate child, both in model copies")
     for n in args.replies:
         print(f"\nN = {n} replies")
-        print(f"{'':<12s} {'fedadapt s':>10s} {'extra':>7s} {'flwr s':>9s} {'extra':>7s} {'flwr/ours':>9s}")
+        print(f"{'':<12s} {'fedadapt s':>10s} {'extra':>7s} {'rss':>7s} {'flwr s':>9s} {'extra':>7s} {'rss':>7s} "
+              f"{'flwr/ours':>9s}")
+
+        def cols(r: dict) -> str:
+            return f"{r['peak_bytes'] / r['model_bytes']:6.2f}x {r['rss_bytes'] / r['model_bytes']:6.2f}x"
+
         for label in ("floor", "floor-view"):
             r = rows[(n, label)]
-            print(f"{label:<12s} {r['seconds']:10.3f} {r['peak_bytes'] / r['model_bytes']:6.2f}x")
+            print(f"{label:<12s} {r['seconds']:10.3f} {cols(r)}")
         for ours, theirs in PAIRS:
             a, b = rows.get((n, f"fedadapt {ours}")), rows.get((n, f"flwr {theirs}"))
             if a and b:
-                print(f"{ours:<12s} {a['seconds']:10.3f} {a['peak_bytes'] / a['model_bytes']:6.2f}x "
-                      f"{b['seconds']:9.3f} {b['peak_bytes'] / b['model_bytes']:6.2f}x {b['seconds'] / a['seconds']:8.2f}x")
+                print(f"{ours:<12s} {a['seconds']:10.3f} {cols(a)} {b['seconds']:9.3f} {cols(b)} "
+                      f"{b['seconds'] / a['seconds']:8.2f}x")
         for m in ONLY_FEDADAPT:
             if (a := rows.get((n, f"fedadapt {m}"))):
-                print(f"{m:<12s} {a['seconds']:10.3f} {a['peak_bytes'] / a['model_bytes']:6.2f}x")
+                print(f"{m:<12s} {a['seconds']:10.3f} {cols(a)}")
 
     print("\nratios vs targets (floor: <= 1.3x; FedAvg family: faster than flwr FedAvg; adaptive: >= 2x faster than "
           "flwr FedAdam; extra memory <= 2 model copies)")
@@ -262,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in [o for o, _ in PAIRS] + list(ONLY_FEDADAPT):
             if (r := rows.get((n, f"fedadapt {m}"))) is None:
                 continue
-            ratio, extra = r["seconds"] / floor, r["peak_bytes"] / r["model_bytes"]
+            ratio = r["seconds"] / floor
+            extra = max(r["peak_bytes"], r["rss_bytes"]) / r["model_bytes"]
             checks = [f"{ratio:5.2f}x floor ({'ok' if ratio <= 1.3 else 'MISS'})",
                       f"extra {extra:4.2f} copies ({'ok' if extra <= 2.0 else 'MISS'})"]
             if m in ("fedavg", "fedavgm") and flwr_avg:

@@ -16,7 +16,7 @@ import flower_strategies.methods.fedlada  # noqa: F401
 from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.methods.fedcm import GLOBAL_UPDATE, FedCM, FedCMHParams, FedCMOptimizer
 from flower_strategies.methods.fedlada import GLOBAL_OFFSET, VHAT, FedLADAOptimizer
-from flower_strategies.core.ops import averaging_step, global_offset
+from flower_strategies.core.ops import averaging_step
 from flower_strategies.core.registry import METHODS, parse_run_config
 from flower_strategies.core.strategy import weighted_mean
 from tests.helpers import (
@@ -117,11 +117,25 @@ def test_pure_helpers():
     steps = [(2.0, 10), (6.0, 30)]  # (num-steps, num-examples): K̄ as the base computes RoundInputs.mean_steps
     assert weighted_mean(steps, "uniform") == 4.0
     assert weighted_mean(steps, "examples") == 5.0
-    delta, new = averaging_step({"w": np.array([1.0, 2.0])}, {"w": np.array([0.0, 4.0])}, ["w"], 0.5)
-    np.testing.assert_allclose(delta["w"], [1.0, -2.0])
-    np.testing.assert_allclose(new["w"], [0.5, 3.0])
-    np.testing.assert_allclose(global_offset(delta, 0.1, 5)["w"], [2.0, -4.0])
-    np.testing.assert_array_equal(global_offset(delta, 0.0, 5)["w"], [0.0, 0.0])
+    x = {"w": np.array([1.0, 2.0])}
+    mean = {"w": np.array([0.0, 4.0])}  # Δ̄ = [1, −2]
+    offset = {"w": np.array([9.0, 9.0])}
+    new, off = averaging_step(x, mean, ["w"], 0.5, offset, 0.1, 5)
+    np.testing.assert_array_equal(new["w"], [0.5, 3.0])
+    np.testing.assert_allclose(off["w"], [2.0, -4.0])  # Δ̄ / (η_l·K̄)
+    assert new["w"] is mean["w"] and off["w"] is offset["w"]  # in the round's buffers / the state's, no new arrays
+    _, off = averaging_step(x, {"w": np.array([0.0, 4.0])}, ["w"], 0.5, offset, 0.0, 5)
+    np.testing.assert_array_equal(off["w"], [0.0, 0.0])  # η_l·K̄ = 0: no direction
+    # a read-only offset (e.g. a view) is not written: new arrays instead
+    frozen = np.array([7.0, 7.0])
+    frozen.flags.writeable = False
+    _, off = averaging_step(x, {"w": np.array([0.0, 4.0])}, ["w"], 0.5, {"w": frozen}, 0.1, 5)
+    np.testing.assert_allclose(off["w"], [2.0, -4.0])
+    assert frozen.tolist() == [7.0, 7.0]
+    # an offset that would overflow is not written in place (the base then refuses the non-finite result)
+    state = {"w": np.array([1.0, 1.0])}
+    _, off = averaging_step(x, {"w": np.array([0.0, 4.0])}, ["w"], 0.5, state, 1e-308, 1e-10)
+    assert state["w"].tolist() == [1.0, 1.0] and not np.isfinite(off["w"]).all()
 
 
 class FakeGrid:

@@ -21,7 +21,7 @@ from simulations.engine import simulate
 from flower_strategies.core.hparams import HParams, param
 from flower_strategies.core.local import LocalOptimizer
 from flower_strategies.core.ops import averaging_step
-from flower_strategies.core.strategy import FedAdaptStrategy, cast_like
+from flower_strategies.core.strategy import FedAdaptStrategy
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class ClippedFedAvg(FedAdaptStrategy):
 
     def server_update(self, inputs, state):
         mean = inputs.aggregates["arrays"]
-        _, new = averaging_step(inputs.current, mean, inputs.trainable, self.hparams.server_lr)
-        return self.merge_buffers(cast_like(new, inputs.current), inputs.current, mean), state, {}
+        new, _ = averaging_step(inputs.current, mean, inputs.trainable, self.hparams.server_lr)
+        return self.merge_buffers(new, inputs.current, mean), state, {}
 
 
 # (the module ends with:  register(ClippedFedAvg, paper="…", summary="FedAvg with clipped local gradients"))

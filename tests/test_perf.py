@@ -3,8 +3,9 @@
 The pinned rows (``tests/golden/metrics_seed_runs.json``) are the ``metrics.jsonl`` of three in-process runs; the
 client-side caching (data, settings and model reused per process) was checked against rows computed before it, and a
 second, warm run in the same process must give them again.  Every value must stay bit-identical (JSON round-trips
-floats exactly): any later change of results must be deliberate, and then the rows are regenerated (they were, once,
-when float32 server arithmetic moved from float64 temporaries to the model's dtype — last-bit changes by design).  They are pinned for ONE torch intra-op thread (what the reproduction suite uses): the last bits of
+floats exactly): any later change of results must be deliberate, and then the rows are regenerated (they were when float32
+server arithmetic moved from float64 temporaries to the model's dtype, and the scaffold row again when the server
+state itself (SCAFFOLD's control variate) moved to the model's dtype — last-bit changes by design).  They are pinned for ONE torch intra-op thread (what the reproduction suite uses): the last bits of
 ``train-loss`` depend on the thread count (the loss reduction is split across threads), so the test fixes it.
 """
 

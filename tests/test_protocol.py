@@ -8,7 +8,7 @@ from flwr.app import MessageType
 
 import flower_strategies as fs
 from flower_strategies.core import records as R
-from flower_strategies.core.ops import StreamingAggregator, aggregate, safe_divide
+from flower_strategies.core.ops import CHUNK, aggregate, fold, safe_divide
 from flower_strategies.core.strategy import RecordSpec
 from tests.helpers import NodesGrid, config, error_reply, record, reply
 
@@ -134,19 +134,46 @@ def test_streaming_aggregation_rules(rule, expected):
     assert out["a"].dtype == np.float32 and out["a"].tolist() == expected
 
 
-def test_aggregator_memory_is_one_accumulator_per_key():
-    agg = StreamingAggregator("wmean")
-    for i in range(50):
-        agg.add({"a": np.full(1000, i, np.float32)}, 1.0)
-    assert len(agg._acc) == 1 and agg._acc["a"].shape == (1000,)
-    assert agg.result()["a"][0] == pytest.approx(24.5)
+@pytest.mark.parametrize("rule", ["wmean", "umean", "max", "sum"])
+def test_fold_is_bit_identical_to_a_reply_by_reply_loop_and_measures_norms(rule):
+    """The chunk-major fold does, per element, exactly the operations of a reply-by-reply loop (acc = w_0·a_0;
+    acc += w_i·a_i), so its float32 result is bit-identical whatever the chunking; the norms are ‖a_i − ref‖."""
+    rng = np.random.default_rng(0)
+    size = 2 * CHUNK + 123  # three chunks, the last one partial
+    items = [{"w": rng.normal(size=size).astype(np.float32), "n": np.array(i, np.int64)} for i in range(5)]
+    weights = [3.0, 1.0, 2.5, 7.0, 0.5]
+    ref = {"w": rng.normal(size=size).astype(np.float32)}
+    out, norms = fold(items, weights, rule, ref, norms=True)
+    ws = weights if rule == "wmean" else [1.0] * 5
+    acc = items[0]["w"] * np.float32(ws[0]) if ws[0] != 1.0 else items[0]["w"].copy()
+    for item, w in zip(items[1:], ws[1:]):
+        if rule == "max":
+            acc = np.maximum(acc, item["w"])
+        else:
+            acc = acc + (item["w"] * np.float32(w) if w != 1.0 else item["w"])
+    if rule in ("wmean", "umean"):
+        acc = acc / np.float32(sum(ws))
+    assert out["w"].dtype == np.float32 and np.array_equal(out["w"], acc)
+    assert out["n"].dtype == np.int64  # integer arrays: float64 accumulator, cast back
+    np.testing.assert_allclose(norms, [np.linalg.norm((i["w"] - ref["w"]).astype(np.float64)) for i in items], rtol=1e-5)
+    _, own = fold(items, None, None, None, norms=True)  # norms only, no reference: the arrays' own norms
+    np.testing.assert_allclose(own, [np.linalg.norm(i["w"].astype(np.float64)) for i in items], rtol=1e-5)
+
+
+def test_fold_norm_is_nonfinite_for_nan_or_inf():
+    bad = {"w": np.array([1.0, np.nan], np.float32)}
+    inf = {"w": np.array([np.inf, 0.0], np.float32)}
+    _, norms = fold([{"w": np.ones(2, np.float32)}, bad, inf], None, None, None, norms=True)
+    assert np.isfinite(norms[0]) and not np.isfinite(norms[1]) and not np.isfinite(norms[2])
 
 
 def test_unknown_rule_and_bad_weight_rejected():
     with pytest.raises(ValueError, match="valid: wmean"):
-        StreamingAggregator("median")
+        fold([{"a": np.ones(1)}], [1.0], "median")
     with pytest.raises(ValueError, match="positive"):
-        StreamingAggregator("wmean").add({"a": np.ones(1)}, 0.0)
+        fold([{"a": np.ones(1)}], [0.0], "wmean")
+    with pytest.raises(ValueError, match="no arrays"):
+        fold([], [], "wmean")
 
 
 def test_safe_divide_is_divide_no_nan():

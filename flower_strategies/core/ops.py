@@ -7,7 +7,9 @@ by both the Message-API strategies and the legacy wrappers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -16,7 +18,14 @@ NamedArrays = dict[str, np.ndarray]
 #: Elements per chunk of the chunked kernels (256 KiB of float32: stays in cache between the fused operations).
 CHUNK = 1 << 16
 
-#: Aggregation rules understood by :class:`StreamingAggregator`.
+#: :func:`fold` splits every array into segments of this many elements and folds them on ``WORKERS`` threads (each
+#: element's operations and their order are the same on any number of threads: results are bit-identical).
+SEGMENT = 16 * CHUNK
+WORKERS = min(4, os.cpu_count() or 1)
+#: Below this many element-visits (elements × items) :func:`fold` stays on the calling thread.
+PARALLEL_MIN = 1 << 22
+
+#: Aggregation rules understood by :func:`fold`.
 AGGREGATION_RULES = ("wmean", "umean", "max", "sum")
 
 
@@ -25,80 +34,111 @@ def is_float(arr: np.ndarray) -> bool:
     return np.issubdtype(arr.dtype, np.floating)
 
 
-class StreamingAggregator:
-    """Fold named arrays into a running aggregate, one reply at a time, in place.
+def fold(
+    items: Sequence[Mapping[str, np.ndarray]],
+    weights: Sequence[float] | None,
+    rule: str | None,
+    reference: Mapping[str, np.ndarray] | None = None,
+    norms: bool = False,
+) -> tuple[NamedArrays, list[float]]:
+    """Aggregate ``items`` (named arrays with identical keys) with ``rule`` and, with ``norms``, measure every
+    item's L2 norm, in ONE chunk-major pass: for each cache-sized chunk every item is read once, the accumulator
+    chunk stays in cache, and nothing model-sized is allocated beyond the result (one accumulator per key, the
+    item's own dtype for floating arrays, float64 for integer ones; cast back at the end).
 
-    Memory: one accumulator per key (one model copy whatever the number of replies) plus a cache-sized scratch
-    chunk (``wmean``); no per-reply temporaries.  Floating arrays accumulate in their own dtype (float32
-    models in float32, float64 models — the exactness runs — in float64); integer arrays in float64.
-
-    Rules
-    -----
-    ``wmean``  ``Σ w_i a_i / Σ w_i`` (``w_i`` = the weight passed to :meth:`add`)
+    Rules (``rule=None``: norms only, no aggregate)
+    ``wmean``  ``Σ w_i a_i / Σ w_i`` (``weights`` positive)
     ``umean``  ``(1/n) Σ a_i`` (weights ignored)
     ``max``    elementwise ``max_i a_i``
     ``sum``    ``Σ a_i``
 
-    The result is cast back to each key's reference dtype (the dtype of the first array folded in).
+    Every element is folded in item order with the same operations as a reply-by-reply loop
+    (``acc = w_0·a_0; acc += w_i·a_i``), so the result depends neither on the chunking nor on the number of threads
+    the segments are spread over (:data:`WORKERS`).
+
+    Norms: ``‖a_i − reference‖`` over the floating keys ``reference`` has (``‖a_i‖`` for the others), summed per
+    chunk in each array's dtype — screening, not math: NaN/Inf values, or a sum of squares that overflows, give a
+    non-finite norm.  Integer arrays are not measured.
     """
+    if rule is not None and rule not in AGGREGATION_RULES:
+        raise ValueError(f"unknown aggregation rule {rule!r}; valid: {', '.join(AGGREGATION_RULES)}")
+    n = len(items)
+    if rule is not None and n == 0:
+        raise ValueError("no arrays were folded into the aggregate")
+    if rule == "wmean":
+        assert weights is not None and len(weights) == n
+        ws = [float(w) for w in weights]
+        bad = [w for w in ws if not w > 0]
+        if bad:
+            raise ValueError(f"wmean needs positive weights, got {bad[0]}")
+    else:
+        ws = [1.0] * n
+    total = sum(ws)
+    plans = []  # per key: (key, flat items, flat reference or None, accumulator or None)
+    for key in (items[0] if n else {}):
+        srcs = [np.asarray(item[key]) for item in items]
+        first = srcs[0]
+        measure = norms and is_float(first)
+        ref = np.asarray(reference[key]).reshape(-1) if measure and reference is not None and key in reference else None
+        acc = None if rule is None else np.empty(first.shape, dtype=first.dtype if is_float(first) else np.float64)
+        plans.append((key, [a.reshape(-1) for a in srcs], ref, acc, measure))
+    segments = [(p, lo, min(lo + SEGMENT, p[1][0].size)) for p in plans for lo in range(0, p[1][0].size, SEGMENT)]
 
-    def __init__(self, rule: str) -> None:
-        if rule not in AGGREGATION_RULES:
-            raise ValueError(f"unknown aggregation rule {rule!r}; valid: {', '.join(AGGREGATION_RULES)}")
-        self.rule = rule
-        self._acc: NamedArrays = {}
-        self._scratch: dict[np.dtype, np.ndarray] = {}
-        self._dtypes: dict[str, np.dtype] = {}
-        self._total_weight = 0.0
-        self.count = 0
+    def run(segment) -> list[float]:
+        """Fold one segment of one key (a few chunks) for every item; its items' partial sums of squares."""
+        (_, flats, ref, acc, measure), start, stop = segment
+        sq = [0.0] * n
+        flat_acc = None if acc is None else acc.reshape(-1)
+        width = min(CHUNK, stop - start)
+        dtype = flats[0].dtype
+        diff = np.empty(width, dtype) if ref is not None else None
+        scaled = np.empty(width, acc.dtype) if acc is not None and rule == "wmean" else None
+        with np.errstate(over="ignore", invalid="ignore"):
+            for lo in range(start, stop, CHUNK):
+                hi = min(lo + CHUNK, stop)
+                refc = ref[lo:hi] if ref is not None else None
+                accc = flat_acc[lo:hi] if flat_acc is not None else None
+                for i, flat in enumerate(flats):
+                    ac = flat[lo:hi]
+                    if measure:
+                        if refc is None:
+                            sq[i] += float(np.dot(ac, ac))
+                        else:
+                            d = np.subtract(ac, refc, out=diff[: hi - lo])
+                            sq[i] += float(np.dot(d, d))
+                    if accc is None:
+                        continue
+                    w = ws[i]
+                    if i == 0:
+                        np.multiply(ac, w, out=accc) if w != 1.0 else np.copyto(accc, ac)
+                    elif rule == "max":
+                        np.maximum(accc, ac, out=accc)
+                    elif w == 1.0:
+                        np.add(accc, ac, out=accc)
+                    else:
+                        np.add(accc, np.multiply(ac, w, out=scaled[: hi - lo]), out=accc)
+                if accc is not None and rule in ("wmean", "umean"):
+                    np.divide(accc, total, out=accc)
+        return sq
 
-    def add(self, arrays: Mapping[str, np.ndarray], weight: float = 1.0) -> None:
-        if self.rule == "wmean" and not weight > 0:
-            raise ValueError(f"wmean needs a positive weight, got {weight}")
-        w = weight if self.rule == "wmean" else 1.0
-        for key, value in arrays.items():
-            arr = np.asarray(value)
-            acc = self._acc.get(key)
-            if acc is None:
-                self._dtypes[key] = arr.dtype
-                dtype = arr.dtype if is_float(arr) else np.dtype(np.float64)
-                acc = self._acc[key] = np.empty(arr.shape, dtype=dtype)
-                np.multiply(arr, w, out=acc) if w != 1.0 else np.copyto(acc, arr)
-            elif self.rule == "max":
-                np.maximum(acc, arr, out=acc)
-            elif w == 1.0:
-                np.add(acc, arr, out=acc)
-            else:  # acc += w·arr, a cache-sized chunk at a time (no model-sized scratch)
-                a, src = acc.reshape(-1), arr.reshape(-1)
-                scratch = self._scratch.get(acc.dtype)
-                if scratch is None:
-                    scratch = self._scratch[acc.dtype] = np.empty(CHUNK, dtype=acc.dtype)
-                for i in range(0, a.size, CHUNK):
-                    seg = a[i : i + CHUNK]
-                    tmp = np.multiply(src[i : i + CHUNK], w, out=scratch[: seg.size])
-                    np.add(seg, tmp, out=seg)
-        self._total_weight += w
-        self.count += 1
-
-    def result(self) -> NamedArrays:
-        if self.count == 0:
-            raise ValueError("no arrays were folded into the aggregator")
-        self._scratch.clear()
-        out: NamedArrays = {}
-        for key, acc in self._acc.items():
-            if self.rule in ("wmean", "umean"):
-                np.divide(acc, self._total_weight, out=acc)
-            out[key] = acc.astype(self._dtypes[key], copy=False)
-        self._acc = {}
-        return out
+    work = sum(stop - start for _, start, stop in segments) * max(n, 1)
+    if WORKERS > 1 and len(segments) > 1 and work >= PARALLEL_MIN:
+        with ThreadPoolExecutor(WORKERS) as pool:  # NumPy releases the GIL inside each chunk operation
+            partial = list(pool.map(run, segments))
+    else:
+        partial = [run(seg) for seg in segments]
+    squares = [sum(p[i] for p in partial) for i in range(n)]  # in segment order: deterministic
+    out: NamedArrays = {}
+    for key, flats, _, acc, _ in plans:
+        if acc is not None:
+            out[key] = acc.astype(flats[0].dtype, copy=False)
+    return out, [float(np.sqrt(v)) for v in squares]
 
 
 def aggregate(items: Iterable[tuple[Mapping[str, np.ndarray], float]], rule: str) -> NamedArrays:
-    """Aggregate ``(arrays, weight)`` pairs with ``rule`` (see :class:`StreamingAggregator`)."""
-    agg = StreamingAggregator(rule)
-    for arrays, weight in items:
-        agg.add(arrays, weight)
-    return agg.result()
+    """Aggregate ``(arrays, weight)`` pairs with ``rule`` (see :func:`fold`)."""
+    pairs = list(items)
+    return fold([a for a, _ in pairs], [w for _, w in pairs], rule)[0]
 
 
 def safe_divide(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -117,12 +157,76 @@ def tree_map(fn, *trees: Mapping[str, np.ndarray]) -> NamedArrays:
 def all_finite(arrays: Mapping[str, np.ndarray]) -> str | None:
     """Return the first key holding a NaN/Inf (floating arrays only), or None.
 
-    ``min`` and ``max`` are NaN when any element is, ``±inf`` when any element is: two reductions, no temporaries."""
+    One read per array: ``a·a`` is finite whenever every value is (only an overflow of the sum of squares is
+    re-checked value by value, with ``min``/``max``, which are NaN or ±inf exactly when some value is)."""
     for key, arr in arrays.items():
         a = np.asarray(arr)
-        if is_float(a) and a.size and not (np.isfinite(a.min()) and np.isfinite(a.max())):
+        if is_float(a) and a.size and not _finite(a.reshape(-1)):
             return key
     return None
+
+
+def _finite(flat: np.ndarray) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.dot(flat, flat)):
+            return True
+    return bool(np.isfinite(flat.min()) and np.isfinite(flat.max()))
+
+
+def chunked(kernel, outs: Sequence[np.ndarray], ins: Sequence[np.ndarray], *, temps: int = 0,
+            check_only: bool = False) -> bool:
+    """Run ``kernel(o, i, t)`` over matching cache-sized chunks of the (same-sized, contiguous) ``outs`` and ``ins``:
+    ``o``/``i`` are the chunks, ``t`` ``temps`` scratch chunks in the outputs' dtype.  ``outs`` may alias ``ins``
+    (in-place updates): the kernel must read an input chunk before writing the output that aliases it.
+
+    ``check_only=True`` writes nothing: the kernel runs into scratch outputs and the return value says whether
+    every output value would be finite.  An in-place update of persistent state checks every key this way first
+    and writes only if all are finite (:func:`update_in_place`): the commit-only-finite contract of the strategy
+    base without a model-sized copy of the state, for the price of computing the update twice."""
+    size, dtype = outs[0].size, outs[0].dtype
+    flat_in = [np.asarray(a).reshape(-1) for a in ins]
+    width = max(1, min(CHUNK, size))
+    scratch = [np.empty(width, dtype) for _ in range(temps)]
+    trial = [np.empty(width, o.dtype) for o in outs] if check_only else None
+    flat_out = None if check_only else [o.reshape(-1) for o in outs]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for lo in range(0, size, CHUNK):
+            hi = min(lo + CHUNK, size)
+            n = hi - lo
+            o = [t[:n] for t in trial] if trial is not None else [f[lo:hi] for f in flat_out]
+            kernel(o, [f[lo:hi] for f in flat_in], [t[:n] for t in scratch])
+            if trial is not None and not all(_finite(c) for c in o):
+                return False
+    return True
+
+
+def update_in_place(kernel, jobs: Sequence[tuple[list[np.ndarray], list[np.ndarray]]], temps: int) -> bool:
+    """``jobs`` = ``[(outs, ins), ...]`` (one per key) whose ``outs`` include persistent state updated in place:
+    check every job (:func:`chunked` ``check_only``), then write them all — or write nothing and return False
+    when some value would be NaN/Inf."""
+    if not all(chunked(kernel, outs, ins, temps=temps, check_only=True) for outs, ins in jobs):
+        return False
+    for outs, ins in jobs:
+        chunked(kernel, outs, ins, temps=temps)
+    return True
+
+
+def owned(arr: np.ndarray | None, like: np.ndarray) -> bool:
+    """Whether ``arr`` can take an in-place result for ``like``: a writable contiguous array of its shape and dtype."""
+    return (arr is not None and isinstance(arr, np.ndarray) and arr.flags.writeable and arr.flags.c_contiguous
+            and arr.shape == np.shape(like) and arr.dtype == dtype_of(like))
+
+
+def dtype_of(p: np.ndarray) -> np.dtype:
+    """The dtype server math and state use for parameter ``p``: its own when floating, else float64."""
+    dt = np.asarray(p).dtype
+    return dt if np.issubdtype(dt, np.floating) else np.dtype(np.float64)
+
+
+def state_like(arrays: Mapping[str, np.ndarray], keys: Iterable[str], fill: float = 0.0) -> NamedArrays:
+    """Server-state arrays for ``keys`` of ``arrays``: filled with ``fill``, in each parameter's dtype (float64 runs:
+    float64; float32 models: float32)."""
+    return {k: np.full(np.shape(arrays[k]), fill, dtype=dtype_of(arrays[k])) for k in keys}
 
 
 def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
@@ -144,23 +248,47 @@ def pseudo_gradient(current: Mapping[str, np.ndarray], mean: NamedArrays, keys: 
 
 
 def averaging_step(
-    current: Mapping[str, np.ndarray], mean_model: Mapping[str, np.ndarray], keys: Iterable[str], server_lr: float
+    current: Mapping[str, np.ndarray], mean: NamedArrays, keys: Iterable[str], server_lr: float,
+    offset: NamedArrays | None = None, client_lr: float = 0.0, mean_steps: float = 0.0,
 ) -> tuple[NamedArrays, NamedArrays]:
-    """``Δ̄ = x_t − mean_i x_i`` and ``x_{t+1} = x_t − η_g·Δ̄`` (float64) over ``keys``."""
-    delta = {k: np.asarray(current[k], np.float64) - np.asarray(mean_model[k], np.float64) for k in keys}
-    new = {k: np.asarray(current[k], np.float64) - server_lr * delta[k] for k in keys}
-    return delta, new
+    """``x_{t+1} = x_t − η_g·Δ̄`` with ``Δ̄ = x_t − mean_i x_i`` over ``keys``, in the parameters' dtype, written into
+    ``mean``'s buffers (the round's own aggregate).  Returns ``(x_{t+1}, new offset)``.
 
-
-def global_offset(mean_delta: Mapping[str, np.ndarray], client_lr: float, mean_steps: float) -> NamedArrays:
-    """``Δ̄ / (η_l·K̄)`` = ``(x_t − x_{t+1}) / (η_g·η_l·K̄)``: the average per-step global direction.
-
-    Zero when ``η_l·K̄ = 0`` (no local progress is possible, so there is no direction to estimate).
-    """
+    With ``offset`` (the previous global offset, e.g. FedLADA's ``g_a`` / FedCM's ``Δ_t``) the new offset
+    ``Δ̄ / (η_l·K̄)`` (zero when ``η_l·K̄ = 0``: no direction to estimate) replaces it, in place when it is owned
+    (after a check that every new value is finite, :func:`update_in_place`), else in new arrays.  float64 runs:
+    the textbook float64 expressions, bit for bit."""
     scale = client_lr * mean_steps
-    if scale == 0:
-        return {k: np.zeros_like(np.asarray(v, dtype=np.float64)) for k, v in mean_delta.items()}
-    return {k: np.asarray(v, dtype=np.float64) / scale for k, v in mean_delta.items()}
+
+    def kernel(o, i, t):
+        d = np.subtract(i[0], i[1], out=t[0])  # Δ̄ = x − mean
+        if len(o) > 1:
+            if scale == 0:
+                o[1].fill(0.0)
+            else:
+                np.divide(d, scale, out=o[1])
+        np.subtract(i[0], np.multiply(d, server_lr, out=d), out=o[0])  # x − η_g·Δ̄ (may be mean's chunk)
+
+    new: NamedArrays = {}
+    new_offset: NamedArrays = {}
+    jobs: list[tuple[list[np.ndarray], list[np.ndarray]]] = []
+    reuse = offset is not None
+    for k in keys:
+        x, m = np.asarray(current[k]), mean[k]
+        new[k] = m if owned(m, x) else np.empty(x.shape, dtype_of(x))
+        outs = [new[k]]
+        if offset is not None:
+            reuse = reuse and owned(offset.get(k), x)
+            new_offset[k] = offset[k] if owned(offset.get(k), x) else np.empty(x.shape, dtype_of(x))
+            outs.append(new_offset[k])
+        jobs.append((outs, [x, m]))
+    if reuse and update_in_place(kernel, jobs, temps=1):
+        return new, new_offset
+    for k, (outs, ins) in zip(list(new), jobs):  # not in place (or it would be non-finite: the base rejects it)
+        if offset is not None and outs[1] is offset.get(k):
+            new_offset[k] = outs[1] = np.empty(outs[1].shape, outs[1].dtype)
+        chunked(kernel, outs, ins, temps=1)
+    return new, new_offset
 
 
 def decayed_lr(lr: float, decay: float, server_round: int) -> float:
@@ -172,36 +300,26 @@ def decayed_lr(lr: float, decay: float, server_round: int) -> float:
 ROBUST_RULES = ("median", "trimmed-mean")
 
 
-class RobustAggregator:
-    """Coordinate-wise median or trimmed mean of the folded arrays (weights ignored).
+def robust_aggregate(items: Sequence[Mapping[str, np.ndarray]], rule: str, trim: float = 0.1) -> NamedArrays:
+    """Coordinate-wise median or trimmed mean of ``items`` (weights ignored).  Memory: O(N·model) in float64 (one
+    key at a time).  ``trimmed-mean`` drops the ``floor(trim·N)`` smallest and largest values per coordinate."""
+    if rule not in ROBUST_RULES:
+        raise ValueError(f"unknown robust rule {rule!r}; valid: {', '.join(ROBUST_RULES)}")
+    check_trim(trim)
+    if not items:
+        raise ValueError("no arrays were folded into the aggregate")
+    out: NamedArrays = {}
+    for key, first in items[0].items():
+        stack = np.stack([np.asarray(item[key], dtype=np.float64) for item in items])
+        if rule == "median":
+            value = np.median(stack, axis=0)
+        else:
+            k = int(np.floor(trim * len(items)))
+            value = np.sort(stack, axis=0)[k : len(items) - k].mean(axis=0)
+        out[key] = value.astype(np.asarray(first).dtype, copy=False)
+    return out
 
-    Unlike :class:`StreamingAggregator` this keeps every reply's arrays until :meth:`result`: memory is
-    O(N·model).  ``trimmed-mean`` drops the ``floor(trim·N)`` smallest and largest values per coordinate.
-    """
 
-    def __init__(self, rule: str, trim: float = 0.1) -> None:
-        if rule not in ROBUST_RULES:
-            raise ValueError(f"unknown robust rule {rule!r}; valid: {', '.join(ROBUST_RULES)}")
-        if not 0.0 <= trim < 0.5:
-            raise ValueError(f"trim must be in [0, 0.5), got {trim}")
-        self.rule, self.trim = rule, trim
-        self._items: list[Mapping[str, np.ndarray]] = []
-        self.count = 0
-
-    def add(self, arrays: Mapping[str, np.ndarray], weight: float = 1.0) -> None:
-        self._items.append(arrays)
-        self.count += 1
-
-    def result(self) -> NamedArrays:
-        if not self._items:
-            raise ValueError("no arrays were folded into the aggregator")
-        out: NamedArrays = {}
-        for key, first in self._items[0].items():
-            stack = np.stack([np.asarray(item[key], dtype=np.float64) for item in self._items])
-            if self.rule == "median":
-                value = np.median(stack, axis=0)
-            else:
-                k = int(np.floor(self.trim * len(self._items)))
-                value = np.sort(stack, axis=0)[k : len(self._items) - k].mean(axis=0)
-            out[key] = value.astype(np.asarray(first).dtype, copy=False)
-        return out
+def check_trim(trim: float) -> None:
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}")

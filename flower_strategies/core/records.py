@@ -17,6 +17,7 @@ Records are addressed by name, never by position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -83,7 +84,7 @@ def view(array: Array) -> np.ndarray:
         if head is not None:
             shape, fortran, dtype, offset = head
             if not fortran and not dtype.hasobject:
-                count = int(np.prod(shape, dtype=np.int64))
+                count = math.prod(shape)
                 return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
     return array.numpy()
 
@@ -93,10 +94,19 @@ def views(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: view(v) for k, v in record.items()}
 
 
-def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
+def to_record(arrays: Mapping[str, np.ndarray], consume: bool = False) -> ArrayRecord:
+    """Serialise named arrays into an ArrayRecord.  ``consume=True`` empties ``arrays`` (a dict) as it goes, so an
+    array whose last reference was the dict is freed once serialised: the record replaces the arrays instead of
+    doubling them."""
+    if not consume:
+        return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
+    assert isinstance(arrays, dict)
+    out = {}
+    for k in list(arrays):
+        out[k] = Array(np.asarray(arrays.pop(k), order="C"))
+    return ArrayRecord(out)
 
 
 def record_nbytes(record: ArrayRecord) -> int:
     """Array payload bytes of an ArrayRecord, from shapes and dtypes (without deserialising it)."""
-    return int(sum(np.dtype(arr.dtype).itemsize * int(np.prod(arr.shape)) for arr in record.values()))
+    return int(sum(np.dtype(arr.dtype).itemsize * math.prod(arr.shape) for arr in record.values()))

@@ -22,8 +22,9 @@ Flags (each ambiguity of the sources is explicit):
 ``m₀ = 0`` always.
 
 State (``m``, ``v``) lives in each parameter's dtype (float64 exactness runs: float64; float32 models: float32) and
-every update is computed in that dtype, a cache-sized chunk at a time: the step allocates the new state and the
-new parameters and no model-sized temporaries.  For float64 parameters the operations (and so the bits) are those
+every update is computed in that dtype, a cache-sized chunk at a time, without model-sized temporaries;
+``step(..., in_place=True)`` (what the strategies use) writes the new parameters into the pseudo-gradient's buffer
+and updates ``m``/``v`` in place once a check pass has shown every new value finite.  For float64 parameters the operations (and so the bits) are those
 of the textbook float64 expressions above.
 """
 
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import CHUNK, NamedArrays
+from .ops import NamedArrays, chunked, dtype_of, owned, update_in_place
 
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adagrad", "adam", "yogi")
 BIAS_CORRECTIONS = ("none", "adam", "flower")
@@ -75,9 +76,9 @@ class ServerOptimizer:
         state: ServerState = {}
         if self.kind == "sgd":
             return state
-        state["m_t"] = {k: np.zeros(np.shape(p), dtype=_dtype(p)) for k, p in params.items()}
+        state["m_t"] = {k: np.zeros(np.shape(p), dtype=dtype_of(p)) for k, p in params.items()}
         if self.adaptive:
-            state["v_t"] = {k: np.full(np.shape(p), self.v0, dtype=_dtype(p)) for k, p in params.items()}
+            state["v_t"] = {k: np.full(np.shape(p), self.v0, dtype=dtype_of(p)) for k, p in params.items()}
         return state
 
     def effective_lr(self, step: int, server_round: int) -> float:
@@ -94,64 +95,70 @@ class ServerOptimizer:
         *,
         step: int,
         server_round: int,
-        overwrite_grad: bool = False,
+        in_place: bool = False,
     ) -> tuple[NamedArrays, ServerState]:
-        """Return ``(new_params, new_state)``; inputs are not modified, except that ``overwrite_grad=True`` lets the
-        step write the new parameters into ``pseudo_grad``'s arrays (a caller-owned temporary)."""
+        """Return ``(new_params, new_state)``.  ``in_place=False``: pure (new arrays; inputs untouched).
+        ``in_place=True``: the new parameters go into ``pseudo_grad``'s arrays (a caller-owned temporary) and the
+        state arrays are updated in place — after a check pass that proves every new value finite
+        (:func:`~.ops.chunked`); if one would not be, nothing is written and the pure path's (non-finite) result is
+        returned, which the strategy base then refuses to commit."""
+        lr_s = float(self.effective_lr(step, server_round))
+        kernel = self._kernel(lr_s)
+        names = [n for n in ("m_t", "v_t") if n in state]
         new_params: NamedArrays = {}
         new_state: ServerState = {name: {} for name in state}
-        lr_s = float(self.effective_lr(step, server_round))
-        b1, b2, tau = self.beta1, self.beta2, self.tau
+        jobs = []
         for k, x in params.items():
-            x = np.asarray(x)
-            dtype = _dtype(x)
-            d = np.asarray(pseudo_grad[k])
-            out = d if overwrite_grad and d.dtype == dtype and d.flags.writeable else np.empty(x.shape, dtype)
-            if self.kind != "sgd":
-                m_new = new_state["m_t"][k] = np.empty(x.shape, dtype)
-            if self.adaptive:
-                v_new = new_state["v_t"][k] = np.empty(x.shape, dtype)
-            xf, df, of = x.reshape(-1), d.reshape(-1), out.reshape(-1)
-            t = np.empty(min(CHUNK, xf.size), dtype)
-            t2 = np.empty_like(t) if self.adaptive else t
-            t3 = np.empty_like(t) if self.kind == "yogi" else t
-            for i in range(0, xf.size, CHUNK):
-                c = slice(i, i + CHUNK)
-                n = min(CHUNK, xf.size - i)
-                tc, t2c, t3c = t[:n], t2[:n], t3[:n]
-                dc = df[c]
-                if self.kind == "sgd":
-                    upd = dc
-                elif self.kind == "sgdm":  # u = β1·u + D̄
-                    mc = m_new.reshape(-1)[c]
-                    np.multiply(state["m_t"][k].reshape(-1)[c], b1, out=mc)
-                    np.add(mc, dc, out=mc)
-                    upd = mc
-                else:
-                    mc, vc = m_new.reshape(-1)[c], v_new.reshape(-1)[c]
-                    v_old = state["v_t"][k].reshape(-1)[c]
-                    np.multiply(state["m_t"][k].reshape(-1)[c], b1, out=mc)  # m = β1·m + (1−β1)·D̄
-                    np.add(mc, np.multiply(dc, 1.0 - b1, out=tc), out=mc)
-                    d2 = np.multiply(dc, dc, out=t2c)  # D̄²
-                    if self.kind == "adagrad":  # v = v + D̄²
-                        np.add(v_old, d2, out=vc)
-                    elif self.kind == "adam":  # v = β2·v + (1−β2)·D̄²
-                        np.multiply(v_old, b2, out=vc)
-                        np.add(vc, np.multiply(d2, 1.0 - b2, out=d2), out=vc)
-                    else:  # yogi: v = v − (1−β2)·D̄²·sign(v − D̄²)
-                        sign = np.sign(np.subtract(v_old, d2, out=t3c), out=t3c)
-                        np.multiply(d2, 1.0 - b2, out=d2)
-                        np.subtract(v_old, np.multiply(d2, sign, out=d2), out=vc)
-                    upd = np.sqrt(vc, out=tc)  # m / (√v + τ)
-                    np.add(upd, tau, out=upd)
-                    np.divide(mc, upd, out=upd)
-                step_ = np.multiply(upd, lr_s, out=tc)  # x − lr_s·upd
-                np.subtract(xf[c], step_, out=of[c])
-            new_params[k] = out
+            x, d = np.asarray(x), np.asarray(pseudo_grad[k])
+            olds = [state[n][k] for n in names]
+            jobs.append((k, x, d, olds, in_place and owned(d, x) and all(owned(o, x) for o in olds)))
+        # in place only when every key can be, and only after checking that every new value is finite
+        in_place = bool(jobs) and all(j[4] for j in jobs) and update_in_place(
+            kernel, [([d, *olds], [x, d, *olds]) for _, x, d, olds, _ in jobs], temps=3)
+        for k, x, d, olds, _ in jobs:
+            if in_place:
+                outs = [d, *olds]
+            else:
+                outs = [np.empty(x.shape, dtype_of(x)) for _ in range(1 + len(olds))]
+                chunked(kernel, outs, [x, d, *olds], temps=3)
+            new_params[k] = outs[0]
+            for name, arr in zip(names, outs[1:]):
+                new_state[name][k] = arr
         return new_params, new_state
 
+    def _kernel(self, lr_s: float):
+        """The elementwise update on chunks: ``o = [x_new, m, v]``, ``i = [x, D̄, m_old, v_old]`` (as present),
+        ``t`` three scratch chunks.  Alias-safe: ``x_new`` may be ``D̄``'s memory, ``m``/``v`` the old state's."""
+        kind, b1, b2, tau = self.kind, self.beta1, self.beta2, self.tau
 
-def _dtype(p: np.ndarray) -> np.dtype:
-    """The dtype server state and math use for parameter ``p``: its own when floating, else float64."""
-    dt = np.asarray(p).dtype
-    return dt if np.issubdtype(dt, np.floating) else np.dtype(np.float64)
+        def kernel(o, i, t):
+            x, dc = i[0], i[1]
+            tc, t2c, t3c = t
+            if kind == "sgd":
+                upd = dc
+            elif kind == "sgdm":  # u = β1·u + D̄
+                mc = o[1]
+                np.multiply(i[2], b1, out=mc)
+                np.add(mc, dc, out=mc)
+                upd = mc
+            else:
+                mc, vc, m_old, v_old = o[1], o[2], i[2], i[3]
+                np.multiply(m_old, b1, out=mc)  # m = β1·m + (1−β1)·D̄
+                np.add(mc, np.multiply(dc, 1.0 - b1, out=tc), out=mc)
+                d2 = np.multiply(dc, dc, out=t2c)  # D̄²
+                if kind == "adagrad":  # v = v + D̄²
+                    np.add(v_old, d2, out=vc)
+                elif kind == "adam":  # v = β2·v + (1−β2)·D̄²
+                    np.multiply(v_old, b2, out=vc)
+                    np.add(vc, np.multiply(d2, 1.0 - b2, out=d2), out=vc)
+                else:  # yogi: v = v − (1−β2)·D̄²·sign(v − D̄²)
+                    sign = np.sign(np.subtract(v_old, d2, out=t3c), out=t3c)
+                    np.multiply(d2, 1.0 - b2, out=d2)
+                    np.subtract(v_old, np.multiply(d2, sign, out=d2), out=vc)
+                upd = np.sqrt(vc, out=tc)  # m / (√v + τ)
+                np.add(upd, tau, out=upd)
+                np.divide(mc, upd, out=upd)
+            step_ = np.multiply(upd, lr_s, out=tc)  # x − lr_s·upd
+            np.subtract(x, step_, out=o[0])
+
+        return kernel

@@ -35,8 +35,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from . import records as R
 from .hparams import HParams
 from .local import LocalOptimizer, SGDOptimizer
-from .ops import ROBUST_RULES, NamedArrays, RobustAggregator, StreamingAggregator, all_finite, is_float, nbytes
-from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply, update_norm
+from .ops import ROBUST_RULES, NamedArrays, all_finite, check_trim, fold, is_float, nbytes, robust_aggregate
+from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 #: A reply metric above this multiple of max(1, the round's lower-median magnitude) is left out of its mean.
 METRIC_OUTLIER_RATIO = 1e3
@@ -110,7 +110,7 @@ def weighted_mean(values: Sequence[tuple[float, float]], weighting: str) -> floa
 
 def cast_like(arrays: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray]) -> NamedArrays:
     """``arrays`` cast to the dtypes of the same keys in ``like``."""
-    return {k: np.asarray(v).astype(np.asarray(like[k]).dtype) for k, v in arrays.items()}
+    return {k: np.asarray(v).astype(np.asarray(like[k]).dtype, copy=False) for k, v in arrays.items()}
 
 
 def _finite_state(state: Mapping[str, Any]) -> str | None:
@@ -252,7 +252,7 @@ class FedAdaptStrategy(Strategy):
         self.max_weight_ratio = float(max_weight_ratio)
         if aggregator not in ("mean", *ROBUST_RULES):
             raise ValueError(f"aggregator must be one of mean, {', '.join(ROBUST_RULES)}; got {aggregator!r}")
-        RobustAggregator("trimmed-mean", trim_fraction)  # validates trim_fraction
+        check_trim(trim_fraction)
         self.aggregator = aggregator
         self.trim_fraction = float(trim_fraction)
         self.num_rounds = num_rounds
@@ -431,27 +431,6 @@ class FedAdaptStrategy(Strategy):
         trainable = self.trainable(self.current)
         return {s.name: layout(self.current, trainable if s.keys == "params" else None) for s in self.uplink_specs()}
 
-    def validate_reply(self, msg: Message) -> str | None:
-        """Return why ``msg`` must be rejected, or None if it is usable."""
-        return self._parse(msg, self.expected_layouts())[0]
-
-    def _parse(self, msg: Message, expected: Mapping[str, Any]) -> tuple[str | None, dict[str, NamedArrays], list[float]]:
-        """``(reason, parsed records, update norms per uplink spec)``.  One pass over each record: its update norm
-        (chunked) doubles as the NaN/Inf check (:func:`.validation.nonfinite_reason`)."""
-        reason = self._check_client_half(msg)
-        if reason is not None:
-            return reason, {}, []
-        reason, parsed = parse_reply(msg, expected, check_finite=False)
-        if reason is not None:
-            return reason, {}, []
-        assert self.current is not None
-        specs = self.uplink_specs()
-        norms = [update_norm(parsed[s.name], self.current if s.keys == "model" else None) for s in specs]
-        reason = nonfinite_reason(parsed, norms, [s.name for s in specs])
-        if reason is None and self.max_update_norm > 0:
-            reason = check_update_norms(parsed, specs, self.current, self.max_update_norm, norms)
-        return reason, ({} if reason else parsed), norms
-
     @property
     def needs_client_half(self) -> bool:
         """Whether replies must come from this method's client half (anything beyond plain local SGD)."""
@@ -479,30 +458,37 @@ class FedAdaptStrategy(Strategy):
             return "wmean" if self.weighting == "examples" else "umean"
         return spec.rule
 
-    def _aggregator(self, spec: RecordSpec) -> StreamingAggregator | RobustAggregator:
-        rule = self._rule(spec)
-        return RobustAggregator(rule, self.trim_fraction) if rule in ROBUST_RULES else StreamingAggregator(rule)
-
     def _reject(self, rlog: RoundLog, msg: Message, reason: str) -> None:
         rlog.replies_rejected += 1
         rlog.rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
         log(WARNING, "Round %d: rejected reply from node %s: %s", rlog.server_round, msg.metadata.src_node_id, reason)
 
-    def _screen(self, replies: list[Message], rlog: RoundLog) -> list[tuple[Message, dict[str, NamedArrays]]]:
-        """Validate every reply and screen update norms against the round's median; return the usable ones with
-        their parsed records (zero-copy views of the payloads the messages already hold: keeping them costs nothing)."""
+    def _screen_and_fold(
+        self, replies: list[Message], rlog: RoundLog
+    ) -> tuple[list[tuple[Message, dict[str, NamedArrays]]], list[float], dict[str, NamedArrays]]:
+        """Validate the replies, screen their update norms and aggregate the usable ones: ``(usable replies with their
+        parsed records, their weights, {record: aggregate})``.
+
+        The records are zero-copy views of the payloads the messages hold.  One chunk-major pass
+        (:func:`.ops.fold`) both measures every reply's norms and folds the replies into the aggregates; a finite
+        norm proves the record finite.  Only when the norms reject a reply (NaN/Inf, ``max-update-norm``, more than
+        ``update-norm-ratio`` × the round's median) are the survivors folded again — the same operations in the
+        same order as if the rejected replies had never arrived."""
         expected = self.expected_layouts()
         specs = self.uplink_specs()
-        kept: list[tuple[Message, dict[str, NamedArrays], list[float]]] = []
+        kept: list[tuple[Message, dict[str, NamedArrays]]] = []
         missing_half = 0
         for msg in replies:
-            reason, parsed, norms = self._parse(msg, expected)
+            reason = self._check_client_half(msg)
+            parsed: dict[str, NamedArrays] = {}
+            if reason is None:
+                reason, parsed = parse_reply(msg, expected)
             if reason is not None:
                 missing_half += reason.startswith(CLIENT_HALF_REASON) or (
                     self.needs_client_half and reason.startswith("missing ArrayRecord"))
                 self._reject(rlog, msg, reason)
                 continue
-            kept.append((msg, parsed, norms))
+            kept.append((msg, parsed))
         if replies and missing_half == len(replies):
             raise ClientHalfMissing(
                 f"every reply of round {rlog.server_round} lacks the client half of method '{self.method}' "
@@ -510,15 +496,57 @@ class FedAdaptStrategy(Strategy):
                 f"flower_strategies.train_reply(...) or flower_strategies.ClientRound(...) in @app.train() "
                 f"(legacy apps: FedAdaptNumPyClient); see the README section 'Use a method in your own Flower app'."
             )
-        if self.update_norm_ratio > 0 and len(kept) > 2:
+        weights, aggregates, norms = self._fold(kept, measure=True)
+        survivors = [j for j in range(len(kept)) if self._norm_reason(rlog, kept[j], [n[j] for n in norms]) is None]
+        if self.update_norm_ratio > 0 and len(survivors) > 2:
             for i, spec in enumerate(specs):
-                median = float(np.quantile([k[2][i] for k in kept], 0.5, method="lower"))
+                median = float(np.quantile([norms[i][j] for j in survivors], 0.5, method="lower"))
                 bound = self.update_norm_ratio * median
-                for item in [k for k in kept if not k[2][i] <= bound]:
-                    kept.remove(item)
-                    self._reject(rlog, item[0], f"record '{spec.name}' norm {item[2][i]:.4g} exceeds update-norm-ratio "
-                                 f"{self.update_norm_ratio:g} × the round's median {median:.4g}")
-        return [(msg, parsed) for msg, parsed, _ in kept]
+                for j in [j for j in survivors if not norms[i][j] <= bound]:
+                    survivors.remove(j)
+                    self._reject(rlog, kept[j][0], f"record '{spec.name}' norm {norms[i][j]:.4g} exceeds "
+                                 f"update-norm-ratio {self.update_norm_ratio:g} × the round's median {median:.4g}")
+        if len(survivors) < len(kept):
+            kept = [kept[j] for j in survivors]
+            weights, aggregates, _ = self._fold(kept, measure=False)
+        for spec in specs:
+            rule = self._rule(spec)
+            if rule in ROBUST_RULES and kept:
+                aggregates[spec.name] = robust_aggregate([p[spec.name] for _, p in kept], rule, self.trim_fraction)
+        return kept, weights, aggregates
+
+    def _fold(
+        self, kept: Sequence[tuple[Message, dict[str, NamedArrays]]], measure: bool
+    ) -> tuple[list[float], dict[str, NamedArrays], list[list[float]]]:
+        """``(weights, {record: aggregate}, norms[spec][reply])`` of the streaming-rule records (robust rules: norms
+        only, the aggregate comes after screening)."""
+        reported = [float(msg.content.metric_records[R.METRICS][R.NUM_EXAMPLES]) for msg, _ in kept]
+        weights = self.client_weights(reported)
+        aggregates: dict[str, NamedArrays] = {}
+        norms: list[list[float]] = []
+        for spec in self.uplink_specs():
+            rule = self._rule(spec)
+            rule = None if rule in ROBUST_RULES or not kept else rule
+            if rule is None and not measure:
+                continue
+            items = [parsed[spec.name] for _, parsed in kept]
+            agg, n = fold(items, weights, rule, self.current if spec.keys == "model" else None, norms=measure)
+            if rule is not None:
+                aggregates[spec.name] = agg
+            norms.append(n)
+        return weights, aggregates, norms
+
+    def _norm_reason(self, rlog: RoundLog, item: tuple[Message, dict[str, NamedArrays]], norms: list[float]) -> str | None:
+        """Reject (and say why) a reply whose records hold NaN/Inf or exceed ``max-update-norm``."""
+        msg, parsed = item
+        specs = self.uplink_specs()
+        reason = nonfinite_reason(parsed, norms, [s.name for s in specs])
+        if reason is None and self.max_update_norm > 0:
+            assert self.current is not None
+            reason = check_update_norms(parsed, specs, self.current, self.max_update_norm, norms)
+        if reason is not None:
+            self._reject(rlog, msg, reason)
+        return reason
 
     def _drop_no_replies(self, server_round: int, replies: list[Message]) -> list[Message]:
         """Leave out the SuperLink's stand-in replies of nodes that never answered (they count as missing) and mark
@@ -552,15 +580,10 @@ class FedAdaptStrategy(Strategy):
         replies = sorted(replies, key=lambda m: (order.get(m.metadata.src_node_id, float("inf")), m.metadata.src_node_id))
         replies = self._drop_no_replies(server_round, replies)
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error() for r in m.content.array_records.values())
-        usable = self._screen(replies, rlog)
+        usable, weights, aggregates = self._screen_and_fold(replies, rlog)
         reported = [float(msg.content.metric_records[R.METRICS][R.NUM_EXAMPLES]) for msg, _ in usable]
-        weights = self.client_weights(reported)
-        specs = self.uplink_specs()
-        aggs = {s.name: self._aggregator(s) for s in specs}
         reply_metrics: list[dict[str, Any]] = []
-        for (msg, parsed), weight in zip(usable, weights):
-            for spec in specs:
-                aggs[spec.name].add(parsed[spec.name], weight)
+        for (msg, _), weight in zip(usable, weights):
             metrics = dict(msg.content.metric_records[R.METRICS])
             reply_metrics.append({**metrics, R.NUM_EXAMPLES: weight, "node-id": msg.metadata.src_node_id})
         rlog.replies_used = len(reply_metrics)
@@ -573,7 +596,8 @@ class FedAdaptStrategy(Strategy):
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
                 server_round, rlog.replies_used, self.min_replies)
         else:
-            new_arrays, round_metrics = self._update(server_round, {n: a.result() for n, a in aggs.items()}, reply_metrics)
+            del usable
+            new_arrays, round_metrics = self._update(server_round, aggregates, reply_metrics)
             metrics_out.update(round_metrics)
             rlog.round_metrics = round_metrics
             rlog.updated = new_arrays is not None
@@ -618,6 +642,8 @@ class FedAdaptStrategy(Strategy):
             trainable=tuple(self.trainable(self.current)), num_updates=self.num_updates, nodes_seen=self.nodes_seen,
         )
         new, state, round_metrics = self.server_update(inputs, self.server_state)
+        del inputs
+        aggregates.clear()  # the round's buffers live on only where the update kept them (e.g. as the new model)
         bad = all_finite(new) or _finite_state(state)
         if bad is not None:  # never publish a corrupted model or keep a corrupted state
             log(WARNING, "Round %d: server update produced NaN/Inf in '%s'; keeping the previous model and state",
@@ -625,7 +651,7 @@ class FedAdaptStrategy(Strategy):
             return None, {}
         self.server_state = state
         self.num_updates += 1
-        return R.to_record(new), {k: float(v) for k, v in round_metrics.items()}
+        return R.to_record(new, consume=True), {k: float(v) for k, v in round_metrics.items()}
 
     # ------------------------------------------------------------------ checkpoint state (data only)
     def state_dict(self) -> dict[str, Any]:

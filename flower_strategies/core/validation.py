@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Message
 
 from . import records as R
-from .ops import CHUNK, NamedArrays, all_finite, is_float
+from .ops import NamedArrays, all_finite, fold
 
 #: ``{key: (shape, dtype)}`` a record must match exactly.
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -46,13 +46,10 @@ def check_num_examples(value: object) -> str | None:
     return None
 
 
-def parse_reply(
-    msg: Message, expected: Mapping[str, Layout], *, check_finite: bool = True
-) -> tuple[str | None, dict[str, NamedArrays]]:
-    """``(reason, {})`` for an unusable reply, else ``(None, {record: arrays})`` for the ``expected`` records.
-
-    ``check_finite=False`` leaves the NaN/Inf check to the caller (the strategy derives it from the update norms it
-    computes anyway: a finite norm proves every value finite, see :func:`nonfinite_reason`)."""
+def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | None, dict[str, NamedArrays]]:
+    """``(reason, {})`` for a structurally unusable reply, else ``(None, {record: arrays})`` for the ``expected``
+    records (zero-copy read-only views).  The values are checked later, from the update norms the strategy computes
+    anyway (a finite norm proves every value finite, see :func:`nonfinite_reason`)."""
     if msg.has_error():
         return f"client error: {msg.error.reason}", {}
     content = msg.content
@@ -77,41 +74,15 @@ def parse_reply(
                 return f"record '{name}' key '{key}' has shape {tuple(arr.shape)}, expected {tuple(shape)}", {}
             if np.dtype(arr.dtype) != dtype:
                 return f"record '{name}' key '{key}' has dtype {arr.dtype}, expected {dtype}", {}
-        arrays = R.views(rec)  # zero-copy, read-only: validation and aggregation only read them
-        bad = all_finite(arrays) if check_finite else None
-        if bad is not None:
-            return f"record '{name}' key '{bad}' holds NaN/Inf", {}
-        parsed[name] = arrays
+        parsed[name] = R.views(rec)  # zero-copy, read-only: validation and aggregation only read them
     return None, parsed
 
 
 def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray] | None) -> float:
-    """L2 norm over the floating arrays of ``arrays − reference`` (``reference=None``: of ``arrays`` itself),
-    computed in each array's own dtype, a cache-sized chunk at a time (no model-sized temporaries; screening, not
-    math: a float32 overflow to inf is a rejection, as it should be).
-
-    Non-finite exactly when some value is NaN/Inf or the sum of squares overflows."""
-    total = 0.0
-    scratch: dict[np.dtype, np.ndarray] = {}
-    with np.errstate(over="ignore", invalid="ignore"):
-        for key, value in arrays.items():
-            a = np.asarray(value)
-            if not is_float(a):
-                continue
-            flat = a.reshape(-1)
-            if reference is None or key not in reference:
-                total += float(np.dot(flat, flat))
-                continue
-            ref = np.asarray(reference[key]).reshape(-1)
-            buf = scratch.get(a.dtype)
-            if buf is None:
-                buf = scratch[a.dtype] = np.empty(min(CHUNK, flat.size), dtype=a.dtype)
-            elif buf.size < min(CHUNK, flat.size):
-                buf = scratch[a.dtype] = np.empty(min(CHUNK, flat.size), dtype=a.dtype)
-            for i in range(0, flat.size, CHUNK):
-                d = np.subtract(flat[i : i + CHUNK], ref[i : i + CHUNK], out=buf[: min(CHUNK, flat.size - i)])
-                total += float(np.dot(d, d))
-    return float(np.sqrt(total))
+    """L2 norm over the floating arrays of ``arrays − reference`` (``reference=None``: of ``arrays`` itself), in each
+    array's dtype, a cache-sized chunk at a time (:func:`.ops.fold`).  Non-finite exactly when some value is NaN/Inf
+    or the sum of squares overflows (screening, not math: that is a rejection, as it should be)."""
+    return fold([arrays], None, None, reference, norms=True)[1][0]
 
 
 def nonfinite_reason(parsed: Mapping[str, NamedArrays], norms: Sequence[float], names: Sequence[str]) -> str | None:

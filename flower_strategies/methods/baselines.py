@@ -81,7 +81,7 @@ class FedOpt(FedAdaptStrategy):
         pseudo_grad = pseudo_gradient(current, mean, inputs.trainable)  # in mean's buffers (model dtype)
         new_params, new_state = self.opt.step(
             params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round,
-            overwrite_grad=True,
+            in_place=True,
         )
         return self.merge_buffers(new_params, current, mean), dict(new_state), {}
 

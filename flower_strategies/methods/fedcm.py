@@ -40,7 +40,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, averaging_step, decayed_lr, global_offset
+from ..core.ops import NamedArrays, averaging_step, decayed_lr, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
 
@@ -93,7 +93,7 @@ class FedCM(FedAdaptStrategy):
         return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
-        return {GLOBAL_UPDATE: {k: np.zeros(np.shape(arrays[k]), np.float64) for k in self.trainable(arrays)}}  # Δ_0 = 0
+        return {GLOBAL_UPDATE: state_like(arrays, self.trainable(arrays))}  # Δ_0 = 0
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
         assert self.current is not None and self.server_state is not None
@@ -103,9 +103,9 @@ class FedCM(FedAdaptStrategy):
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates[R.MODEL]
-        delta, new = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # Δ̄, x_{t+1}
-        update = global_offset(delta, self.client_lr_at(inputs.server_round), inputs.mean_steps)  # Δ_{t+1}
-        return self.merge_buffers(cast_like(new, current), current, mean), {GLOBAL_UPDATE: update}, {}
+        new, update = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr,  # x_{t+1}, Δ_{t+1}
+                                     state[GLOBAL_UPDATE], self.client_lr_at(inputs.server_round), inputs.mean_steps)
+        return self.merge_buffers(new, current, mean), {GLOBAL_UPDATE: update}, {}
 
 
 register(

@@ -68,7 +68,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays
+from ..core.ops import NamedArrays, chunked, dtype_of, owned, state_like, update_in_place
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
 
@@ -86,7 +86,7 @@ TABLE12_SERVER_LR = {"sgdm": 1.0, "adam": 0.1, "adagrad": 0.1}
 # ------------------------------------------------------------------------------------------ pure server math
 def recover_gradient(p_bar: np.ndarray, m_prev: np.ndarray, beta1: float) -> np.ndarray:
     """``G = (P̄ − β1·m_r)/(1−β1)`` (Algorithm 2, line 11): treat ``P̄`` as one momentum step fed with ``G``."""
-    return (np.asarray(p_bar, np.float64) - beta1 * np.asarray(m_prev, np.float64)) / (1.0 - beta1)
+    return (np.asarray(p_bar) - beta1 * np.asarray(m_prev)) / (1.0 - beta1)
 
 
 def fedda_server_step(
@@ -104,13 +104,17 @@ def fedda_server_step(
     eta_in_server: bool = True,
     bias_step: int | None = 1,
     v_hat: str = "new",
+    in_place: bool = False,
 ) -> tuple[NamedArrays, NamedArrays]:
     """One FedDA server update (Algorithms 1–2); returns ``(new_params, new_V)``.
 
     ``params`` – ``W_r``; ``p_bar`` – aggregated ``P``; ``m_prev`` – the momentum ``m_r`` broadcast this round;
     ``v`` – ``V_r`` (ignored by SGDM); ``bias_step`` – Adam's bias-correction exponent ``s`` (``None`` = no
     correction).  The step size is ``server_lr·client_lr`` if ``eta_in_server`` else ``server_lr``.
-    Inputs are not modified; state is float64, parameters keep their dtype.
+    The math runs in each parameter's dtype, a cache-sized chunk at a time (float64 runs: the float64 expressions
+    of the algorithm box, bit for bit).  ``in_place=False``: inputs untouched, new arrays.  ``in_place=True``:
+    ``W_{r+1}`` is written into ``p_bar``'s buffers (the round's aggregate) and ``V`` updated in place, once every
+    new value is known to be finite (:func:`~flower_strategies.core.ops.update_in_place`).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown FedDA variant {variant!r}; valid: {', '.join(VARIANTS)}")
@@ -119,27 +123,53 @@ def fedda_server_step(
     lr = server_lr * client_lr if eta_in_server else server_lr
     c1 = 1.0 - beta1**bias_step if bias_step is not None else 1.0
     c2 = 1.0 - beta2**bias_step if bias_step is not None else 1.0
+
+    def kernel(o, i, t):  # o = [W_new, V_new]; i = [W, P̄, m_r, V_r]; V_new may alias V_r, W_new P̄
+        w, p = i[0], i[1]
+        if variant == "sgdm":
+            upd = np.multiply(p, lr, out=t[1])
+        else:
+            m, v_old = i[2], i[3]
+            g = np.divide(np.subtract(p, np.multiply(m, beta1, out=t[0]), out=t[0]), 1.0 - beta1, out=t[0])
+            if variant == "adam":
+                m_hat = np.multiply(m, beta1, out=t[1])  # (β1·m + (1−β1)·G) / c1
+                np.divide(np.add(m_hat, np.multiply(g, 1.0 - beta1, out=t[2]), out=m_hat), c1, out=m_hat)
+                if v_hat == "stale":
+                    den = np.divide(v_old, c2, out=t[3])
+                gg = np.multiply(np.multiply(g, 1.0 - beta2, out=t[2]), g, out=t[2])  # V = β2·V + (1−β2)·G·G
+                np.add(np.multiply(v_old, beta2, out=o[1]), gg, out=o[1])
+                if v_hat == "new":
+                    den = np.divide(o[1], c2, out=t[3])
+                upd = np.divide(m_hat, np.add(np.sqrt(den, out=den), eps, out=den), out=m_hat)
+            else:  # adagrad: V = V + G·G; G / (√V + ε)
+                np.add(v_old, np.multiply(g, g, out=t[2]), out=o[1])
+                den = np.add(np.sqrt(o[1], out=t[3]), eps, out=t[3])
+                upd = np.divide(g, den, out=t[1])
+            np.multiply(upd, lr, out=upd)
+        np.subtract(w, upd, out=o[0])  # W − lr·upd
+
     new_params: NamedArrays = {}
     new_v: NamedArrays = {}
+    jobs = []
     for k, w in params.items():
-        w64 = np.asarray(w, np.float64)
-        p = np.asarray(p_bar[k], np.float64)
-        if variant == "sgdm":
-            upd = p
-        else:
-            m = np.asarray(m_prev[k], np.float64)
-            g = recover_gradient(p, m, beta1)
-            v_old = np.asarray(v[k], np.float64)
-            if variant == "adam":
-                m_hat = (beta1 * m + (1.0 - beta1) * g) / c1
-                v_new = beta2 * v_old + (1.0 - beta2) * g * g
-                v_hat_k = (v_new if v_hat == "new" else v_old) / c2
-                upd = m_hat / (np.sqrt(v_hat_k) + eps)
-            else:  # adagrad
-                v_new = v_old + g * g
-                upd = g / (np.sqrt(v_new) + eps)
-            new_v[k] = v_new
-        new_params[k] = (w64 - lr * upd).astype(np.asarray(w).dtype, copy=False)
+        w = np.asarray(w)
+        ins = [w, np.asarray(p_bar[k])] + ([] if variant == "sgdm" else [np.asarray(m_prev[k]), np.asarray(v[k])])
+        outs = [ins[1] if in_place and owned(ins[1], w) else np.empty(w.shape, dtype_of(w))]
+        if variant != "sgdm":
+            outs.append(ins[3] if in_place and owned(ins[3], w) else np.empty(w.shape, dtype_of(w)))
+        jobs.append((k, outs, ins))
+    own_v = variant != "sgdm" and all(outs[1] is ins[3] for _, outs, ins in jobs)
+    if own_v and update_in_place(kernel, [(o, i) for _, o, i in jobs], temps=4):
+        pass
+    else:
+        for _, outs, ins in jobs:
+            if variant != "sgdm" and outs[1] is ins[3]:  # V is updated in place only when every key is (and finite)
+                outs[1] = np.empty(outs[1].shape, outs[1].dtype)
+            chunked(kernel, outs, ins, temps=4)
+    for k, outs, _ in jobs:
+        new_params[k] = outs[0]
+        if variant != "sgdm":
+            new_v[k] = outs[1]
     return new_params, new_v
 
 
@@ -256,7 +286,7 @@ class FedDAOptimizer(LocalOptimizer):
 class FedDA(FedAdaptStrategy):
     """FedDA strategy (Jin et al., ICML 2022); the server half of Algorithms 1–2.
 
-    Server state (float64, trainable keys): ``"m_t"`` (global momentum ``m``, broadcast as record
+    Server state (the model's dtype, trainable keys): ``"m_t"`` (global momentum ``m``, broadcast as record
     ``"momentum"`` in the model dtype) and ``"v_t"`` (second moment ``V``; empty for ``sgdm``).  The round
     config carries ``"full-batch"`` (A8).  See the module docstring for the update rules, flags and conventions.
     """
@@ -282,8 +312,8 @@ class FedDA(FedAdaptStrategy):
         keys = self.trainable(arrays)
         v0 = self.hparams.initial_v
         return {
-            "m_t": {k: np.zeros(np.shape(arrays[k]), np.float64) for k in keys},
-            "v_t": {} if self.hparams.variant == "sgdm" else {k: np.full(np.shape(arrays[k]), v0, np.float64) for k in keys},
+            "m_t": state_like(arrays, keys),
+            "v_t": {} if self.hparams.variant == "sgdm" else state_like(arrays, keys, v0),
         }
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
@@ -313,8 +343,9 @@ class FedDA(FedAdaptStrategy):
             eta_in_server=hp.eta_in_server,
             bias_step=hp.bias_step(inputs.num_updates, inputs.server_round),
             v_hat=hp.v_hat,
+            in_place=True,
         )
-        m_next = {k: np.asarray(inputs.aggregates[MOMENTUM][k], np.float64) for k in inputs.trainable}
+        m_next = {k: inputs.aggregates[MOMENTUM][k] for k in inputs.trainable}  # m_{r+1}: the round's aggregate
         return self.merge_buffers(new_params, inputs.current, None), {"m_t": m_next, "v_t": new_v}, {}
 
 

@@ -61,7 +61,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, inverse_sqrt
-from ..core.ops import NamedArrays, averaging_step, decayed_lr, global_offset
+from ..core.ops import NamedArrays, averaging_step, decayed_lr, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
 
@@ -204,8 +204,8 @@ class FedLADA(FedAdaptStrategy):
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         keys = self.trainable(arrays)
         return {
-            VHAT: {k: np.full(np.shape(arrays[k]), self.hparams.initial_vhat, np.float64) for k in keys},  # v̂⁰ = ε_v²
-            GLOBAL_OFFSET: {k: np.zeros(np.shape(arrays[k]), np.float64) for k in keys},                   # g_a⁰ = 0
+            VHAT: state_like(arrays, keys, self.hparams.initial_vhat),  # v̂⁰ = ε_v²
+            GLOBAL_OFFSET: state_like(arrays, keys),                    # g_a⁰ = 0
         }
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
@@ -215,12 +215,12 @@ class FedLADA(FedAdaptStrategy):
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates[R.MODEL]
-        delta, new = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # line 17: Δ̄, x_{t+1}
-        new_state = {
-            VHAT: {k: np.asarray(inputs.aggregates[VHAT][k], np.float64) for k in inputs.trainable},  # line 16: v_srv
-            GLOBAL_OFFSET: global_offset(delta, self.offset_lr(inputs.server_round), inputs.mean_steps),  # line 18: g_a
-        }
-        return self.merge_buffers(cast_like(new, current), current, mean), new_state, {}
+        # lines 17–18: x_{t+1} = x_t − η_g·Δ̄ (into the mean's buffers), g_a = Δ̄/(η_l·K̄) (in place)
+        new, offset = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr, state[GLOBAL_OFFSET],
+                                     self.offset_lr(inputs.server_round), inputs.mean_steps)
+        vhat = inputs.aggregates[VHAT]  # line 16: v_srv = the round's aggregate itself
+        new_state = {VHAT: {k: vhat[k] for k in inputs.trainable}, GLOBAL_OFFSET: offset}
+        return self.merge_buffers(new, current, mean), new_state, {}
 
 
 _PAPER = "Sun et al., Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear Speedup, 2023"

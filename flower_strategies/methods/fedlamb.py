@@ -75,7 +75,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, Named, inverse_sqrt
-from ..core.ops import NamedArrays
+from ..core.ops import NamedArrays, owned, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
 from ..core.validation import RecordSpec
@@ -124,8 +124,9 @@ def bias_factors(
 
 
 def merge_vhat(v_hat: NamedArrays, mean_v: Mapping[str, np.ndarray]) -> NamedArrays:
-    """Server line 16: ``v̂ ← max(v̂, mean_i v_i)`` elementwise, in float64."""
-    return {k: np.maximum(np.asarray(v, dtype=np.float64), np.asarray(mean_v[k], dtype=np.float64)) for k, v in v_hat.items()}
+    """Server line 16: ``v̂ ← max(v̂, mean_i v_i)`` elementwise, in v̂'s dtype (the model's), into ``mean_v``'s
+    buffers when they are the round's own (writable, same dtype)."""
+    return {k: np.maximum(v, mean_v[k], out=mean_v[k] if owned(mean_v[k], v) else None) for k, v in v_hat.items()}
 
 
 def layer_groups(names: Iterable[str], mode: str) -> list[list[str]]:
@@ -314,7 +315,7 @@ class FedLAMB(FedAdaptStrategy):
         return self.client_lr * self.hparams.lr_gamma ** sum(server_round > m for m in self.milestones)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
-        return {"v_hat": {k: np.zeros(np.shape(arrays[k]), dtype=np.float64) for k in self.trainable(arrays)}, "v_steps": 0.0}
+        return {"v_hat": state_like(arrays, self.trainable(arrays)), "v_steps": 0.0}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
         assert self.server_state is not None and self.current is not None

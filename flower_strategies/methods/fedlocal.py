@@ -65,7 +65,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, Named, inverse_sqrt
-from ..core.ops import NamedArrays, safe_divide
+from ..core.ops import NamedArrays, owned, safe_divide
 from ..core.registry import register
 from ..core.server_opt import SERVER_OPTIMIZERS, ServerOptimizer
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
@@ -183,7 +183,8 @@ class FedLocalHParams(FedLocalClientHParams):
 def pseudo_gradient(
     correction: str, current: Mapping[str, np.ndarray], aggregates: Mapping[str, NamedArrays], keys: Iterable[str]
 ) -> NamedArrays:
-    """Server input ``D̄`` (float64) of the FedOpt step, per ALGORITHMS.md §1.3.
+    """Server input ``D̄`` of the FedOpt step, per ALGORITHMS.md §1.3, in the parameters' dtype and in the round's
+    aggregate buffers (no model-sized allocation when they are the round's own).
 
     none : ``x_t − mean_i x_i`` (from the aggregated local models under ``"arrays"``)
     local: ``mean_i D_i``
@@ -192,13 +193,18 @@ def pseudo_gradient(
     out: NamedArrays = {}
     for k in keys:
         if correction == "none":
-            out[k] = np.asarray(current[k], np.float64) - np.asarray(aggregates[R.MODEL][k], np.float64)
+            x, m = np.asarray(current[k]), aggregates[R.MODEL][k]
+            out[k] = np.subtract(x, m, out=m if owned(m, x) else None)
         elif correction == "local":
-            out[k] = np.asarray(aggregates[D_RECORD][k], np.float64)
+            out[k] = aggregates[D_RECORD][k]
         elif correction == "joint":
-            out[k] = safe_divide(
-                np.asarray(aggregates[D_RECORD][k], np.float64), np.asarray(aggregates[NINV_RECORD][k], np.float64)
-            )
+            d, n = aggregates[D_RECORD][k], np.asarray(aggregates[NINV_RECORD][k])
+            if owned(d, d):
+                zero = n == 0
+                out[k] = np.divide(d, n, out=d, where=~zero)
+                d[zero] = 0.0
+            else:
+                out[k] = safe_divide(d, n)
         else:
             raise ValueError(f"unknown correction {correction!r}; valid: {', '.join(CORRECTIONS)}")
     return out
@@ -341,7 +347,7 @@ class FedLocal(FedAdaptStrategy):
         sync_keys = (*self.hparams.sync_records(), STEP_OFFSET)
         new_params, opt_state = self.opt.step(
             {k: current[k] for k in keys}, d_bar, {k: v for k, v in state.items() if k not in sync_keys},
-            step=inputs.num_updates + 1, server_round=inputs.server_round,
+            step=inputs.num_updates + 1, server_round=inputs.server_round, in_place=True,
         )
         new_state: ServerState = dict(opt_state)
         if self.hparams.sync:

@@ -45,7 +45,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer, Named
-from ..core.ops import NamedArrays, averaging_step
+from ..core.ops import NamedArrays, averaging_step, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
 from ..core.validation import RecordSpec
@@ -77,9 +77,9 @@ def mimelite_direction(base: str, g: Any, m: Any, v: Any, *, beta1: float, beta2
 def update_statistics(
     base: str, state: Mapping[str, NamedArrays], g_bar: Mapping[str, np.ndarray], *, beta1: float, beta2: float
 ) -> dict[str, NamedArrays]:
-    """The server statistics (float64) after a round: ``m ← β1·m + (1−β1)·ḡ``; Adam ``v ← β2·v + (1−β2)·ḡ²``;
-    AdaGrad ``v ← v + ḡ²``."""
-    g = {k: np.asarray(a, np.float64) for k, a in g_bar.items()}  # replies may be float32
+    """The server statistics after a round (in the statistics' dtype = the model's): ``m ← β1·m + (1−β1)·ḡ``;
+    Adam ``v ← β2·v + (1−β2)·ḡ²``; AdaGrad ``v ← v + ḡ²``."""
+    g = {k: np.asarray(a) for k, a in g_bar.items()}
     new: dict[str, NamedArrays] = {}
     if MOMENTUM in state:
         new[MOMENTUM] = {k: beta1 * m + (1.0 - beta1) * g[k] for k, m in state[MOMENTUM].items()}
@@ -146,7 +146,7 @@ class MimeLite(FedAdaptStrategy):
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         keys = self.trainable(arrays)
-        return {r: {k: np.zeros(np.shape(arrays[k]), np.float64) for k in keys} for r in STATISTICS[self.hparams.base]}
+        return {r: state_like(arrays, keys) for r in STATISTICS[self.hparams.base]}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
         assert self.server_state is not None and self.current is not None
@@ -155,9 +155,9 @@ class MimeLite(FedAdaptStrategy):
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         hp = self.hparams
         mean = inputs.aggregates[R.MODEL]
-        _, new_params = averaging_step(inputs.current, mean, inputs.trainable, hp.server_lr)
+        new_params, _ = averaging_step(inputs.current, mean, inputs.trainable, hp.server_lr)
         new_state = update_statistics(hp.base, state, inputs.aggregates[FULL_GRADIENT], beta1=hp.beta1, beta2=hp.beta2)
-        return self.merge_buffers(cast_like(new_params, inputs.current), inputs.current, mean), new_state, {}
+        return self.merge_buffers(new_params, inputs.current, mean), new_state, {}
 
 
 register(

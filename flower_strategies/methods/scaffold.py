@@ -46,7 +46,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, averaging_step, decayed_lr
+from ..core.ops import NamedArrays, averaging_step, decayed_lr, owned, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
 
@@ -118,7 +118,7 @@ class Scaffold(FedAdaptStrategy):
         return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
-        return {SERVER_CONTROL: {k: np.zeros(np.shape(arrays[k]), np.float64) for k in self.trainable(arrays)}}
+        return {SERVER_CONTROL: state_like(arrays, self.trainable(arrays))}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
         assert self.current is not None and self.server_state is not None
@@ -127,9 +127,12 @@ class Scaffold(FedAdaptStrategy):
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean, delta_sum = inputs.current, inputs.aggregates[R.MODEL], inputs.aggregates[CONTROL_DELTA]
         n_total = self.hparams.num_clients or inputs.nodes_seen or len(inputs.reply_metrics)
-        _, new = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # x − η_g·(x − mean y)
-        control = {k: state[SERVER_CONTROL][k] + np.asarray(delta_sum[k], np.float64) / n_total for k in inputs.trainable}
-        return self.merge_buffers(cast_like(new, current), current, mean), {SERVER_CONTROL: control}, {"num-clients-total": n_total}
+        new, _ = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # x − η_g·(x − mean y)
+        control = {}
+        for k in inputs.trainable:  # c + Σ Δc_i / N, into the round's Σ Δc_i buffers
+            c, d = state[SERVER_CONTROL][k], delta_sum[k]
+            control[k] = np.add(c, np.divide(d, n_total, out=d if owned(d, c) else None), out=d if owned(d, c) else None)
+        return self.merge_buffers(new, current, mean), {SERVER_CONTROL: control}, {"num-clients-total": n_total}
 
 
 register(
