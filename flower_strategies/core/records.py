@@ -17,6 +17,7 @@ Records are addressed by name, never by position.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping
 from functools import lru_cache
@@ -94,16 +95,28 @@ def views(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: view(v) for k, v in record.items()}
 
 
+def to_array(arr: np.ndarray) -> Array:
+    """``Array(arr)`` with the same ``.npy`` bytes, built with one copy (Flower's constructor writes through a BytesIO
+    buffer and copies the payload twice, which is a transient extra copy of the largest tensor)."""
+    arr = np.asarray(arr)
+    if arr.dtype.hasobject or not arr.flags.c_contiguous:
+        return Array(np.array(arr, order="C"))
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(arr))
+    data = b"".join((head.getvalue(), memoryview(arr.reshape(-1)).cast("B")))
+    return Array(dtype=str(arr.dtype), shape=tuple(arr.shape), stype="numpy.ndarray", data=data)
+
+
 def to_record(arrays: Mapping[str, np.ndarray], consume: bool = False) -> ArrayRecord:
     """Serialise named arrays into an ArrayRecord.  ``consume=True`` empties ``arrays`` (a dict) as it goes, so an
     array whose last reference was the dict is freed once serialised: the record replaces the arrays instead of
     doubling them."""
     if not consume:
-        return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
+        return ArrayRecord({k: to_array(v) for k, v in arrays.items()})
     assert isinstance(arrays, dict)
     out = {}
     for k in list(arrays):
-        out[k] = Array(np.asarray(arrays.pop(k), order="C"))
+        out[k] = to_array(arrays.pop(k))
     return ArrayRecord(out)
 
 
