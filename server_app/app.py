@@ -6,7 +6,7 @@
    sampling with the run's seed picks the same partitions whatever node ids the runtime assigned.
 3. Runs the strategy, evaluating the global model centrally on the held-out test split after every round;
    writes ``<output-dir>/<run-name>/metrics.jsonl`` + ``metrics.csv``, prints one progress line per round
-   and saves ``model.pt`` and ``summary.json`` at the end.
+   and saves ``model.pt``, ``summary.json`` and (``learning-curve``) ``learning_curve.png`` at the end.
 4. With ``checkpoint-every > 0`` writes a data-only ``checkpoint.npz`` (:mod:`flower_strategies.core.checkpoint`)
    on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.  Such runs
    carry a run token (in the checkpoint; a resumed run sends the same one) that names the clients' node-local
