@@ -15,11 +15,11 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flower_strategies.core import records as R
-from flower_strategies.core.client import train_reply
+from flower_strategies.core.client import record_tensors, train_reply
 from .client_state import BASE, KEEP, KEY, STATUS, store_for
 from .config import parse as app_config
 
@@ -109,24 +109,30 @@ def model_for(fed, device: torch.device) -> Any:
     return model
 
 
+def _holds_state(context: Context) -> bool:
+    """Whether the node's ``Context.state`` holds saved client state (ArrayRecords ``fedadapt.<name>``)."""
+    return any(n.startswith(R.STATE_PREFIX) and isinstance(r, ArrayRecord) for n, r in context.state.items())
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train one round.  In runs that write checkpoints the method's client state is also kept on the node's disk
     (:mod:`client_app.client_state`), so that a resumed run continues it exactly."""
     fed, pid, x, y = client_data(context)
     model = model_for(fed, device_of(context, fed.device))
-    config = msg.content.config_records.get(R.CONFIG, {})
+    config = msg.content.get(R.CONFIG)
+    config = config if isinstance(config, ConfigRecord) else {}
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
-    held = any(n.startswith(R.STATE_PREFIX) for n in context.state.array_records)
+    held = _holds_state(context)
     base = int(config.get(BASE, 0))
     status = store.load(context.state, server_round, context.run_id, base) if store else ("memory" if held else "fresh")
     content = train_reply(
         model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
-        state=context.state, seed=fed.seed, client_key=pid,
+        state=context.state, seed=fed.seed, client_key=pid, loss_before=fed.train_loss_before,
     )
     content[R.METRICS]["partition-id"] = pid
-    if config.get(KEY) and any(n.startswith(R.STATE_PREFIX) for n in context.state.array_records):  # stateful
+    if config.get(KEY) and _holds_state(context):  # stateful
         if store is not None:
             store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id, base)
         content[R.REPLY_INFO][STATUS] = status
@@ -139,7 +145,7 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     fed, _, x, y = client_data(context)
     device = device_of(context, fed.device)
     model = model_for(fed, device)
-    model.load_state_dict(msg.content[R.MODEL].to_torch_state_dict())
+    model.load_state_dict(record_tensors(msg.content[R.MODEL], copy=False))
     metrics = evaluate(model, x.to(device), y.to(device), fed.task)
     return Message(content=RecordDict({R.METRICS: MetricRecord({**metrics, R.NUM_EXAMPLES: len(x)})}), reply_to=msg)
 

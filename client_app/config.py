@@ -51,6 +51,8 @@ class AppConfig(StrategyConfig):
     device: str = param("auto", choices=("auto", "cpu", "cuda"), help="where ClientApps train: auto = cuda when available (a SuperNode's node-config `device` overrides it; with Ray give clients GPUs via client-resources-num-gpus)")
     max_idle_rounds: int = param(3, lo=0, help="end the run as failed after this many consecutive rounds without a model update (every reply rejected or missing); 0 = never. A run in which no round updated the model always fails")
     test_max_examples: int = param(0, lo=0, help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all 360; shakespeare-lstm: 2,000)")
+    train_loss_before: bool = param(True, help="clients report train-loss-before, the received model's loss on their data (one extra forward pass over it per round; localupdatedecay's controller needs it); false = skip it")
+    learning_curve: bool = param(True, help="write learning_curve.png (matplotlib, ~0.3 s) at the end of the run; false = skip it")
     presets: bool = param(True, help="apply the task's tuned per-method learning rates (server_app/presets.py) to the keys left at their defaults; false = the declared defaults")
 
 

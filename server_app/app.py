@@ -6,7 +6,7 @@
    sampling with the run's seed picks the same partitions whatever node ids the runtime assigned.
 3. Runs the strategy, evaluating the global model centrally on the held-out test split after every round;
    writes ``<output-dir>/<run-name>/metrics.jsonl`` + ``metrics.csv``, prints one progress line per round
-   and saves ``model.pt`` and ``summary.json`` at the end.
+   and saves ``model.pt``, ``summary.json`` and (``learning-curve``) ``learning_curve.png`` at the end.
 4. With ``checkpoint-every > 0`` writes a data-only ``checkpoint.npz`` (:mod:`flower_strategies.core.checkpoint`)
    on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.  Such runs
    carry a run token (in the checkpoint; a resumed run sends the same one) that names the clients' node-local
@@ -37,8 +37,11 @@ from client_app.config import parse as app_config
 from client_app.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
+from flower_strategies.core.client import record_tensors
+from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
+from flower_strategies.methods.localupdate import LocalUpdateDecay
 
 from . import plots, presets
 from .loop import run_rounds
@@ -142,6 +145,9 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy, fed = build_strategy(run_config, trainable_keys=trainable, settings=AppConfig)
     assert isinstance(fed, AppConfig)
+    if not fed.train_loss_before and isinstance(strategy, LocalUpdateDecay):
+        raise ConfigError(f"train-loss-before = false: {fed.method}'s plateau controller decays the learning rates "
+                          "on the clients' train-loss-before; set train-loss-before = true")
     return fed, model, strategy
 
 
@@ -297,7 +303,7 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         log(INFO, "fedadapt: resuming from %s after round %d", fed.resume, start_round - 1)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        model.load_state_dict(arrays.to_torch_state_dict())
+        model.load_state_dict(record_tensors(arrays, copy=False))
         m = evaluate(model, x_test, y_test, fed.task)
         row = writer.add(round_row(server_round, m, strategy.history))
         print(progress_line(row, fed.num_server_rounds), flush=True)
@@ -333,7 +339,8 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
             final = R.to_record(strategy.current) if updated and strategy.current is not None else final
     model.load_state_dict(final.to_torch_state_dict())
     torch.save(model.state_dict(), out / "model.pt")
-    plots.write_learning_curve(writer.rows, out, f"{fed.method} on {fed.task}")
+    if fed.learning_curve:
+        plots.write_learning_curve(writer.rows, out, f"{fed.method} on {fed.task}")
     summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0, resumed_after,
                             checkpointer, None if failure is None else str(failure), report.counts)
     if failure is not None:

@@ -1,4 +1,5 @@
-"""Per-round metrics: ``metrics.jsonl`` (appended as rounds finish) and ``metrics.csv`` (rewritten).
+"""Per-round metrics: ``metrics.jsonl`` and ``metrics.csv``, appended as rounds finish (the CSV is rewritten only when
+a row brings a new column).
 
 Every line of ``metrics.jsonl`` is strict JSON: a non-finite value (e.g. the test loss of a diverged model) is
 written as ``null``, never as the ``NaN``/``Infinity`` tokens strict parsers refuse.
@@ -38,6 +39,7 @@ class MetricsWriter:
             raise ConfigError(f"output-dir: cannot write the run's metrics to {out_dir} ({err}); "
                               f"set output-dir (and run-name) to a writable directory") from None
         self.rows: list[dict[str, Any]] = []
+        self._columns: list[str] | None = None  # metrics.csv's header as written
         self._t = time.monotonic()
 
     def add(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -47,7 +49,11 @@ class MetricsWriter:
         self.rows.append(row)
         with self.jsonl.open("a") as fh:
             fh.write(json.dumps(row, sort_keys=True, allow_nan=False) + "\n")
-        self._write_csv()
+        if self._columns is not None and row.keys() <= set(self._columns):  # same header: append the row
+            with self.csv.open("a", newline="") as fh:
+                csv.DictWriter(fh, fieldnames=self._columns).writerow(row)
+        else:
+            self._write_csv()
         return row
 
     def restore(self, rows: list[dict[str, Any]]) -> None:
@@ -57,7 +63,8 @@ class MetricsWriter:
         self._write_csv()
 
     def _write_csv(self) -> None:
-        cols = COLUMNS + sorted({k for r in self.rows for k in r} - set(COLUMNS))
+        """Rewrite metrics.csv (a row with a new column changes the header; other rows are appended by add)."""
+        cols = self._columns = COLUMNS + sorted({k for r in self.rows for k in r} - set(COLUMNS))
         with self.csv.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=cols)
             w.writeheader()

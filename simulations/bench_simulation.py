@@ -4,18 +4,25 @@
     python -m simulations.bench_simulation --ray               # + the Ray simulation (python -m simulations.launch sim)
     python -m simulations.bench_simulation --nodes 3 --rounds 2 --epochs 1   # smoke run (the test uses it)
 
-For every (E, N) it prints the wall time of
+For every (E, N) it prints the CPU and wall time of
 
 * ``plain``  — a hand-written loop: build the model, then per round and client: load the global weights, plain
   ``torch.optim.SGD`` over exactly the mini-batches of ``core/client.py``'s ``batch_indices`` (same seed, round,
-  client key), then the example-weighted average of the client models (the data are loaded once, before timing);
-* ``engine`` — :func:`simulations.engine.run_inprocess`: the real ServerApp + ClientApp in this process (which also
-  computes ``train-loss-before`` on each client's data and a central test evaluation every round — part of what
-  the framework delivers);
-* ``ray``    (``--ray``) — a real ``python -m simulations.launch sim`` run; its steady state is the mean of the
-  ``seconds`` column of ``metrics.jsonl`` over the rounds after the first (start-up of Ray excluded), × rounds;
+  client key), then the example-weighted average of the client models (the data are loaded once, before timing;
+  the final test evaluation is not timed);
+* ``engine`` — :func:`simulations.engine.run_inprocess`: the real ServerApp + ClientApp in this process, every
+  message a real Flower ``Message`` with serialised ``ArrayRecord``s, with ``train-loss-before = false`` and
+  ``learning-curve = false`` (:data:`LEAN`: the plain loop computes neither) — it still validates every reply,
+  evaluates the global model centrally on the test split after every round (11 evaluations), writes
+  ``metrics.jsonl``/``metrics.csv``, ``model.pt`` and ``summary.json``;
+* ``defaults`` — the same run with the app's defaults (+ ``train-loss-before``: one forward pass over each client's
+  data per round, + ``learning_curve.png``); CPU seconds only;
+* ``ray``    (``--ray``) — a real ``python -m simulations.launch sim`` run (lean settings); its steady state is the
+  mean of the ``seconds`` column of ``metrics.jsonl`` over the rounds after the first (start-up of Ray excluded),
+  × rounds;
 
-and the ratios ``engine / plain`` and ``ray / plain`` (target ≤ 1.10).  Every row runs in a fresh child process.
+and the ratios ``engine / plain`` and ``ray / plain`` (target ≤ 1.10).  Every measurement runs in a fresh child
+process (imports and torch's first-call initialisation are done before timing: not a per-run cost).
 """
 
 from __future__ import annotations
@@ -44,10 +51,15 @@ def warm_up() -> None:
     opt.step()
 
 
-def run_config(nodes: int, rounds: int, epochs: int, out: str) -> dict:
+#: What the plain loop does not do either: the clients' train-loss-before and the learning-curve plot.
+LEAN = {"train-loss-before": False, "learning-curve": False}
+
+
+def run_config(nodes: int, rounds: int, epochs: int, out: str, lean: bool = True) -> dict:
     return {"method": "fedavg", "task": "digits-mlp", "num-server-rounds": rounds, "local-epochs": epochs,
             "min-available-nodes": nodes, "min-train-nodes": nodes, "partitioner": "iid", "seed": 0,
-            "client-lr": 0.1, "batch-size": 32, "output-dir": out, "run-name": f"bench-n{nodes}-e{epochs}"}
+            "client-lr": 0.1, "batch-size": 32, "output-dir": out,
+            "run-name": f"bench-n{nodes}-e{epochs}{'' if lean else '-defaults'}", **(LEAN if lean else {})}
 
 
 # ------------------------------------------------------------------------------------------ children
@@ -89,10 +101,11 @@ def plain(nodes: int, rounds: int, epochs: int) -> dict:
     return {"seconds": seconds, "cpu": cpu, "accuracy": accuracy, "np": np.__version__}
 
 
-def engine(nodes: int, rounds: int, epochs: int, out: str) -> dict:
+def engine(nodes: int, rounds: int, epochs: int, out: str, lean: bool = True) -> dict:
+    import matplotlib.pyplot  # noqa: F401  (imports are not the engine's per-run cost)
     import torch
 
-    import client_app.app  # noqa: F401  (imports are not the engine's per-run cost)
+    import client_app.app  # noqa: F401
     import server_app.app  # noqa: F401
     from client_app.task import digits_partition
     from simulations.engine import run_inprocess
@@ -100,7 +113,7 @@ def engine(nodes: int, rounds: int, epochs: int, out: str) -> dict:
     torch.set_num_threads(1)
     for i in range(nodes):  # the data set split once, as the plain loop's data are loaded before timing
         digits_partition(i, nodes, partitioner="iid", seed=0)
-    cfg = run_config(nodes, rounds, epochs, out)
+    cfg = run_config(nodes, rounds, epochs, out, lean)
     warm_up()
     t0, c0 = time.perf_counter(), time.process_time()
     summary = run_inprocess(cfg, nodes)
@@ -143,12 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray", action="store_true", help="also run the Ray simulation (N = 10 only unless --ray-all)")
     ap.add_argument("--ray-all", action="store_true", help="Ray for every N too")
     ap.add_argument("--out", default="", help="output directory of the runs (default: a temporary one)")
-    ap.add_argument("--child", choices=("plain", "engine", "ray"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("plain", "engine", "defaults", "ray"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         n, e = args.nodes[0], args.epochs[0]
-        res = plain(n, args.rounds, e) if args.child == "plain" else \
-            (engine if args.child == "engine" else ray)(n, args.rounds, e, args.out)
+        if args.child == "plain":
+            res = plain(n, args.rounds, e)
+        elif args.child == "ray":
+            res = ray(n, args.rounds, e, args.out)
+        else:
+            res = engine(n, args.rounds, e, args.out, lean=args.child == "engine")
         print(json.dumps(res))
         return 0
 
@@ -158,24 +175,30 @@ def main(argv: list[str] | None = None) -> int:
     for e in args.epochs:
         for n in args.nodes:
             r = {"E": e, "N": n, "plain": measure("plain", n, args.rounds, e, out),
-                 "engine": measure("engine", n, args.rounds, e, out)}
+                 "engine": measure("engine", n, args.rounds, e, out),
+                 "defaults": measure("defaults", n, args.rounds, e, out)}
             if args.ray and (n == 10 or args.ray_all):
                 r["ray"] = measure("ray", n, args.rounds, e, out)
             rows.append(r)
             print(f"  measured E={e} N={n}", file=sys.stderr, flush=True)
     print(f"\ndigits-mlp, fedavg, {args.rounds} rounds, batch 32, iid; seconds (final test accuracy)")
-    print("engine = the whole run_inprocess call (strategy, test set, 11 central evaluations, metrics files, model.pt);"
+    print("engine = the whole run_inprocess call with " + ", ".join(f"{k}={str(v).lower()}" for k, v in LEAN.items())
+          + " (strategy, reply validation, test set, 11 central evaluations, metrics files, model.pt, summary.json);"
+          " defaults = the same run with the app's defaults (+ train-loss-before, + learning_curve.png);"
           " cpu = process CPU seconds (one torch thread; robust on a shared machine), wall = wall seconds;"
           " steady = mean wall time of rounds >= 2 (metrics.jsonl seconds) x rounds")
-    print(f"{'E':>2s} {'N':>4s} {'plain cpu':>9s} {'engine cpu':>10s} {'cpu ratio':>9s} | {'plain wall':>10s} "
-          f"{'engine wall':>11s} {'eng steady':>10s} {'ray steady':>10s} {'wall ratio':>10s} {'ray/plain':>9s} | accuracy")
+    print(f"{'E':>2s} {'N':>4s} {'plain cpu':>9s} {'engine cpu':>10s} {'cpu ratio':>9s} {'defaults':>8s} {'ratio':>6s} | "
+          f"{'plain wall':>10s} {'engine wall':>11s} {'eng steady':>10s} {'ray steady':>10s} {'wall ratio':>10s} "
+          f"{'ray/plain':>9s} | accuracy")
     for r in rows:
-        p, g, y = r["plain"], r["engine"], r.get("ray")
+        p, g, d, y = r["plain"], r["engine"], r["defaults"], r.get("ray")
         ray_s = f"{y['seconds']:10.2f}" if y else f"{'-':>10s}"
         ray_ratio = f"{y['seconds'] / p['seconds']:8.2f}x" if y else f"{'-':>9s}"
-        print(f"{r['E']:>2d} {r['N']:>4d} {p['cpu']:9.2f} {g['cpu']:10.2f} {g['cpu'] / p['cpu']:8.2f}x | "
+        print(f"{r['E']:>2d} {r['N']:>4d} {p['cpu']:9.2f} {g['cpu']:10.2f} {g['cpu'] / p['cpu']:8.2f}x "
+              f"{d['cpu']:8.2f} {d['cpu'] / p['cpu']:5.2f}x | "
               f"{p['seconds']:10.2f} {g['seconds']:11.2f} {g['steady']:10.2f} {ray_s} {g['seconds'] / p['seconds']:9.2f}x "
-              f"{ray_ratio} | {p['accuracy']:.3f} {g['accuracy']:.3f}{' ' + format(y['accuracy'], '.3f') if y else ''}")
+              f"{ray_ratio} | {p['accuracy']:.3f} {g['accuracy']:.3f} {d['accuracy']:.3f}"
+              f"{' ' + format(y['accuracy'], '.3f') if y else ''}")
     print("target: engine/plain and ray/plain <= 1.10")
     if not args.out:
         shutil.rmtree(out, ignore_errors=True)

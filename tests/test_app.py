@@ -238,3 +238,40 @@ def test_metrics_row_carries_the_round_log_and_the_methods_round_metrics():
                    "replies-used": 2, "replies-rejected": 1, "replies-missing": 1, "bytes-down": 40, "bytes-up": 20,
                    "updated": True, "client-lr": 0.05, "server-lr": 0.5, "rejections": "node 3: NaN"}
     assert round_row(0, {"loss": 1.0}, [log]) == {"round": 0, "test-loss": 1.0}  # round 0: evaluation only
+
+
+def test_lean_settings_skip_only_loss_before_and_the_plot(tmp_path):
+    """``train-loss-before = false`` and ``learning-curve = false`` (what bench_simulation's engine column uses) change
+    nothing but the skipped metric and the png: the same model and every other metric, bit for bit."""
+    cfg = {**BASE, "method": "fedavg", "output-dir": str(tmp_path), "seed": 2}
+    run_inprocess({**cfg, "run-name": "full"}, 4)
+    run_inprocess({**cfg, "run-name": "lean", "train-loss-before": False, "learning-curve": False}, 4)
+    full, lean = read_rows(tmp_path / "full" / "metrics.jsonl"), read_rows(tmp_path / "lean" / "metrics.jsonl")
+    assert all(r["train-loss-before"] is not None for r in full[1:])
+    assert all(r.get("train-loss-before") is None for r in lean)
+    drop = {"seconds", "train-loss-before"}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in lean] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in full]
+    a, b = torch.load(tmp_path / "full" / "model.pt"), torch.load(tmp_path / "lean" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "full" / "learning_curve.png").is_file() and not (tmp_path / "lean" / "learning_curve.png").exists()
+
+
+def test_skipping_loss_before_is_refused_for_the_method_that_needs_it(tmp_path):
+    from flower_strategies.core.hparams import ConfigError
+
+    with pytest.raises(ConfigError, match="train-loss-before"):
+        run_inprocess({**BASE, "method": "localupdatedecay", "output-dir": str(tmp_path), "train-loss-before": False}, 2)
+
+
+def test_metrics_csv_appended_per_round_equals_a_full_rewrite(tmp_path):
+    """Rows are appended; a row with a new column rewrites the file: the result is what rewriting every round gave."""
+    from server_app.metrics import MetricsWriter
+
+    w = MetricsWriter(tmp_path)
+    for row in ({"round": 0, "test-loss": 1.0}, {"round": 1, "test-loss": 0.5, "extra": 2},
+                {"round": 2, "test-loss": 0.25}, {"round": 3, "test-loss": 0.125, "z": 1}, {"round": 4, "extra": 3}):
+        w.add(row)
+        appended = (tmp_path / "metrics.csv").read_text()
+        w._write_csv()
+        assert (tmp_path / "metrics.csv").read_text() == appended

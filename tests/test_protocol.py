@@ -211,3 +211,30 @@ def test_server_update_producing_nan_keeps_previous_model():
     s, _ = configured(Broken())
     out, _ = s.aggregate_train(1, [good(1, 1.0)])
     assert out is None and s.num_updates == 0
+
+
+def test_client_serialisation_is_byte_identical_to_flowers_and_loads_the_same_tensors():
+    """``tensor_record`` (cached .npy header, no np.save per array) gives the same bytes as ``ArrayRecord(state_dict)``;
+    ``record_tensors`` (zero-copy views, no np.load) the same tensors as ``to_torch_state_dict``."""
+    import torch
+    from flwr.app import ArrayRecord
+
+    from flower_strategies.core.client import record_tensors, tensor_record
+
+    named = {"w": torch.randn(3, 4), "b": torch.randn(4, dtype=torch.float64), "n": torch.tensor(7),
+             "s": torch.tensor(2.5), "e": torch.zeros(0, 3), "m": torch.tensor([True, False]),
+             "t": torch.randn(4, 3).t()}  # not C-contiguous: Flower's own path
+    ours, theirs = tensor_record(named), ArrayRecord(named)
+    assert list(ours) == list(theirs)
+    for k in named:
+        assert (ours[k].dtype, ours[k].shape, ours[k].stype, ours[k].data) == \
+               (theirs[k].dtype, theirs[k].shape, theirs[k].stype, theirs[k].data), k
+    ref = theirs.to_torch_state_dict()
+    for copy in (True, False):
+        got = record_tensors(theirs, copy=copy)
+        assert list(got) == list(ref)
+        for k in ref:
+            assert got[k].dtype == ref[k].dtype and torch.equal(got[k], ref[k]), k
+    fresh = record_tensors(theirs)["w"]
+    fresh += 1  # copies are writable and do not touch the message
+    assert torch.equal(theirs.to_torch_state_dict()["w"], named["w"])

@@ -25,12 +25,15 @@ hyper-parameters in the same ConfigRecord.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import lru_cache
+from io import BytesIO
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from . import records as R
@@ -124,9 +127,49 @@ def local_train(
     return {R.NUM_STEPS: float(taken), R.TRAIN_LOSS: total / max(steps, 1)}
 
 
+# ------------------------------------------------------------------ ArrayRecord ⇄ torch without np.load/np.save
+def record_tensors(record: ArrayRecord, *, copy: bool = True) -> dict[str, Tensor]:
+    """The arrays of ``record`` as CPU tensors: the same values and dtypes as ``record.to_torch_state_dict()``
+    without its per-array ``np.load`` (header parse).  ``copy=False``: tensors sharing the message's bytes
+    (zero-copy; never write to them — only for reading, e.g. ``load_state_dict``, which copies)."""
+    if copy:
+        return {k: torch.from_numpy(np.array(v)) for k, v in R.views(record).items()}
+    with warnings.catch_warnings():  # torch warns (once per process) that the buffer is not writable
+        warnings.simplefilter("ignore", UserWarning)
+        return {k: torch.from_numpy(v) for k, v in R.views(record).items()}
+
+
+@lru_cache(maxsize=1024)
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for a C-ordered array of ``dtype`` and ``shape`` (taken from
+    ``np.save`` itself, so the payload is byte-identical to Flower's ``Array(ndarray)``)."""
+    buf = BytesIO()
+    np.save(buf, np.zeros(shape, dtype=dtype), allow_pickle=False)
+    return buf.getvalue()[: buf.tell() - int(np.prod(shape, dtype=np.int64)) * dtype.itemsize]
+
+
+def tensor_array(t: Tensor) -> Array:
+    """``Array(t)`` with the same bytes, serialised without ``np.save``'s per-call overhead (one copy)."""
+    a = t.detach().cpu().numpy()
+    if not a.flags.c_contiguous or a.dtype.kind not in "biufc":
+        return Array(a)
+    return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray",
+                 data=_npy_header(a.dtype, a.shape) + a.tobytes())
+
+
+def tensor_record(tensors: Mapping[str, Tensor]) -> ArrayRecord:
+    """``ArrayRecord(tensors)`` (a state dict / named tensors), byte-identical, via :func:`tensor_array`."""
+    return ArrayRecord(array_dict={k: tensor_array(v) for k, v in tensors.items()})
+
+
+def _records(content: RecordDict, kind: type) -> Iterator[tuple[str, Any]]:
+    """``content``'s records of type ``kind`` (``RecordDict.array_records`` & co. build a new typed dict per call)."""
+    return ((name, rec) for name, rec in content.items() if isinstance(rec, kind))
+
+
 def downlink_records(content: RecordDict) -> dict[str, dict[str, Tensor]]:
     """The named extra records of a train message (everything but the model), as torch tensors."""
-    return {name: rec.to_torch_state_dict() for name, rec in content.array_records.items() if name != R.MODEL}
+    return {name: record_tensors(rec) for name, rec in _records(content, ArrayRecord) if name != R.MODEL}
 
 
 def load_client_state(state: RecordDict | None) -> dict[str, dict[str, Tensor]]:
@@ -134,15 +177,15 @@ def load_client_state(state: RecordDict | None) -> dict[str, dict[str, Tensor]]:
     if state is None:
         return {}
     return {
-        name[len(R.STATE_PREFIX):]: rec.to_torch_state_dict()
-        for name, rec in state.array_records.items()
+        name[len(R.STATE_PREFIX):]: record_tensors(rec)
+        for name, rec in _records(state, ArrayRecord)
         if name.startswith(R.STATE_PREFIX)
     }
 
 
 def save_client_state(state: RecordDict, arrays: Mapping[str, Mapping[str, Tensor]]) -> None:
     for name, named in arrays.items():
-        state[R.STATE_PREFIX + name] = ArrayRecord({k: v.detach().cpu() for k, v in named.items()})
+        state[R.STATE_PREFIX + name] = tensor_record(named)
 
 
 class ClientRound:
@@ -160,14 +203,15 @@ class ClientRound:
     def __init__(self, content: RecordDict, state: RecordDict | None = None) -> None:
         from .registry import get_method  # local import: the registry imports the strategy base
 
-        if R.CONFIG not in content.config_records or R.METHOD not in content.config_records[R.CONFIG]:
+        config = content.get(R.CONFIG)
+        if not isinstance(config, ConfigRecord) or R.METHOD not in config:
             raise ValueError(
                 f"the train message has no '{R.CONFIG}' ConfigRecord naming the method: it was not sent by a "
                 "fedadapt strategy"
             )
         self.content = content
         self.state = state
-        self.config: dict[str, Any] = dict(content.config_records[R.CONFIG])
+        self.config: dict[str, Any] = dict(config)
         self.spec = get_method(str(self.config[R.METHOD]))
 
     # ----------------------------------------------------------------- the round's plan
@@ -221,7 +265,7 @@ class ClientRound:
     # ----------------------------------------------------------------- model, optimizer, reply
     def load_model(self, model: nn.Module) -> None:
         """Load the global model x_t into ``model`` (on whatever device it lives)."""
-        model.load_state_dict(self.content.array_records[R.MODEL].to_torch_state_dict(), strict=True)
+        model.load_state_dict(record_tensors(self.content[R.MODEL], copy=False), strict=True)
 
     def optimizer(
         self, model: nn.Module, *, num_examples: int | None = None, full_gradient: Mapping[str, Tensor] | None = None
@@ -265,9 +309,9 @@ class ClientRound:
             save_client_state(self.state, optimizer.client_state())
         reply = RecordDict()
         if optimizer.sends_model:
-            reply[R.MODEL] = ArrayRecord(model.state_dict())
+            reply[R.MODEL] = tensor_record(model.state_dict())
         for name, arrays in uplink.items():
-            reply[name] = ArrayRecord({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
+            reply[name] = tensor_record({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
         out: dict[str, float] = dict(metrics or {})
         out[R.NUM_EXAMPLES] = int(num_examples)
         out[R.NUM_STEPS] = float(optimizer.steps_taken)
@@ -321,6 +365,7 @@ def train_reply(
     seed: int = 0,
     client_key: int = 0,
     batch_fn: Callable[[Any], Batch] | None = None,
+    loss_before: bool = True,
 ) -> RecordDict:
     """Do one fedadapt training round and return the reply ``RecordDict``.
 
@@ -329,17 +374,18 @@ def train_reply(
     ``train_reply(model, content, loader, loss_fn)``: any iterable of ``(x, y)`` batches (e.g. a DataLoader with
     your transforms), re-iterated for the round's planned steps; ``batch_fn`` maps a loader item to ``(x, y)``.
     Batches are moved to the model's device.  ``state`` is the node's ``Context.state`` (persistent client
-    state, records ``fedadapt.<name>``).
+    state, records ``fedadapt.<name>``).  ``loss_before=False`` skips ``train-loss-before`` (the received model's
+    mean loss over all local data: one forward pass over them) — for methods whose server does not read it.
     """
     rnd = ClientRound(content, state)
     rnd.load_model(model)
     device = next(model.parameters()).device
     if isinstance(data, Tensor):
         x, (y, loss_fn) = data, args
-        return _train_tensors(rnd, model, x.to(device), y.to(device), loss_fn, seed, client_key)
+        return _train_tensors(rnd, model, x.to(device), y.to(device), loss_fn, seed, client_key, loss_before)
     (loss_fn,) = args
     n = _dataset_len(data)
-    loss_before = mean_loss_loader(model, data, loss_fn, batch_fn)
+    before = mean_loss_loader(model, data, loss_fn, batch_fn) if loss_before else None
     grad = full_gradient_from(model, data, loss_fn, batch_fn) if rnd.needs_full_gradient else None
     optimizer = rnd.optimizer(model, num_examples=n, full_gradient=grad)
     model.train()
@@ -350,7 +396,7 @@ def train_reply(
         loss.backward()
         optimizer.step()
         total, steps = total + float(loss.detach()), steps + 1
-    return rnd.reply(model, optimizer, num_examples=n, train_loss=total / max(steps, 1), train_loss_before=loss_before)
+    return rnd.reply(model, optimizer, num_examples=n, train_loss=total / max(steps, 1), train_loss_before=before)
 
 
 @torch.no_grad()
@@ -370,9 +416,11 @@ def mean_loss_loader(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
 
 
 def _train_tensors(rnd: ClientRound, model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn,
-                   seed: int, client_key: int) -> RecordDict:
+                   seed: int, client_key: int, with_loss_before: bool = True) -> RecordDict:
     sample = loss_before_sample(len(x), rnd.config, seed, client_key)
-    if sample is None:
+    if not with_loss_before:
+        loss_before = None
+    elif sample is None:
         loss_before = mean_loss(model, x, y, loss_fn)
     else:
         idx = torch.from_numpy(sample).to(x.device)

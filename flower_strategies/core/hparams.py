@@ -15,6 +15,7 @@ import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound="HParams")
@@ -51,12 +52,24 @@ def to_key(name: str) -> str:
     return name.replace("_", "-")
 
 
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, once per class (it re-evaluates every annotation string on each call, and
+    every local optimizer and hyper-parameter object of every client round needs it)."""
+    return typing.get_type_hints(cls)
+
+
+@cache
+def _client_fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("client"))
+
+
 @dataclass(frozen=True)
 class HParams:
     """Base class: frozen, validated on construction, buildable from a run-config."""
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        hints = _hints(type(self))
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             _check(type(self).__name__ + "." + f.name, value, hints[f.name], f.metadata)
@@ -79,7 +92,7 @@ class HParams:
     ) -> T:
         """Build from the keys of ``config`` that belong to this dataclass (others are ignored); fields absent
         from ``config`` take ``overrides`` (an alias's defaults, by field name), then the declared default."""
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         kwargs: dict[str, Any] = dict(overrides or {})
         for key, f in cls.keys(prefix).items():
             if key in config:
@@ -96,7 +109,7 @@ class HParams:
     @classmethod
     def client_fields(cls) -> tuple[str, ...]:
         """Names of the fields declared with ``client=True`` (the local optimizer's hyper-parameters)."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("client"))
+        return _client_fields(cls)
 
     def client_values(self) -> dict[str, Any]:
         """``{field: value}`` of the client fields (the optimizer's keyword arguments)."""
@@ -109,8 +122,8 @@ class HParams:
     @classmethod
     def client_kwargs_from_wire(cls, config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         """Inverse of :meth:`to_wire`: the optimizer's keyword arguments found in a round's ConfigRecord."""
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints = _hints(cls)
+        fields = cls.__dataclass_fields__
         out: dict[str, Any] = {}
         for name in cls.client_fields():
             key = f"{prefix}.{to_key(name)}"
