@@ -10,7 +10,6 @@ and, in runs that write checkpoints, also in a node-local directory (:mod:`clien
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 

@@ -22,7 +22,7 @@ from tests.helpers import NodesGrid, record, reply
 from tests.reference import fedda_ref as ref
 
 # The paper-001 harness is shared with tests/test_fedda.py.
-from tests.test_fedda import BATCH, CLIENT_LR, DIM, NODES, ROUNDS, RUN_CONFIG, SEED, STEPS, W0, client_data, max_err, run_sim  # noqa: E402
+from tests.test_fedda import BATCH, CLIENT_LR, DIM, SEED, STEPS, W0, client_data, max_err, run_sim  # noqa: E402
 
 
 def model_at(w: np.ndarray = W0) -> torch.nn.Module:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from functools import lru_cache
-from io import BytesIO
 from typing import Any
 
 import numpy as np
@@ -139,22 +137,9 @@ def record_tensors(record: ArrayRecord, *, copy: bool = True) -> dict[str, Tenso
         return {k: torch.from_numpy(v) for k, v in R.views(record).items()}
 
 
-@lru_cache(maxsize=1024)
-def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """The ``.npy`` header ``np.save`` writes for a C-ordered array of ``dtype`` and ``shape`` (taken from
-    ``np.save`` itself, so the payload is byte-identical to Flower's ``Array(ndarray)``)."""
-    buf = BytesIO()
-    np.save(buf, np.zeros(shape, dtype=dtype), allow_pickle=False)
-    return buf.getvalue()[: buf.tell() - int(np.prod(shape, dtype=np.int64)) * dtype.itemsize]
-
-
 def tensor_array(t: Tensor) -> Array:
-    """``Array(t)`` with the same bytes, serialised without ``np.save``'s per-call overhead (one copy)."""
-    a = t.detach().cpu().numpy()
-    if not a.flags.c_contiguous or a.dtype.kind not in "biufc":
-        return Array(a)
-    return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray",
-                 data=_npy_header(a.dtype, a.shape) + a.tobytes())
+    """``Array(t)`` with the same bytes, serialised without ``np.save``'s per-call overhead (:func:`.records.to_array`)."""
+    return R.to_array(t.detach().cpu().numpy())
 
 
 def tensor_record(tensors: Mapping[str, Tensor]) -> ArrayRecord:

@@ -95,15 +95,23 @@ def views(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: view(v) for k, v in record.items()}
 
 
+@lru_cache(maxsize=4096)
+def _npy_prefix(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for a C-ordered array of ``dtype`` and ``shape`` (cached)."""
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                                                "shape": shape})
+    return head.getvalue()
+
+
 def to_array(arr: np.ndarray) -> Array:
-    """``Array(arr)`` with the same ``.npy`` bytes, built with one copy (Flower's constructor writes through a BytesIO
-    buffer and copies the payload twice, which is a transient extra copy of the largest tensor)."""
+    """``Array(arr)`` with the same ``.npy`` bytes, built with one copy and a cached header (Flower's constructor
+    goes through ``np.save`` into a BytesIO buffer: a second, transient copy of the payload and a parsed header per
+    call)."""
     arr = np.asarray(arr)
     if arr.dtype.hasobject or not arr.flags.c_contiguous:
-        return Array(np.array(arr, order="C"))
-    head = io.BytesIO()
-    np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(arr))
-    data = b"".join((head.getvalue(), memoryview(arr.reshape(-1)).cast("B")))
+        return Array(arr)  # exactly what Flower writes (e.g. fortran_order for a transposed tensor)
+    data = b"".join((_npy_prefix(arr.dtype, arr.shape), memoryview(arr.reshape(-1)).cast("B")))
     return Array(dtype=str(arr.dtype), shape=tuple(arr.shape), stype="numpy.ndarray", data=data)
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 
 from ..core.hparams import param
 from ..core.local import SGDHParams, SGDOptimizer
