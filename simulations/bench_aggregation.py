@@ -21,7 +21,8 @@ Rows:
 * ``floor-view`` (information) — the same with zero-copy read-only views of the payloads instead of copies;
 * ``fedadapt <method>`` and ``flwr <Strategy>`` for the pairs FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi (each
   with its own defaults), and fedadapt-only rows for one method of each other family (fedlada, scaffold,
-  fedlamb, fedda): their replies carry every record the method declares (non-model records are ``|noise|``).
+  fedlamb, fedda, fedcm, fedlocal, localupdate, mimelite): their replies carry every record the method declares
+  (non-model records are ``|noise|``).
 
 The ratios against the targets come last.
 """
@@ -40,7 +41,7 @@ import numpy as np
 
 PAIRS = (("fedavg", "FedAvg"), ("fedavgm", "FedAvgM"), ("fedadagrad", "FedAdagrad"), ("fedadam", "FedAdam"),
          ("fedyogi", "FedYogi"))
-ONLY_FEDADAPT = ("fedlada", "scaffold", "fedlamb", "fedda")
+ONLY_FEDADAPT = ("fedlada", "scaffold", "fedlamb", "fedda", "fedcm", "fedlocal", "localupdate", "mimelite")
 ADAPTIVE = ("fedadagrad", "fedadam", "fedyogi")
 
 

@@ -109,9 +109,11 @@ def test_optimizer_step_uses_frozen_statistics(base):
 
 def _server_update(base: str, x, y, g, state, **hp):
     s = ml.MimeLite(ml.MimeLiteHParams(base=base, **hp))
-    inputs = RoundInputs(server_round=1, current=x, aggregates={"arrays": y, ml.FULL_GRADIENT: g}, reply_metrics=(),
-                         mean_steps=1.0, trainable=tuple(x), num_updates=0, nodes_seen=1)
-    new, new_state, metrics = s.server_update(inputs, {r: state[r] for r in ml.STATISTICS[base]})
+    # the round's aggregates and the state belong to the strategy (server_update writes into them): pass copies
+    copy = lambda d: {k: np.array(v) for k, v in d.items()}  # noqa: E731
+    inputs = RoundInputs(server_round=1, current=x, aggregates={"arrays": copy(y), ml.FULL_GRADIENT: copy(g)},
+                         reply_metrics=(), mean_steps=1.0, trainable=tuple(x), num_updates=0, nodes_seen=1)
+    new, new_state, metrics = s.server_update(inputs, {r: copy(state[r]) for r in ml.STATISTICS[base]})
     assert metrics == {} and set(new_state) == set(ml.STATISTICS[base])
     return new, new_state
 

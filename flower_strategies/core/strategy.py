@@ -6,12 +6,15 @@ A method writes only its math, through five hooks (none of them touches Flower m
 * :meth:`~FedAdaptStrategy.init_server_state` — the server state before round 1 (``{name: arrays or scalar}``);
 * :meth:`~FedAdaptStrategy.downlink` — named extra arrays sent with the model (read from the server state);
 * :meth:`~FedAdaptStrategy.client_config` — per-round client values beyond the declared client hyper-parameters;
-* :meth:`~FedAdaptStrategy.server_update` — ``(RoundInputs, state) → (arrays, state, round metrics)``, pure.
+* :meth:`~FedAdaptStrategy.server_update` — ``(RoundInputs, state) → (arrays, state, round metrics)``.
 
 The base samples nodes with its own seeded RNG, sends the model + extras + the round's ConfigRecord (the
 method's ``client=True`` hyper-parameters under their run-config keys), validates replies
-(:mod:`.validation`), folds them into streaming aggregates (:mod:`.ops`), calls :meth:`server_update` and
-commits the new arrays and state only when every value is finite.  Everything a resumed run needs is in
+(:mod:`.validation`) and, in one chunk-major pass, measures their update norms and folds them into the aggregates
+(:func:`.ops.fold`), calls :meth:`server_update` and commits the new arrays and state only when every value is
+finite.  Memory: one accumulator per uplink record, in the model's dtype, whatever the number of replies; a method
+may write its results into those accumulators (they belong to the round) and update its state arrays in place
+through :func:`.ops.update_in_place`, which writes nothing unless every new value is finite.  Everything a resumed run needs is in
 :meth:`state_dict` (data only: arrays, numbers, strings).
 """
 
@@ -291,7 +294,9 @@ class FedAdaptStrategy(Strategy):
         return self.client_lr
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
-        """Pure server math: ``(new global arrays, new server state, round metrics)``."""
+        """The server math: ``(new global arrays, new server state, round metrics)``.  It may write into
+        ``inputs.aggregates`` (the round's own buffers) and update state arrays in place only through
+        :func:`.ops.update_in_place`; the base commits the result only when every value is finite."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for subclasses

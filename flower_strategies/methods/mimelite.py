@@ -45,7 +45,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer, Named
-from ..core.ops import NamedArrays, averaging_step, state_like
+from ..core.ops import NamedArrays, averaging_step, chunked, dtype_of, owned, state_like, update_in_place
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
 from ..core.validation import RecordSpec
@@ -75,19 +75,43 @@ def mimelite_direction(base: str, g: Any, m: Any, v: Any, *, beta1: float, beta2
 
 
 def update_statistics(
-    base: str, state: Mapping[str, NamedArrays], g_bar: Mapping[str, np.ndarray], *, beta1: float, beta2: float
+    base: str, state: Mapping[str, NamedArrays], g_bar: NamedArrays, *, beta1: float, beta2: float,
+    in_place: bool = False,
 ) -> dict[str, NamedArrays]:
     """The server statistics after a round (in the statistics' dtype = the model's): ``m ← β1·m + (1−β1)·ḡ``;
-    Adam ``v ← β2·v + (1−β2)·ḡ²``; AdaGrad ``v ← v + ḡ²``."""
-    g = {k: np.asarray(a) for k, a in g_bar.items()}
-    new: dict[str, NamedArrays] = {}
-    if MOMENTUM in state:
-        new[MOMENTUM] = {k: beta1 * m + (1.0 - beta1) * g[k] for k, m in state[MOMENTUM].items()}
-    if SECOND_MOMENT in state:
-        if base == "adam":
-            new[SECOND_MOMENT] = {k: beta2 * v + (1.0 - beta2) * g[k] * g[k] for k, v in state[SECOND_MOMENT].items()}
-        else:  # adagrad
-            new[SECOND_MOMENT] = {k: v + g[k] * g[k] for k, v in state[SECOND_MOMENT].items()}
+    Adam ``v ← β2·v + (1−β2)·ḡ²``; AdaGrad ``v ← v + ḡ²`` — a cache-sized chunk at a time.  ``in_place=True``:
+    the new ``m`` goes into ``g_bar``'s buffers (the round's aggregate) and ``v`` is updated in place, once every new
+    value is known to be finite; otherwise new arrays (inputs untouched)."""
+    names = [r for r in (MOMENTUM, SECOND_MOMENT) if r in state]
+
+    def kernel(o, i, t):  # i = [ḡ, m?, v?], o = [m?, v?]; m may alias ḡ, v the old v
+        g, olds = i[0], dict(zip(names, i[1:]))
+        outs = dict(zip(names, o))
+        if SECOND_MOMENT in outs:
+            if base == "adam":
+                gg = np.multiply(np.multiply(g, 1.0 - beta2, out=t[0]), g, out=t[0])
+                np.add(np.multiply(olds[SECOND_MOMENT], beta2, out=outs[SECOND_MOMENT]), gg, out=outs[SECOND_MOMENT])
+            else:  # adagrad
+                np.add(olds[SECOND_MOMENT], np.multiply(g, g, out=t[0]), out=outs[SECOND_MOMENT])
+        if MOMENTUM in outs:  # ḡ is read before the m written over it
+            scaled = np.multiply(g, 1.0 - beta1, out=t[0])
+            np.add(np.multiply(olds[MOMENTUM], beta1, out=outs[MOMENTUM]), scaled, out=outs[MOMENTUM])
+
+    new: dict[str, NamedArrays] = {r: {} for r in names}
+    jobs = []
+    for k, g in g_bar.items():
+        g, olds = np.asarray(g), [state[r][k] for r in names]
+        outs = [g if r == MOMENTUM and owned(g, olds[0]) else old if r == SECOND_MOMENT and owned(old, old) else None
+                for r, old in zip(names, olds)]
+        jobs.append((k, outs, [g, *olds]))
+    if not (in_place and all(o is not None for _, outs, _ in jobs for o in outs)
+            and update_in_place(kernel, [(o, i) for _, o, i in jobs], temps=1)):
+        for _, outs, ins in jobs:
+            outs[:] = [np.empty(np.shape(ins[0]), dtype_of(old)) for old in ins[1:]]
+            chunked(kernel, outs, ins, temps=1)
+    for k, outs, _ in jobs:
+        for r, arr in zip(names, outs):
+            new[r][k] = arr
     return new
 
 
@@ -156,7 +180,8 @@ class MimeLite(FedAdaptStrategy):
         hp = self.hparams
         mean = inputs.aggregates[R.MODEL]
         new_params, _ = averaging_step(inputs.current, mean, inputs.trainable, hp.server_lr)
-        new_state = update_statistics(hp.base, state, inputs.aggregates[FULL_GRADIENT], beta1=hp.beta1, beta2=hp.beta2)
+        new_state = update_statistics(hp.base, state, inputs.aggregates[FULL_GRADIENT], beta1=hp.beta1, beta2=hp.beta2,
+                                      in_place=True)
         return self.merge_buffers(new_params, inputs.current, mean), new_state, {}
 
 
