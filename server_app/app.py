@@ -290,6 +290,10 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
     run_config = presets.apply(run_config)  # the task's per-method presets on keys left at their defaults
     fed, model, strategy = build(run_config)
+    if fed.grid_pull_interval > 0 and hasattr(grid, "pull_interval"):
+        # Flower's InMemoryGrid (Ray simulation) sleeps pull_interval (documented constructor argument, default 0.1 s)
+        # between polls for replies: most of a simulated round's fixed cost
+        grid.pull_interval = fed.grid_pull_interval
     payload = read_resume(fed, run_config, model)
     x_test, y_test = load_test_split(fed)
     out = run_dir(fed)

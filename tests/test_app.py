@@ -275,3 +275,18 @@ def test_metrics_csv_appended_per_round_equals_a_full_rewrite(tmp_path):
         appended = (tmp_path / "metrics.csv").read_text()
         w._write_csv()
         assert (tmp_path / "metrics.csv").read_text() == appended
+
+
+def test_grid_pull_interval_is_applied_to_a_polling_grid(tmp_path):
+    """Flower's InMemoryGrid (Ray simulation) sleeps ``pull_interval`` between polls; the ServerApp shortens it."""
+    from client_app.app import app as client_app
+    from server_app.app import run
+    from simulations.engine import LoopbackGrid
+
+    cfg = {"method": "fedavg", "task": "synthetic-linear", "num-server-rounds": 1, "min-available-nodes": 2,
+           "min-train-nodes": 2, "output-dir": str(tmp_path), "learning-curve": False}
+    for value, expected in ((0.02, 0.02), (0.0, 0.1)):
+        grid = LoopbackGrid(client_app, 2, cfg)
+        grid.pull_interval = 0.1  # what InMemoryGrid starts with
+        run(grid, {**cfg, "grid-pull-interval": value, "run-name": f"pi{value}"})
+        assert grid.pull_interval == expected

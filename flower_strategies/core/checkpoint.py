@@ -42,7 +42,7 @@ VERSION = 2  # 1 = the former pickle format (no longer readable)
 
 #: Run-config keys that may differ between the checkpointed run and the resumed one.
 RESUMABLE_CHANGES = frozenset({"num-server-rounds", "resume", "checkpoint-every", "round-timeout", "output-dir", "run-name",
-                               "learning-curve"})
+                               "learning-curve", "grid-pull-interval"})
 
 META = "meta"
 ARRAY_REF = "__array__"
