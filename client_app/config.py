@@ -53,7 +53,7 @@ class AppConfig(StrategyConfig):
     test_max_examples: int = param(0, lo=0, help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all 360; shakespeare-lstm: 2,000)")
     train_loss_before: bool = param(True, help="clients report train-loss-before, the received model's loss on their data (one extra forward pass over it per round; localupdatedecay's controller needs it); false = skip it")
     learning_curve: bool = param(True, help="write learning_curve.png (matplotlib, ~0.3 s) at the end of the run; false = skip it")
-    grid_pull_interval: float = param(0.01, lo=0.0, help="simulation only: seconds between the ServerApp's polls for replies (Flower's in-memory grid waits 0.1 s per poll, ~0.2 s per round); 0 = Flower's default")
+    grid_pull_interval: float = param(0.05, lo=0.0, help="seconds between the ServerApp's polls for replies (Flower's own grids wait 3 s per poll in a deployment, 0.1 s in a simulation); 0 = the grid's own")
     presets: bool = param(True, help="apply the task's tuned per-method learning rates (server_app/presets.py) to the keys left at their defaults; false = the declared defaults")
 
 

@@ -44,7 +44,7 @@ from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy,
 from flower_strategies.methods.localupdate import LocalUpdateDecay
 
 from . import plots, presets
-from .loop import run_rounds
+from .loop import exchange, run_rounds
 from .metrics import MetricsWriter, progress_line
 
 app = ServerApp()
@@ -55,12 +55,12 @@ def run_dir(fed: AppConfig) -> Path:
     return Path(fed.output_dir).expanduser().resolve() / name
 
 
-def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float) -> None:
+def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, poll_interval: float = 0.0) -> None:
     """Ask connected nodes for their partition id; order sampling by it (fallback: node id)."""
     nodes = strategy.sample(grid, 1.0, strategy.min_available_nodes)
     msgs = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
     order: dict[int, Any] = {}
-    for reply in grid.send_and_receive(msgs, timeout=timeout):
+    for reply in exchange(grid, msgs, timeout, poll_interval):
         if not reply.has_error() and R.METRICS in reply.content.metric_records:
             metrics = reply.content.metric_records[R.METRICS]
             if "partition-id" in metrics:  # nodes with their own data may have none
@@ -290,17 +290,13 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
     run_config = presets.apply(run_config)  # the task's per-method presets on keys left at their defaults
     fed, model, strategy = build(run_config)
-    if fed.grid_pull_interval > 0 and hasattr(grid, "pull_interval"):
-        # Flower's InMemoryGrid (Ray simulation) sleeps pull_interval (documented constructor argument, default 0.1 s)
-        # between polls for replies: most of a simulated round's fixed cost
-        grid.pull_interval = fed.grid_pull_interval
     payload = read_resume(fed, run_config, model)
     x_test, y_test = load_test_split(fed)
     out = run_dir(fed)
     writer = MetricsWriter(out)
     log(INFO, "fedadapt: method=%s task=%s rounds=%d → %s", fed.method, fed.task, fed.num_server_rounds, out)
     if fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
-        discover_partitions(grid, strategy, fed.round_timeout)
+        discover_partitions(grid, strategy, fed.round_timeout, fed.grid_pull_interval)
     initial, start_round = ArrayRecord(model.state_dict()), 1
     if payload is not None:
         initial, start_round = resume_into(strategy, writer, payload)
@@ -334,7 +330,8 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         try:
             result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
                                 start_round=start_round, on_round_end=checkpointer.round_end if checkpointer else None,
-                                round_config=round_config, on_train_replies=report)
+                                round_config=round_config, on_train_replies=report,
+                                poll_interval=fed.grid_pull_interval)
             final = result.arrays if len(result.arrays) else initial  # empty when no round updated the model
             check_progress(strategy.history, 0, final=True)
         except (RunFailed, ClientHalfMissing) as err:

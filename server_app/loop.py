@@ -8,7 +8,7 @@ that loop lives; a strategy used in someone else's ServerApp runs under Flower's
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from logging import INFO
 
@@ -18,6 +18,27 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from flower_strategies.core.strategy import FedAdaptStrategy
+
+
+def exchange(grid: Grid, messages: Iterable[Message], timeout: float, interval: float = 0.0) -> list[Message]:
+    """``grid.send_and_receive(messages, timeout=timeout)``, polling for replies every ``interval`` seconds
+    (``Grid.push_messages`` / ``Grid.pull_messages``, both public API): Flower's deployment grid sleeps a fixed 3 s
+    between polls, its in-memory simulation grid 0.1 s — most of a short round.  ``interval <= 0``, or a grid that
+    answers at push time (``answers_at_push = True``, the in-process engine): the grid's own ``send_and_receive``."""
+    messages = list(messages)
+    if interval <= 0 or getattr(grid, "answers_at_push", False):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    pending = set(grid.push_messages(messages))
+    end = time.time() + timeout
+    replies: list[Message] = []
+    while pending:
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if not pending or time.time() >= end:
+            break
+        time.sleep(interval)
+    return replies
 
 
 def run_rounds(
@@ -32,12 +53,14 @@ def run_rounds(
     on_round_end: Callable[[int, ArrayRecord], None] | None = None,
     round_config: Callable[[int], Mapping[str, Any]] | None = None,
     on_train_replies: Callable[[int, list[Message]], None] | None = None,
+    poll_interval: float = 0.0,
 ) -> Result:
     """Rounds ``start_round … num_rounds`` (``start_round > 1``: ``initial_arrays`` are the global arrays after
     round ``start_round − 1`` and the strategy's state was restored with ``load_state_dict``).
 
     ``round_config(round)``: extra entries of the round's train ConfigRecord (the app's, beside the strategy's);
-    ``on_train_replies(round, replies)`` sees the train replies before the strategy aggregates them."""
+    ``on_train_replies(round, replies)`` sees the train replies before the strategy aggregates them;
+    ``poll_interval``: seconds between polls for replies (:func:`exchange`)."""
     if start_round < 1:
         raise ValueError(f"start_round must be >= 1, got {start_round}")
     strategy.num_rounds = int(num_rounds)
@@ -54,9 +77,7 @@ def run_rounds(
         log(INFO, "")
         log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
         extra = ConfigRecord(dict(round_config(current_round))) if round_config else ConfigRecord()
-        replies = list(grid.send_and_receive(
-            messages=strategy.configure_train(current_round, arrays, extra, grid), timeout=timeout
-        ))
+        replies = exchange(grid, strategy.configure_train(current_round, arrays, extra, grid), timeout, poll_interval)
         if on_train_replies is not None:
             on_train_replies(current_round, replies)
         agg_arrays, agg_metrics = strategy.aggregate_train(current_round, replies)
@@ -66,9 +87,8 @@ def run_rounds(
         if agg_metrics is not None:
             log(INFO, "\t└──> Aggregated MetricRecord: %s", agg_metrics)
             result.train_metrics_clientapp[current_round] = agg_metrics
-        eval_replies = grid.send_and_receive(
-            messages=strategy.configure_evaluate(current_round, arrays, ConfigRecord(), grid), timeout=timeout
-        )
+        eval_replies = exchange(grid, strategy.configure_evaluate(current_round, arrays, ConfigRecord(), grid), timeout,
+                                poll_interval)
         agg_eval = strategy.aggregate_evaluate(current_round, eval_replies)
         if agg_eval is not None:
             result.evaluate_metrics_clientapp[current_round] = agg_eval

@@ -68,10 +68,16 @@ class LoopbackGrid(Grid):
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
 
+    #: Every reply exists once ``push_messages`` returns (a dropped one never comes): nothing to poll for
+    #: (``server_app.loop.exchange``).
+    answers_at_push = True
+
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         ids = []
         for msg in messages:
             ctx = self.contexts[msg.metadata.dst_node_id]
+            mid = uuid.uuid4().hex
+            msg.metadata.__dict__["_message_id"] = mid  # as the SuperLink does: replies name it in reply_to_message_id
             try:
                 reply = self._app(msg, ctx)
             except Exception as err:  # as in Ray and on a SuperNode: a ClientApp exception is an error reply
@@ -79,7 +85,6 @@ class LoopbackGrid(Grid):
                                 reply_to=msg)
             if self.intercept is not None:
                 reply = self.intercept(msg, reply, int(ctx.node_config["partition-id"]))
-            mid = uuid.uuid4().hex
             self._inbox[mid] = reply
             ids.append(mid)
         return ids

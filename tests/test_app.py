@@ -277,16 +277,37 @@ def test_metrics_csv_appended_per_round_equals_a_full_rewrite(tmp_path):
         assert (tmp_path / "metrics.csv").read_text() == appended
 
 
-def test_grid_pull_interval_is_applied_to_a_polling_grid(tmp_path):
-    """Flower's InMemoryGrid (Ray simulation) sleeps ``pull_interval`` between polls; the ServerApp shortens it."""
-    from client_app.app import app as client_app
-    from server_app.app import run
-    from simulations.engine import LoopbackGrid
+def test_exchange_polls_at_its_own_interval_and_returns_every_reply():
+    """server_app.loop.exchange: Grid.push_messages + Grid.pull_messages every ``interval`` s (Flower's deployment grid
+    sleeps 3 s between polls); replies arriving over several polls are all returned, a timeout ends the wait."""
+    import time as _time
+    from types import SimpleNamespace
 
-    cfg = {"method": "fedavg", "task": "synthetic-linear", "num-server-rounds": 1, "min-available-nodes": 2,
-           "min-train-nodes": 2, "output-dir": str(tmp_path), "learning-curve": False}
-    for value, expected in ((0.02, 0.02), (0.0, 0.1)):
-        grid = LoopbackGrid(client_app, 2, cfg)
-        grid.pull_interval = 0.1  # what InMemoryGrid starts with
-        run(grid, {**cfg, "grid-pull-interval": value, "run-name": f"pi{value}"})
-        assert grid.pull_interval == expected
+    from flwr.app import Message, RecordDict
+
+    from server_app.loop import exchange
+
+    class SlowGrid:
+        def __init__(self, ready_after: int) -> None:
+            self.polls, self.ready_after, self.ids = 0, ready_after, []
+
+        def push_messages(self, messages):
+            self.msgs = list(messages)
+            return [f"id{i}" for i in range(len(self.msgs))]
+
+        def pull_messages(self, ids):
+            self.polls += 1
+            if self.polls < self.ready_after:
+                return []
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in sorted(ids)]
+
+        def send_and_receive(self, messages, *, timeout=None):  # noqa: ARG002
+            raise AssertionError("exchange must poll itself")
+
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in (1, 2)]
+    grid = SlowGrid(ready_after=4)
+    t0 = _time.perf_counter()
+    got = exchange(grid, msgs, timeout=10.0, interval=0.01)
+    assert len(got) == 2 and grid.polls == 4 and _time.perf_counter() - t0 < 1.0
+    grid = SlowGrid(ready_after=10**9)
+    assert exchange(grid, msgs, timeout=0.05, interval=0.01) == [] and grid.polls >= 2
