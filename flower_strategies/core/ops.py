@@ -211,6 +211,31 @@ def update_in_place(kernel, jobs: Sequence[tuple[list[np.ndarray], list[np.ndarr
     return True
 
 
+def apply_update(kernel, jobs: Sequence[tuple[list[np.ndarray | None], list[np.ndarray]]], *, temps: int,
+                 persistent: Sequence[int] = ()) -> list[list[np.ndarray]]:
+    """Run ``kernel`` (see :func:`chunked`) for every job ``(outs, ins)`` (one per key) and return each job's output
+    arrays.  An ``outs`` entry is the array to write into (the round's own buffer, or persistent state) or None for a
+    new array shaped like ``ins[0]`` in :func:`dtype_of` it.  ``persistent``: the positions in ``outs`` that are
+    persistent state; they are written in place only when every job has them and a check pass shows every new value
+    finite (:func:`update_in_place`) — if some value would not be, nothing given is written and every output gets a
+    new array (whose non-finite values the strategy base then refuses to commit); if some job lacks a persistent
+    output, those get new arrays.  Without persistent outputs there is nothing to protect and the kernel runs once."""
+
+    def new(ins: list[np.ndarray]) -> np.ndarray:
+        return np.empty(np.shape(ins[0]), dtype_of(ins[0]))
+
+    in_place = bool(persistent) and all(outs[i] is not None for outs, _ in jobs for i in persistent)
+    resolved = [([o if o is not None and (in_place or i not in persistent) else new(ins) for i, o in enumerate(outs)],
+                 ins) for outs, ins in jobs]
+    if in_place and update_in_place(kernel, resolved, temps=temps):
+        return [outs for outs, _ in resolved]
+    if in_place:  # some value would be NaN/Inf: write nothing given, new arrays for every output
+        resolved = [([new(ins) for _ in outs], ins) for outs, ins in resolved]
+    for outs, ins in resolved:
+        chunked(kernel, outs, ins, temps=temps)
+    return [outs for outs, _ in resolved]
+
+
 def owned(arr: np.ndarray | None, like: np.ndarray) -> bool:
     """Whether ``arr`` can take an in-place result for ``like``: a writable contiguous array of its shape and dtype."""
     return (arr is not None and isinstance(arr, np.ndarray) and arr.flags.writeable and arr.flags.c_contiguous
@@ -240,10 +265,7 @@ def pseudo_gradient(current: Mapping[str, np.ndarray], mean: NamedArrays, keys: 
     out: NamedArrays = {}
     for k in keys:
         x, m = np.asarray(current[k]), mean[k]
-        if m.dtype == x.dtype and m.flags.writeable:
-            out[k] = np.subtract(x, m, out=m)
-        else:
-            out[k] = np.subtract(x, m, dtype=x.dtype)
+        out[k] = np.subtract(x, m, out=m) if owned(m, x) else np.subtract(x, m, dtype=x.dtype)
     return out
 
 
@@ -269,26 +291,17 @@ def averaging_step(
                 np.divide(d, scale, out=o[1])
         np.subtract(i[0], np.multiply(d, server_lr, out=d), out=o[0])  # x − η_g·Δ̄ (may be mean's chunk)
 
-    new: NamedArrays = {}
-    new_offset: NamedArrays = {}
-    jobs: list[tuple[list[np.ndarray], list[np.ndarray]]] = []
-    reuse = offset is not None
+    keys = list(keys)
+    jobs = []
     for k in keys:
         x, m = np.asarray(current[k]), mean[k]
-        new[k] = m if owned(m, x) else np.empty(x.shape, dtype_of(x))
-        outs = [new[k]]
+        outs = [m if owned(m, x) else None]
         if offset is not None:
-            reuse = reuse and owned(offset.get(k), x)
-            new_offset[k] = offset[k] if owned(offset.get(k), x) else np.empty(x.shape, dtype_of(x))
-            outs.append(new_offset[k])
+            outs.append(offset[k] if owned(offset.get(k), x) else None)
         jobs.append((outs, [x, m]))
-    if reuse and update_in_place(kernel, jobs, temps=1):
-        return new, new_offset
-    for k, (outs, ins) in zip(list(new), jobs):  # not in place (or it would be non-finite: the base rejects it)
-        if offset is not None and outs[1] is offset.get(k):
-            new_offset[k] = outs[1] = np.empty(outs[1].shape, outs[1].dtype)
-        chunked(kernel, outs, ins, temps=1)
-    return new, new_offset
+    results = apply_update(kernel, jobs, temps=1, persistent=(1,) if offset is not None else ())
+    new = {k: outs[0] for k, outs in zip(keys, results)}
+    return new, ({k: outs[1] for k, outs in zip(keys, results)} if offset is not None else {})
 
 
 def decayed_lr(lr: float, decay: float, server_round: int) -> float:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import NamedArrays, chunked, dtype_of, owned, update_in_place
+from .ops import NamedArrays, apply_update, dtype_of, owned
 
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adagrad", "adam", "yogi")
 BIAS_CORRECTIONS = ("none", "adam", "flower")
@@ -105,26 +105,16 @@ class ServerOptimizer:
         lr_s = float(self.effective_lr(step, server_round))
         kernel = self._kernel(lr_s)
         names = [n for n in ("m_t", "v_t") if n in state]
-        new_params: NamedArrays = {}
-        new_state: ServerState = {name: {} for name in state}
+        keys = list(params)
         jobs = []
-        for k, x in params.items():
-            x, d = np.asarray(x), np.asarray(pseudo_grad[k])
+        for k in keys:
+            x, d = np.asarray(params[k]), np.asarray(pseudo_grad[k])
             olds = [state[n][k] for n in names]
-            jobs.append((k, x, d, olds, in_place and owned(d, x) and all(owned(o, x) for o in olds)))
-        # in place only when every key can be, and only after checking that every new value is finite
-        in_place = bool(jobs) and all(j[4] for j in jobs) and update_in_place(
-            kernel, [([d, *olds], [x, d, *olds]) for _, x, d, olds, _ in jobs], temps=3)
-        for k, x, d, olds, _ in jobs:
-            if in_place:
-                outs = [d, *olds]
-            else:
-                outs = [np.empty(x.shape, dtype_of(x)) for _ in range(1 + len(olds))]
-                chunked(kernel, outs, [x, d, *olds], temps=3)
-            new_params[k] = outs[0]
-            for name, arr in zip(names, outs[1:]):
-                new_state[name][k] = arr
-        return new_params, new_state
+            outs = [d if in_place and owned(d, x) else None] + [o if in_place and owned(o, x) else None for o in olds]
+            jobs.append((outs, [x, d, *olds]))
+        results = apply_update(kernel, jobs, temps=3, persistent=range(1, 1 + len(names)))
+        new_state: ServerState = {name: {k: outs[1 + j] for k, outs in zip(keys, results)} for j, name in enumerate(names)}
+        return {k: outs[0] for k, outs in zip(keys, results)}, new_state
 
     def _kernel(self, lr_s: float):
         """The elementwise update on chunks: ``o = [x_new, m, v]``, ``i = [x, D̄, m_old, v_old]`` (as present),

@@ -68,7 +68,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, chunked, dtype_of, owned, state_like, update_in_place
+from ..core.ops import NamedArrays, apply_update, owned, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
 
@@ -148,29 +148,18 @@ def fedda_server_step(
             np.multiply(upd, lr, out=upd)
         np.subtract(w, upd, out=o[0])  # W − lr·upd
 
-    new_params: NamedArrays = {}
-    new_v: NamedArrays = {}
+    keys = list(params)
     jobs = []
-    for k, w in params.items():
-        w = np.asarray(w)
+    for k in keys:
+        w = np.asarray(params[k])
         ins = [w, np.asarray(p_bar[k])] + ([] if variant == "sgdm" else [np.asarray(m_prev[k]), np.asarray(v[k])])
-        outs = [ins[1] if in_place and owned(ins[1], w) else np.empty(w.shape, dtype_of(w))]
-        if variant != "sgdm":
-            outs.append(ins[3] if in_place and owned(ins[3], w) else np.empty(w.shape, dtype_of(w)))
-        jobs.append((k, outs, ins))
-    own_v = variant != "sgdm" and all(outs[1] is ins[3] for _, outs, ins in jobs)
-    if own_v and update_in_place(kernel, [(o, i) for _, o, i in jobs], temps=4):
-        pass
-    else:
-        for _, outs, ins in jobs:
-            if variant != "sgdm" and outs[1] is ins[3]:  # V is updated in place only when every key is (and finite)
-                outs[1] = np.empty(outs[1].shape, outs[1].dtype)
-            chunked(kernel, outs, ins, temps=4)
-    for k, outs, _ in jobs:
-        new_params[k] = outs[0]
-        if variant != "sgdm":
-            new_v[k] = outs[1]
-    return new_params, new_v
+        outs = [ins[1] if in_place and owned(ins[1], w) else None]
+        if variant != "sgdm":  # V: persistent state, updated in place only when every key is (and finite)
+            outs.append(ins[3] if in_place and owned(ins[3], w) else None)
+        jobs.append((outs, ins))
+    results = apply_update(kernel, jobs, temps=4, persistent=(1,) if variant != "sgdm" else ())
+    new_params = {k: outs[0] for k, outs in zip(keys, results)}
+    return new_params, ({k: outs[1] for k, outs in zip(keys, results)} if variant != "sgdm" else {})
 
 
 # ------------------------------------------------------------------------------------------ hyper-parameters

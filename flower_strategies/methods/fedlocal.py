@@ -66,6 +66,7 @@ from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, Named, inverse_sqrt
 from ..core.ops import NamedArrays, owned, safe_divide
+from ..core.ops import pseudo_gradient as model_pseudo_gradient
 from ..core.registry import register
 from ..core.server_opt import SERVER_OPTIMIZERS, ServerOptimizer
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
@@ -190,12 +191,11 @@ def pseudo_gradient(
     local: ``mean_i D_i``
     joint: ``mean_i D_i / mean_i Ninv_i`` (divide-no-nan)
     """
+    if correction == "none":
+        return model_pseudo_gradient(current, aggregates[R.MODEL], keys)
     out: NamedArrays = {}
     for k in keys:
-        if correction == "none":
-            x, m = np.asarray(current[k]), aggregates[R.MODEL][k]
-            out[k] = np.subtract(x, m, out=m if owned(m, x) else None)
-        elif correction == "local":
+        if correction == "local":
             out[k] = aggregates[D_RECORD][k]
         elif correction == "joint":
             d, n = aggregates[D_RECORD][k], np.asarray(aggregates[NINV_RECORD][k])

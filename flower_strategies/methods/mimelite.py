@@ -45,7 +45,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer, Named
-from ..core.ops import NamedArrays, averaging_step, chunked, dtype_of, owned, state_like, update_in_place
+from ..core.ops import NamedArrays, apply_update, averaging_step, owned, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
 from ..core.validation import RecordSpec
@@ -84,8 +84,8 @@ def update_statistics(
     value is known to be finite; otherwise new arrays (inputs untouched)."""
     names = [r for r in (MOMENTUM, SECOND_MOMENT) if r in state]
 
-    def kernel(o, i, t):  # i = [ḡ, m?, v?], o = [m?, v?]; m may alias ḡ, v the old v
-        g, olds = i[0], dict(zip(names, i[1:]))
+    def kernel(o, i, t):  # i = [m?, v?, ḡ], o = [m?, v?]; m may alias ḡ, v the old v
+        g, olds = i[-1], dict(zip(names, i[:-1]))
         outs = dict(zip(names, o))
         if SECOND_MOMENT in outs:
             if base == "adam":
@@ -97,22 +97,16 @@ def update_statistics(
             scaled = np.multiply(g, 1.0 - beta1, out=t[0])
             np.add(np.multiply(olds[MOMENTUM], beta1, out=outs[MOMENTUM]), scaled, out=outs[MOMENTUM])
 
-    new: dict[str, NamedArrays] = {r: {} for r in names}
+    keys = list(g_bar)
     jobs = []
-    for k, g in g_bar.items():
-        g, olds = np.asarray(g), [state[r][k] for r in names]
-        outs = [g if r == MOMENTUM and owned(g, olds[0]) else old if r == SECOND_MOMENT and owned(old, old) else None
-                for r, old in zip(names, olds)]
-        jobs.append((k, outs, [g, *olds]))
-    if not (in_place and all(o is not None for _, outs, _ in jobs for o in outs)
-            and update_in_place(kernel, [(o, i) for _, o, i in jobs], temps=1)):
-        for _, outs, ins in jobs:
-            outs[:] = [np.empty(np.shape(ins[0]), dtype_of(old)) for old in ins[1:]]
-            chunked(kernel, outs, ins, temps=1)
-    for k, outs, _ in jobs:
-        for r, arr in zip(names, outs):
-            new[r][k] = arr
-    return new
+    for k in keys:
+        g, olds = np.asarray(g_bar[k]), [state[r][k] for r in names]
+        outs = [(g if owned(g, old) else None) if r == MOMENTUM else (old if owned(old, old) else None)
+                for r, old in zip(names, olds)] if in_place else [None] * len(names)
+        jobs.append((outs, [*olds, g]))  # new arrays take the statistics' shape and dtype (ins[0])
+    results = apply_update(kernel, jobs, temps=1,
+                           persistent=[j for j, r in enumerate(names) if r == SECOND_MOMENT])
+    return {r: {k: outs[j] for k, outs in zip(keys, results)} for j, r in enumerate(names)}
 
 
 # ------------------------------------------------------------------------------------------ hyper-parameters
