@@ -14,7 +14,7 @@ method's ``client=True`` hyper-parameters under their run-config keys), validate
 (:func:`.ops.fold`), calls :meth:`server_update` and commits the new arrays and state only when every value is
 finite.  Memory: one accumulator per uplink record, in the model's dtype, whatever the number of replies; a method
 may write its results into those accumulators (they belong to the round) and update its state arrays in place
-through :func:`.ops.update_in_place`, which writes nothing unless every new value is finite.  Everything a resumed run needs is in
+through :func:`.ops.apply_update`, which writes nothing unless every new value is finite.  Everything a resumed run needs is in
 :meth:`state_dict` (data only: arrays, numbers, strings).
 """
 
@@ -296,7 +296,7 @@ class FedAdaptStrategy(Strategy):
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         """The server math: ``(new global arrays, new server state, round metrics)``.  It may write into
         ``inputs.aggregates`` (the round's own buffers) and update state arrays in place only through
-        :func:`.ops.update_in_place`; the base commits the result only when every value is finite."""
+        :func:`.ops.apply_update`; the base commits the result only when every value is finite."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for subclasses
@@ -601,7 +601,6 @@ class FedAdaptStrategy(Strategy):
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
                 server_round, rlog.replies_used, self.min_replies)
         else:
-            del usable
             new_arrays, round_metrics = self._update(server_round, aggregates, reply_metrics)
             metrics_out.update(round_metrics)
             rlog.round_metrics = round_metrics

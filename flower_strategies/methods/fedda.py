@@ -114,7 +114,7 @@ def fedda_server_step(
     The math runs in each parameter's dtype, a cache-sized chunk at a time (float64 runs: the float64 expressions
     of the algorithm box, bit for bit).  ``in_place=False``: inputs untouched, new arrays.  ``in_place=True``:
     ``W_{r+1}`` is written into ``p_bar``'s buffers (the round's aggregate) and ``V`` updated in place, once every
-    new value is known to be finite (:func:`~flower_strategies.core.ops.update_in_place`).
+    new value is known to be finite (:func:`~flower_strategies.core.ops.apply_update`).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown FedDA variant {variant!r}; valid: {', '.join(VARIANTS)}")
