@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from . import records as R
@@ -137,14 +137,10 @@ def record_tensors(record: ArrayRecord, *, copy: bool = True) -> dict[str, Tenso
         return {k: torch.from_numpy(v) for k, v in R.views(record).items()}
 
 
-def tensor_array(t: Tensor) -> Array:
-    """``Array(t)`` with the same bytes, serialised without ``np.save``'s per-call overhead (:func:`.records.to_array`)."""
-    return R.to_array(t.detach().cpu().numpy())
-
-
 def tensor_record(tensors: Mapping[str, Tensor]) -> ArrayRecord:
-    """``ArrayRecord(tensors)`` (a state dict / named tensors), byte-identical, via :func:`tensor_array`."""
-    return ArrayRecord(array_dict={k: tensor_array(v) for k, v in tensors.items()})
+    """``ArrayRecord(tensors)`` (a state dict / named tensors), byte-identical, serialised without ``np.save``'s
+    per-call overhead (:func:`.records.to_record`)."""
+    return R.to_record({k: t.detach().cpu().numpy() for k, t in tensors.items()})
 
 
 def _records(content: RecordDict, kind: type) -> Iterator[tuple[str, Any]]:
