@@ -157,7 +157,9 @@ def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0
 
 
 @lru_cache(maxsize=8)
-def _digits_partitioner(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int):
+def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int):
+    """Every partition of the digits training split as ``(x, y)`` tensors, materialised once per split setting (the
+    flwr-datasets partitioners are lazy, and each ``load_partition`` re-shards the Arrow table: ~3 ms per call)."""
     import warnings
 
     from datasets import Dataset
@@ -168,12 +170,15 @@ def _digits_partitioner(kind: str, num_partitions: int, seed: int, alpha: float,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         part.dataset = ds
+        out = []
         try:
-            for i in range(num_partitions):  # materialise once (the partitioners are lazy)
-                part.load_partition(i)
+            for i in range(num_partitions):
+                rows = part.load_partition(i).with_format("numpy")[:]
+                out.append((torch.from_numpy(np.asarray(rows["x"], dtype=np.float32)),
+                            torch.from_numpy(np.asarray(rows["label"], dtype=np.int64))))
         except ValueError as err:
             raise ValueError(partition_hint(kind, num_partitions, len(y_tr), alpha, err)) from None
-    return part
+    return tuple(out)
 
 
 def partition_hint(kind: str, num_partitions: int, num_examples: int, alpha: float, err: Exception) -> str:
@@ -190,9 +195,7 @@ def digits_partition(
 ) -> tuple[Tensor, Tensor]:
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
-    part = _digits_partitioner(partitioner, num_partitions, seed, alpha, classes_per_client)
-    rows = part.load_partition(partition_id).with_format("numpy")[:]
-    return torch.from_numpy(np.asarray(rows["x"], dtype=np.float32)), torch.from_numpy(np.asarray(rows["label"], dtype=np.int64))
+    return _digits_partitions(partitioner, num_partitions, seed, alpha, classes_per_client)[partition_id]
 
 
 # ------------------------------------------------------------------------------------------ synthetic

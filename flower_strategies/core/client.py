@@ -143,14 +143,9 @@ def tensor_record(tensors: Mapping[str, Tensor]) -> ArrayRecord:
     return R.to_record({k: t.detach().cpu().numpy() for k, t in tensors.items()})
 
 
-def _records(content: RecordDict, kind: type) -> Iterator[tuple[str, Any]]:
-    """``content``'s records of type ``kind`` (``RecordDict.array_records`` & co. build a new typed dict per call)."""
-    return ((name, rec) for name, rec in content.items() if isinstance(rec, kind))
-
-
 def downlink_records(content: RecordDict) -> dict[str, dict[str, Tensor]]:
     """The named extra records of a train message (everything but the model), as torch tensors."""
-    return {name: record_tensors(rec) for name, rec in _records(content, ArrayRecord) if name != R.MODEL}
+    return {name: record_tensors(rec) for name, rec in R.of_type(content, ArrayRecord) if name != R.MODEL}
 
 
 def load_client_state(state: RecordDict | None) -> dict[str, dict[str, Tensor]]:
@@ -159,7 +154,7 @@ def load_client_state(state: RecordDict | None) -> dict[str, dict[str, Tensor]]:
         return {}
     return {
         name[len(R.STATE_PREFIX):]: record_tensors(rec)
-        for name, rec in _records(state, ArrayRecord)
+        for name, rec in R.of_type(state, ArrayRecord)
         if name.startswith(R.STATE_PREFIX)
     }
 

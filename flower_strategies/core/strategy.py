@@ -446,7 +446,7 @@ class FedAdaptStrategy(Strategy):
         method's client half ran (its declared uplink is only the model)."""
         if msg.has_error():
             return None
-        info = msg.content.config_records.get(R.REPLY_INFO)
+        info = R.get(msg.content, R.REPLY_INFO, ConfigRecord)
         produced_by = None if info is None else info.get(R.METHOD)
         if produced_by is None:
             model_only = all(s.name == R.MODEL for s in self.uplink_specs())
@@ -525,7 +525,7 @@ class FedAdaptStrategy(Strategy):
     ) -> tuple[list[float], dict[str, NamedArrays], list[list[float]]]:
         """``(weights, {record: aggregate}, norms[spec][reply])`` of the streaming-rule records (robust rules: norms
         only, the aggregate comes after screening)."""
-        reported = [float(msg.content.metric_records[R.METRICS][R.NUM_EXAMPLES]) for msg, _ in kept]
+        reported = [float(R.get(msg.content, R.METRICS, MetricRecord)[R.NUM_EXAMPLES]) for msg, _ in kept]
         weights = self.client_weights(reported)
         aggregates: dict[str, NamedArrays] = {}
         norms: list[list[float]] = []
@@ -584,12 +584,12 @@ class FedAdaptStrategy(Strategy):
         order = self.node_order
         replies = sorted(replies, key=lambda m: (order.get(m.metadata.src_node_id, float("inf")), m.metadata.src_node_id))
         replies = self._drop_no_replies(server_round, replies)
-        rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error() for r in m.content.array_records.values())
+        rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error() for _, r in R.of_type(m.content, ArrayRecord))
         usable, weights, aggregates = self._screen_and_fold(replies, rlog)
-        reported = [float(msg.content.metric_records[R.METRICS][R.NUM_EXAMPLES]) for msg, _ in usable]
+        reported = [float(R.get(msg.content, R.METRICS, MetricRecord)[R.NUM_EXAMPLES]) for msg, _ in usable]
         reply_metrics: list[dict[str, Any]] = []
         for (msg, _), weight in zip(usable, weights):
-            metrics = dict(msg.content.metric_records[R.METRICS])
+            metrics = dict(R.get(msg.content, R.METRICS, MetricRecord))
             reply_metrics.append({**metrics, R.NUM_EXAMPLES: weight, "node-id": msg.metadata.src_node_id})
         rlog.replies_used = len(reply_metrics)
         metrics_out = self.mean_reply_metrics(reply_metrics)

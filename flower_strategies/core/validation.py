@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message, MetricRecord
 
 from . import records as R
 from .ops import NamedArrays, all_finite, fold
@@ -53,7 +53,7 @@ def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | Non
     if msg.has_error():
         return f"client error: {msg.error.reason}", {}
     content = msg.content
-    metrics = content.metric_records.get(R.METRICS)
+    metrics = R.get(content, R.METRICS, MetricRecord)
     if metrics is None:
         return f"missing MetricRecord '{R.METRICS}'", {}
     reason = check_num_examples(metrics.get(R.NUM_EXAMPLES))
@@ -61,7 +61,7 @@ def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | Non
         return reason, {}
     parsed: dict[str, NamedArrays] = {}
     for name, want in expected.items():
-        rec = content.array_records.get(name)
+        rec = R.get(content, name, ArrayRecord)
         if rec is None:
             return f"missing ArrayRecord '{name}'", {}
         if set(rec.keys()) != set(want):
