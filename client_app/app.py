@@ -96,7 +96,8 @@ _models = threading.local()
 
 def model_for(fed, device: torch.device) -> Any:
     """The task's model, built once per process and thread and reused by every message (each round loads the
-    complete received state into it first; gradients are cleared so that nothing carries over)."""
+    complete received state into it first; gradients are cleared so that nothing carries over; training and
+    evaluation set the module mode themselves)."""
     cache = _models.__dict__.setdefault("cache", {})
     key = (fed.task, fed.seed, fed.synthetic_dim, fed.precision, str(device))
     model = cache.get(key)
@@ -104,7 +105,6 @@ def model_for(fed, device: torch.device) -> Any:
         model = cache[key] = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision).to(device)
     for p in model.parameters():
         p.grad = None
-    model.train()
     return model
 
 

@@ -8,9 +8,11 @@ Every measurement runs in its own child process (``--child``): the child builds 
 (random but fixed: ``x + s_i·roll(ξ, i)`` with ``ξ ~ N(0, 1e-3²)`` drawn once from seed 0, ``s_i = 1 + 0.01·i``;
 ``num-examples = 100 + i``), runs round 1 untimed (warm-up; adaptive state gets created), then times round 2's
 ``configure_train`` (untimed) + ``aggregate_train`` (timed) on the same replies for rounds 2–4 and reports the
-fastest (the machine may be shared).  Memory: round 5 runs under ``tracemalloc`` (NumPy buffers and the serialised
-``bytes`` are traced; malloc's caching does not hide anything) and the peak of traced memory above the start is the
-*extra* memory the call needed on top of the replies it was handed (returned model included), in model copies;
+fastest (the machine may be shared).  Memory: rounds 5 and 6 run under ``tracemalloc`` (NumPy buffers and the
+serialised ``bytes`` are traced; malloc's caching does not hide anything) and the peak of traced memory during round
+6's call above its start is the *extra* memory the call needed on top of the replies it was handed (returned model
+included), in model copies (tracing from round 5 on: tracemalloc cannot see the release of a block allocated before
+it started, so the server state that round 6 replaces must come from a traced round);
 a second child measures round 2 as peak resident-set growth (``rss``: VmHWM reset through ``/proc/self/clear_refs``,
 glibc's mmap threshold pinned so freed blocks go back to the OS).  The memory check uses the larger of the two.
 
@@ -179,9 +181,11 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
             self.seconds, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
 
     class Traced(contextlib.AbstractContextManager):
+        """Peak traced memory above the start of the block; tracing must already run (see below)."""
+
         def __enter__(self):
             gc.collect()
-            tracemalloc.start()
+            tracemalloc.reset_peak()
             self.base = tracemalloc.get_traced_memory()[0]
             return self
 
@@ -219,8 +223,12 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     clocks = [Clock() for _ in range(3)]
     for r, c in zip((2, 3, 4), clocks):
         aggregate(r, c)
+    # tracemalloc only sees blocks allocated while it runs: round 5 runs traced (unmeasured) so that the server state
+    # it creates is traced, and its release when round 6 replaces it lowers the count as it lowers real memory
+    tracemalloc.start()
+    aggregate(5, contextlib.nullcontext())
     traced = Traced()
-    aggregate(5, traced)
+    aggregate(6, traced)
     dt, cpu, peak = min(c.seconds for c in clocks), min(c.cpu for c in clocks), traced.peak
     return {"kind": kind, "name": name, "n": n, "seconds": dt, "cpu": cpu, "peak_bytes": peak, "model_bytes": model_bytes}
 
@@ -275,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             r["seconds"] = r["cpu"]
     model_mb = next(iter(rows.values()))["model_bytes"] / 2**20
     print(f"\nmodel: {args.size} ({model_mb:.1f} MiB); time = fastest aggregate_train of rounds 2-4 (after a warm-up "
-          f"round; {args.clock} seconds); extra = tracemalloc peak during round 5's aggregate_train, rss = peak resident-set "
+          f"round; {args.clock} seconds); extra = tracemalloc peak during round 6's aggregate_train, rss = peak resident-set "
           f"growth of round 2's in a separate child, both in model copies")
     for n in args.replies:
         print(f"\nN = {n} replies")

@@ -238,3 +238,17 @@ def test_client_serialisation_is_byte_identical_to_flowers_and_loads_the_same_te
     fresh = record_tensors(theirs)["w"]
     fresh += 1  # copies are writable and do not touch the message
     assert torch.equal(theirs.to_torch_state_dict()["w"], named["w"])
+
+
+def test_views_are_zero_copy_read_only_and_refuse_truncated_payloads():
+    """``records.view`` reads a payload in place (one read-only array on the message's bytes); a payload shorter than
+    its header says is an error, never a view past the end of the buffer."""
+    from flwr.app import Array
+
+    a = R.to_array(np.arange(12, dtype=np.float32).reshape(3, 4))
+    v = R.view(a)
+    assert np.array_equal(v, np.arange(12, dtype=np.float32).reshape(3, 4)) and not v.flags.writeable
+    assert v.base is a.data  # the message's own bytes, no copy
+    short = Array(dtype=a.dtype, shape=a.shape, stype=a.stype, data=a.data[:-4])
+    with pytest.raises(ValueError):
+        R.view(short)

@@ -81,12 +81,13 @@ def fold(
         measure = norms and is_float(first)
         ref = np.asarray(reference[key]).reshape(-1) if measure and reference is not None and key in reference else None
         acc = None if rule is None else np.empty(first.shape, dtype=first.dtype if is_float(first) else np.float64)
-        plans.append((key, [a.reshape(-1) for a in srcs], ref, acc, measure))
+        plans.append((key, srcs, ref, acc, measure))  # flat views are made per segment: N × keys fewer live objects
     segments = [(p, lo, min(lo + SEGMENT, p[1][0].size)) for p in plans for lo in range(0, p[1][0].size, SEGMENT)]
 
     def run(segment) -> list[float]:
         """Fold one segment of one key (a few chunks) for every item; its items' partial sums of squares."""
-        (_, flats, ref, acc, measure), start, stop = segment
+        (_, srcs, ref, acc, measure), start, stop = segment
+        flats = [a.reshape(-1) for a in srcs]
         sq = [0.0] * n
         flat_acc = None if acc is None else acc.reshape(-1)
         width = min(CHUNK, stop - start)
@@ -129,9 +130,9 @@ def fold(
         partial = [run(seg) for seg in segments]
     squares = [sum(p[i] for p in partial) for i in range(n)]  # in segment order: deterministic
     out: NamedArrays = {}
-    for key, flats, _, acc, _ in plans:
+    for key, srcs, _, acc, _ in plans:
         if acc is not None:
-            out[key] = acc.astype(flats[0].dtype, copy=False)
+            out[key] = acc.astype(srcs[0].dtype, copy=False)
     return out, [float(np.sqrt(v)) for v in squares]
 
 

@@ -100,9 +100,9 @@ def view(array: Array) -> np.ndarray:
         head = _npy_header(bytes(data[: (10 if data[6] == 1 else 12) + hlen]))
         if head is not None:
             shape, fortran, dtype, offset = head
-            if not fortran and not dtype.hasobject:
-                count = math.prod(shape)
-                return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+            if not fortran and not dtype.hasobject and len(data) >= offset + dtype.itemsize * math.prod(shape):
+                # one array object on the message's bytes (frombuffer + reshape would keep two alive per view)
+                return np.ndarray(shape, dtype=dtype, buffer=data, offset=offset)
     return array.numpy()
 
 
