@@ -13,23 +13,23 @@ For every (E, N) it prints the CPU and wall time of
 * ``engine`` — :func:`simulations.engine.run_inprocess`: the real ServerApp + ClientApp in this process, every
   message a real Flower ``Message`` with serialised ``ArrayRecord``s, with ``train-loss-before = false`` and
   ``learning-curve = false`` (:data:`LEAN`: the plain loop computes neither) — it still validates every reply,
-  evaluates the global model centrally on the test split after every round (11 evaluations), writes
+  evaluates the global model centrally on the test split before round 1 and after every round, writes
   ``metrics.jsonl``/``metrics.csv``, ``model.pt`` and ``summary.json``;
 * ``defaults`` — the same run with the app's defaults (+ ``train-loss-before``: one forward pass over each client's
   data per round, + ``learning_curve.png``); CPU seconds only;
 * ``ray``    (``--ray``) — a real ``python -m simulations.launch sim`` run (lean settings); its steady state is the
   mean of the ``seconds`` column of ``metrics.jsonl`` over the rounds after the first (start-up of Ray excluded),
   × rounds;
-* ``floor``  — what no Flower runtime can go below: ``plain`` + rounds × N × the cost of one bare Flower message
-  exchange for this model, measured here (the train ``Message`` to a node, the client reading the model's arrays,
-  its reply ``Message`` with the model ``ArrayRecord`` + a ``MetricRecord`` + a ``ConfigRecord``, the server
-  reading the reply's arrays; serialised with :func:`flower_strategies.core.records.to_record`, the fastest
-  serialiser of Flower's ``.npy`` format we have); and for Ray additionally Flower's fixed 0.1-s poll per round
-  (``flwr/server/superlink/fleet/vce/vce_api.py``: the Ray backend fetches new messages from the LinkState every
-  0.1 s), i.e. at least ``max(plain round, 0.1 s)`` per round;
+* ``floor``  — the least any runtime built on Flower's messages can do: the plain loop passing its weights through
+  bare Flower messages (:func:`flower_exchange`: per client the train ``Message``, the client reading the model's
+  arrays, its reply ``Message`` with the model ``ArrayRecord`` + a ``MetricRecord`` + a ``ConfigRecord``, the server
+  reading the reply's arrays; no strategy, validation, metrics or files).  It is measured in the loop, not added
+  up, because the messages between the clients also slow the training itself down (caches); for Ray additionally
+  Flower's fixed 0.1-s poll per round (``flwr/server/superlink/fleet/vce/vce_api.py``: the Ray backend fetches new
+  messages from the LinkState every 0.1 s), i.e. at least ``max(floor round, 0.1 s)`` per round;
 
-and the ratios ``engine / plain``, ``ray / plain`` (target ≤ 1.10) and ``floor / plain``.  Every measurement runs in a fresh child
-process (imports and torch's first-call initialisation are done before timing: not a per-run cost).
+and the ratios ``engine / plain``, ``ray / plain`` (target ≤ 1.10) and ``floor / plain``.  Every measurement runs
+in a fresh child process (imports and torch's first-call initialisation are done before timing: not a per-run cost).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def run_config(nodes: int, rounds: int, epochs: int, out: str, lean: bool = True
 
 
 # ------------------------------------------------------------------------------------------ children
-def plain(nodes: int, rounds: int, epochs: int) -> dict:
+def plain(nodes: int, rounds: int, epochs: int, messages: bool = False) -> dict:
+    """The plain loop; ``messages=True``: the same loop passing its weights through bare Flower messages (the floor)."""
     import numpy as np
     import torch
 
@@ -80,6 +81,7 @@ def plain(nodes: int, rounds: int, epochs: int) -> dict:
     data = [digits_partition(i, nodes, partitioner="iid", seed=0) for i in range(nodes)]
     _, _, x_te, y_te = digits_split(0)
     warm_up()
+    via = flower_exchange() if messages else None
     t0, c0 = time.perf_counter(), time.process_time()
     model = build_model("digits-mlp", 0)
     glob = {k: v.clone() for k, v in model.state_dict().items()}
@@ -87,8 +89,9 @@ def plain(nodes: int, rounds: int, epochs: int) -> dict:
     for rnd in range(1, rounds + 1):
         acc = {k: torch.zeros_like(v) for k, v in glob.items()}
         total = 0
+        sent = via.broadcast(glob) if via else None
         for i, (x, y) in enumerate(data):
-            model.load_state_dict(glob)
+            model.load_state_dict(via.receive(sent, i + 1) if via else glob)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             steps = epochs * -(-len(x) // 32)
             for idx in batch_indices(len(x), 32, steps, 0, rnd, i):
@@ -96,7 +99,8 @@ def plain(nodes: int, rounds: int, epochs: int) -> dict:
                 opt.zero_grad()
                 loss_fn(model(x[idx_t]), y[idx_t]).backward()
                 opt.step()
-            for k, v in model.state_dict().items():
+            local = via.reply(model.state_dict(), len(x)) if via else model.state_dict()
+            for k, v in local.items():
                 acc[k] += v * len(x)
             total += len(x)
         glob = {k: v / total for k, v in acc.items()}
@@ -107,41 +111,40 @@ def plain(nodes: int, rounds: int, epochs: int) -> dict:
     return {"seconds": seconds, "cpu": cpu, "accuracy": accuracy, "np": np.__version__}
 
 
-def floor(nodes: int, rounds: int) -> dict:
-    """Seconds per bare Flower message exchange of the digits-mlp model (see the module docstring)."""
-    import torch
+def flower_exchange():
+    """The least a Flower runtime does per client: the round's train ``Message`` (the model ``ArrayRecord`` built
+    once per round) to the node, the client reading the arrays, its reply ``Message`` with the model ``ArrayRecord``
+    + a ``MetricRecord`` + a ``ConfigRecord``, the server reading the reply's arrays — serialised with
+    :func:`flower_strategies.core.records.to_record` (the fastest writer of Flower's ``.npy`` format we have) and read
+    with zero-copy views.  No strategy, no validation, no metrics, no files."""
     from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from client_app.task import build_model
     from flower_strategies.core import records as R
+    from flower_strategies.core.client import record_tensors
 
-    torch.set_num_threads(1)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what the engine's grid sets
-    arrays = {k: v.numpy() for k, v in build_model("digits-mlp", 0).state_dict().items()}
     config = ConfigRecord({"server-round": 1, "method": "fedavg", "client-lr": 0.1, "local-epochs": 1, "batch-size": 32})
 
-    def exchange(node: int, content: RecordDict) -> None:
-        msg = Message(content=content, message_type="train", dst_node_id=node)
-        msg.metadata.__dict__["_message_id"] = "m"
-        R.views(msg.content["arrays"])  # the client loads the model's arrays
-        reply = RecordDict({"arrays": R.to_record(arrays),
-                            "metrics": MetricRecord({"num-examples": 15, "num-steps": 1.0, "train-loss": 2.3}),
-                            "fedadapt.info": ConfigRecord({"method": "fedavg"})})
-        back = Message(content=reply, reply_to=msg)
-        R.views(back.content["arrays"])  # the server reads the reply's arrays
+    class Exchange:
+        msg: Message
 
-    def one_round() -> None:
-        content = RecordDict({"arrays": R.to_record(arrays), "config": config})  # once per round, as the strategy
-        for node in range(1, nodes + 1):
-            exchange(node, content)
+        def broadcast(self, state: dict) -> RecordDict:
+            return RecordDict({"arrays": R.to_record({k: v.numpy() for k, v in state.items()}), "config": config})
 
-    one_round()
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        one_round()
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "per_message": seconds / (rounds * nodes)}
+        def receive(self, content: RecordDict, node: int) -> dict:
+            self.msg = Message(content=content, message_type="train", dst_node_id=node)
+            self.msg.metadata.__dict__["_message_id"] = "m"
+            return record_tensors(self.msg.content["arrays"], copy=False)
+
+        def reply(self, state: dict, n: int) -> dict:
+            content = RecordDict({"arrays": R.to_record({k: v.numpy() for k, v in state.items()}),
+                                  "metrics": MetricRecord({"num-examples": n, "num-steps": 1.0, "train-loss": 0.0}),
+                                  "fedadapt.info": ConfigRecord({"method": "fedavg"})})
+            back = Message(content=content, reply_to=self.msg)
+            return record_tensors(back.content["arrays"], copy=False)
+
+    return Exchange()
 
 
 def engine(nodes: int, rounds: int, epochs: int, out: str, lean: bool = True) -> dict:
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.child == "ray":
             res = ray(n, args.rounds, e, args.out)
         elif args.child == "floor":
-            res = floor(n, args.rounds)
+            res = plain(n, args.rounds, e, messages=True)
         else:
             res = engine(n, args.rounds, e, args.out, lean=args.child == "engine")
         print(json.dumps(res))
@@ -233,22 +236,22 @@ def main(argv: list[str] | None = None) -> int:
           " defaults = the same run with the app's defaults (+ train-loss-before, + learning_curve.png);"
           " cpu = process CPU seconds (one torch thread; robust on a shared machine), wall = wall seconds;"
           " steady = mean wall time of rounds >= 2 (metrics.jsonl seconds) x rounds")
-    print(" floor = plain + rounds x N x one bare Flower message exchange (per-message cost in us);"
-          " ray floor = rounds x max(floor round, 0.1 s: Flower's Ray backend polls for messages every 0.1 s)")
-    print(f"{'E':>2s} {'N':>4s} {'plain cpu':>9s} {'engine cpu':>10s} {'ratio':>6s} {'defaults':>8s} {'ratio':>6s} | "
-          f"{'plain wall':>10s} {'engine wall':>11s} {'ratio':>6s} {'floor':>6s} {'ratio':>6s} {'msg us':>6s} | "
+    print(" floor = the plain loop passing its weights through bare Flower messages (flower_exchange: no strategy,"
+          " validation, metrics or files); ray floor = rounds x max(floor round, 0.1 s: Flower's Ray backend polls for"
+          " messages every 0.1 s)")
+    print(f"{'E':>2s} {'N':>4s} {'plain cpu':>9s} {'engine cpu':>10s} {'ratio':>6s} {'floor cpu':>9s} {'ratio':>6s} "
+          f"{'defaults':>8s} {'ratio':>6s} | {'plain wall':>10s} {'engine wall':>11s} {'ratio':>6s} | "
           f"{'eng steady':>10s} {'ray steady':>10s} {'ratio':>6s} {'ray floor':>9s} {'ratio':>6s} | accuracy")
     for r in rows:
         p, g, d, f, y = r["plain"], r["engine"], r["defaults"], r["floor"], r.get("ray")
-        fl = p["seconds"] + f["seconds"]
-        ray_floor = args.rounds * max(fl / args.rounds, 0.1)
+        ray_floor = args.rounds * max(f["seconds"] / args.rounds, 0.1)
         ray_s = f"{y['seconds']:10.2f} {y['seconds'] / p['seconds']:5.2f}x" if y else f"{'-':>10s} {'-':>6s}"
         print(f"{r['E']:>2d} {r['N']:>4d} {p['cpu']:9.2f} {g['cpu']:10.2f} {g['cpu'] / p['cpu']:5.2f}x "
-              f"{d['cpu']:8.2f} {d['cpu'] / p['cpu']:5.2f}x | "
-              f"{p['seconds']:10.2f} {g['seconds']:11.2f} {g['seconds'] / p['seconds']:5.2f}x {fl:6.2f} "
-              f"{fl / p['seconds']:5.2f}x {f['per_message'] * 1e6:6.0f} | "
+              f"{f['cpu']:9.2f} {f['cpu'] / p['cpu']:5.2f}x {d['cpu']:8.2f} {d['cpu'] / p['cpu']:5.2f}x | "
+              f"{p['seconds']:10.2f} {g['seconds']:11.2f} {g['seconds'] / p['seconds']:5.2f}x | "
               f"{g['steady']:10.2f} {ray_s} {ray_floor:9.2f} {ray_floor / p['seconds']:5.2f}x | "
-              f"{p['accuracy']:.3f} {g['accuracy']:.3f} {d['accuracy']:.3f}{' ' + format(y['accuracy'], '.3f') if y else ''}")
+              f"{p['accuracy']:.3f} {g['accuracy']:.3f} {d['accuracy']:.3f} {f['accuracy']:.3f}"
+              f"{' ' + format(y['accuracy'], '.3f') if y else ''}")
     print("target: engine/plain and ray/plain <= 1.10 (the floor columns: the best any runtime built on Flower's "
           "Message and Ray backend can reach)")
     if not args.out:

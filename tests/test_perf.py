@@ -70,4 +70,4 @@ def test_bench_simulation_runs(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert bench_simulation.main(["--nodes", "3", "--epochs", "1", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
-    assert "ray floor" in out and "msg us" in out
+    assert "ray floor" in out and "floor cpu" in out
