@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
@@ -61,10 +61,9 @@ def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, 
     msgs = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
     order: dict[int, Any] = {}
     for reply in exchange(grid, msgs, timeout, poll_interval):
-        if not reply.has_error() and R.METRICS in reply.content.metric_records:
-            metrics = reply.content.metric_records[R.METRICS]
-            if "partition-id" in metrics:  # nodes with their own data may have none
-                order[reply.metadata.src_node_id] = int(metrics["partition-id"])
+        metrics = None if reply.has_error() else R.get(reply.content, R.METRICS, MetricRecord)
+        if metrics is not None and "partition-id" in metrics:  # nodes with their own data may have none
+            order[reply.metadata.src_node_id] = int(metrics["partition-id"])
     if len(order) < len(nodes):
         log(WARNING, "Only %d of %d nodes reported a partition id; the others are ordered by node id", len(order), len(nodes))
     strategy.order_nodes(order)
@@ -226,7 +225,7 @@ class ClientStateReport:
         if self.resumed_after is None or self.counts:
             return
         for msg in replies:
-            info = None if msg.has_error() else msg.content.config_records.get(R.REPLY_INFO)
+            info = None if msg.has_error() else R.get(msg.content, R.REPLY_INFO, ConfigRecord)
             if info is not None and client_state.STATUS in info:
                 key = str(info[client_state.STATUS])
                 self.counts[key] = self.counts.get(key, 0) + 1

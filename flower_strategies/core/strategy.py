@@ -586,16 +586,17 @@ class FedAdaptStrategy(Strategy):
         replies = self._drop_no_replies(server_round, replies)
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error() for _, r in R.of_type(m.content, ArrayRecord))
         usable, weights, aggregates = self._screen_and_fold(replies, rlog)
-        reported = [float(R.get(msg.content, R.METRICS, MetricRecord)[R.NUM_EXAMPLES]) for msg, _ in usable]
         reply_metrics: list[dict[str, Any]] = []
+        clipped = 0
         for (msg, _), weight in zip(usable, weights):
             metrics = dict(R.get(msg.content, R.METRICS, MetricRecord))
+            clipped += weight < float(metrics[R.NUM_EXAMPLES])
             reply_metrics.append({**metrics, R.NUM_EXAMPLES: weight, "node-id": msg.metadata.src_node_id})
         rlog.replies_used = len(reply_metrics)
         metrics_out = self.mean_reply_metrics(reply_metrics)
         metrics_out["replies-used"] = rlog.replies_used
         metrics_out["replies-rejected"] = rlog.replies_rejected
-        metrics_out["weights-clipped"] = sum(w < n for w, n in zip(weights, reported))
+        metrics_out["weights-clipped"] = clipped
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
@@ -692,9 +693,7 @@ class FedAdaptStrategy(Strategy):
         return [Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=n) for n in node_ids]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        usable = [
-            dict(m.content.metric_records[R.METRICS]) for m in replies
-            if not m.has_error() and R.METRICS in m.content.metric_records
-        ]
+        found = (R.get(m.content, R.METRICS, MetricRecord) for m in replies if not m.has_error())
+        usable = [dict(rec) for rec in found if rec is not None]
         usable = [m for m in usable if isinstance(m.get(R.NUM_EXAMPLES), (int, float)) and m[R.NUM_EXAMPLES] > 0]
         return MetricRecord(self.mean_reply_metrics(usable)) if usable else None
