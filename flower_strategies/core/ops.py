@@ -74,7 +74,7 @@ def fold(
     else:
         ws = [1.0] * n
     total = sum(ws)
-    plans = []  # per key: (key, flat items, flat reference or None, accumulator or None)
+    plans = []  # per key: (key, items' arrays, flat reference or None, accumulator or None, measure?)
     for key in (items[0] if n else {}):
         srcs = [np.asarray(item[key]) for item in items]
         first = srcs[0]
