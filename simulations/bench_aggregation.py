@@ -107,7 +107,8 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     elif kind == "fedadapt":
         from flower_strategies.core.registry import get_method
 
-        strategy = get_method(name).build(trainable_keys=trainable, min_available_nodes=1, min_train_nodes=n, num_rounds=10)
+        strategy = get_method(name).build(trainable_keys=trainable, min_available_nodes=1, min_train_nodes=n,
+                                          num_rounds=10)
         specs = strategy.uplink_specs()
 
         def content_for(i: int) -> RecordDict:
@@ -230,7 +231,8 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     traced = Traced()
     aggregate(6, traced)
     dt, cpu, peak = min(c.seconds for c in clocks), min(c.cpu for c in clocks), traced.peak
-    return {"kind": kind, "name": name, "n": n, "seconds": dt, "cpu": cpu, "peak_bytes": peak, "model_bytes": model_bytes}
+    return {"kind": kind, "name": name, "n": n, "seconds": dt, "cpu": cpu, "peak_bytes": peak,
+            "model_bytes": model_bytes}
 
 
 # ------------------------------------------------------------------------------------------ parent side
@@ -283,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             r["seconds"] = r["cpu"]
     model_mb = next(iter(rows.values()))["model_bytes"] / 2**20
     print(f"\nmodel: {args.size} ({model_mb:.1f} MiB); time = fastest aggregate_train of rounds 2-4 (after a warm-up "
-          f"round; {args.clock} seconds); extra = tracemalloc peak during round 6's aggregate_train, rss = peak resident-set "
-          f"growth of round 2's in a separate child, both in model copies")
+          f"round; {args.clock} seconds); extra = tracemalloc peak during round 6's aggregate_train, "
+          f"rss = peak resident-set growth of round 2's in a separate child, both in model copies")
     for n in args.replies:
         print(f"\nN = {n} replies")
         print(f"{'':<12s} {'fedadapt s':>10s} {'extra':>7s} {'rss':>7s} {'flwr s':>9s} {'extra':>7s} {'rss':>7s} "
@@ -319,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             checks = [f"{ratio:5.2f}x floor ({'ok' if ratio <= 1.3 else 'MISS'})",
                       f"extra {extra:4.2f} copies ({'ok' if extra <= 2.0 else 'MISS'})"]
             if m in ("fedavg", "fedavgm") and flwr_avg:
-                checks.append(f"flwr FedAvg/ours {flwr_avg / r['seconds']:5.2f}x ({'ok' if flwr_avg > r['seconds'] else 'MISS'})")
+                verdict = "ok" if flwr_avg > r["seconds"] else "MISS"
+                checks.append(f"flwr FedAvg/ours {flwr_avg / r['seconds']:5.2f}x ({verdict})")
             if m in ADAPTIVE and flwr_adam:
                 checks.append(f"flwr FedAdam/ours {flwr_adam / r['seconds']:5.2f}x "
                               f"({'ok' if flwr_adam >= 2 * r['seconds'] else 'MISS'})")

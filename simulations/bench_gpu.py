@@ -113,8 +113,8 @@ def app_check(methods: list[str]) -> None:
     for method in methods:
         finals = {}
         for dev in ("cpu", "cuda"):
-            cfg = {"method": method, "task": "synthetic-linear", "num-server-rounds": 3, "local-steps": 5, "device": dev,
-                   "output-dir": tempfile.mkdtemp(), "client-lr": 0.05}
+            cfg = {"method": method, "task": "synthetic-linear", "num-server-rounds": 3, "local-steps": 5,
+                   "device": dev, "output-dir": tempfile.mkdtemp(), "client-lr": 0.05}
             finals[dev] = run_inprocess(cfg, 4)["final"]["test-loss"]
         print(f"app path {method}: final test loss cpu {finals['cpu']:.6f} cuda {finals['cuda']:.6f}", flush=True)
 

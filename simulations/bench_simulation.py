@@ -124,7 +124,8 @@ def flower_exchange():
     from flower_strategies.core.client import record_tensors
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what the engine's grid sets
-    config = ConfigRecord({"server-round": 1, "method": "fedavg", "client-lr": 0.1, "local-epochs": 1, "batch-size": 32})
+    config = ConfigRecord({"server-round": 1, "method": "fedavg", "client-lr": 0.1, "local-epochs": 1,
+                           "batch-size": 32})
 
     class Exchange:
         msg: Message
@@ -232,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  measured E={e} N={n}", file=sys.stderr, flush=True)
     print(f"\ndigits-mlp, fedavg, {args.rounds} rounds, batch 32, iid; seconds (final test accuracy)")
     print("engine = the whole run_inprocess call with " + ", ".join(f"{k}={str(v).lower()}" for k, v in LEAN.items())
-          + f" (strategy, reply validation, test set, {args.rounds + 1} central evaluations, metrics files, model.pt, summary.json);"
+          + f" (strategy, reply validation, test set, {args.rounds + 1} central evaluations, metrics files, model.pt,"
+          " summary.json);"
           " defaults = the same run with the app's defaults (+ train-loss-before, + learning_curve.png);"
           " cpu = process CPU seconds (one torch thread; robust on a shared machine), wall = wall seconds;"
           " steady = mean wall time of rounds >= 2 (metrics.jsonl seconds) x rounds")

@@ -44,7 +44,8 @@ def convert(out: str | Path, num_partitions: int, **settings: Any) -> list[Path]
         files.append(path)
         sizes.append(len(x))
     manifest = {
-        "format": "fedadapt node data: npz with x (float32 [n, ...]) and y (int64 [n] labels or float32 [n, 1] targets)",
+        "format": "fedadapt node data: npz with x (float32 [n, ...]) and y (int64 [n] labels or float32 [n, 1] "
+                  "targets)",
         "task": fed.task, "num-partitions": num_partitions, "partitioner": fed.partitioner, "seed": fed.seed,
         "dirichlet-alpha": fed.dirichlet_alpha, "classes-per-client": fed.classes_per_client,
         "synthetic-dim": fed.synthetic_dim, "synthetic-heterogeneity": fed.synthetic_heterogeneity,

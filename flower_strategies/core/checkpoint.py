@@ -41,8 +41,10 @@ FORMAT = "fedadapt-checkpoint"
 VERSION = 2  # 1 = the former pickle format (no longer readable)
 
 #: Run-config keys that may differ between the checkpointed run and the resumed one.
-RESUMABLE_CHANGES = frozenset({"num-server-rounds", "resume", "checkpoint-every", "round-timeout", "output-dir", "run-name",
-                               "learning-curve", "grid-pull-interval"})
+RESUMABLE_CHANGES = frozenset({
+    "num-server-rounds", "resume", "checkpoint-every", "round-timeout", "output-dir", "run-name", "learning-curve",
+    "grid-pull-interval",
+})
 
 META = "meta"
 ARRAY_REF = "__array__"
@@ -108,7 +110,7 @@ def encode(
     text = json.dumps(_split(meta, "meta", {}), allow_nan=True)  # _split: numpy scalars → Python numbers
     members[META] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     buf = io.BytesIO()
-    np.savez(buf, **members)
+    np.savez(buf, **members)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     return buf.getvalue()
 
 
@@ -194,10 +196,12 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"{where}: incomplete checkpoint metadata ({err!r})") from None
     if expected != set(members):
         missing, extra = sorted(expected - set(members)), sorted(set(members) - expected)
-        raise CheckpointError(f"{where}: checkpoint members do not match its metadata (missing {missing}, extra {extra})")
+        raise CheckpointError(f"{where}: checkpoint members do not match its metadata "
+                              f"(missing {missing}, extra {extra})")
     for name, arr in members.items():
         if arr.dtype.kind not in DATA_KINDS:
-            raise CheckpointError(f"{where}: member {name!r} has dtype {arr.dtype}; checkpoints hold numeric arrays only")
+            raise CheckpointError(f"{where}: member {name!r} has dtype {arr.dtype}; "
+                                  "checkpoints hold numeric arrays only")
         if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             raise CheckpointError(f"{where}: member {name!r} holds NaN/Inf")
     if not isinstance(meta.get("app", {}), dict):
@@ -239,9 +243,10 @@ def check_arrays(payload: Mapping[str, Any], like: Mapping[str, Any]) -> None:
     got = {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in payload["arrays"].items()}
     want = {k: (tuple(v.shape), _np_dtype(v)) for k, v in like.items()}
     if got.keys() != want.keys():
-        raise CheckpointError(f"the checkpoint's model keys differ from this run's model "
-                              f"(missing {sorted(want.keys() - got.keys())}, unexpected {sorted(got.keys() - want.keys())})")
-    bad = [f"{k}: checkpoint {got[k][0]} {got[k][1]} vs model {want[k][0]} {want[k][1]}" for k in want if got[k] != want[k]]
+        raise CheckpointError(f"the checkpoint's model keys differ from this run's model (missing "
+                              f"{sorted(want.keys() - got.keys())}, unexpected {sorted(got.keys() - want.keys())})")
+    bad = [f"{k}: checkpoint {got[k][0]} {got[k][1]} vs model {want[k][0]} {want[k][1]}"
+           for k in want if got[k] != want[k]]
     if bad:
         raise CheckpointError(f"the checkpoint's arrays do not fit this run's model ({'; '.join(bad)})")
 

@@ -82,7 +82,8 @@ def _npy_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | 
     buf = io.BytesIO(prefix)
     try:
         version = np.lib.format.read_magic(buf)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
         if read_header is None:
             return None
         shape, fortran, dtype = read_header(buf)
@@ -129,7 +130,8 @@ def to_array(arr: np.ndarray) -> Array:
     if arr.dtype.hasobject or not arr.flags.c_contiguous:
         return Array(arr)  # exactly what Flower writes (e.g. fortran_order for a transposed tensor)
     prefix, dtype = _npy_prefix(arr.dtype, arr.shape)
-    data = b"".join((prefix, memoryview(arr.reshape(-1)).cast("B")))
+    flat = memoryview(arr.reshape(-1)).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer
+    data = b"".join((prefix, flat))
     return Array(dtype=dtype, shape=arr.shape, stype="numpy.ndarray", data=data)
 
 

@@ -24,8 +24,8 @@ Flags (each ambiguity of the sources is explicit):
 State (``m``, ``v``) lives in each parameter's dtype (float64 exactness runs: float64; float32 models: float32) and
 every update is computed in that dtype, a cache-sized chunk at a time, without model-sized temporaries;
 ``step(..., in_place=True)`` (what the strategies use) writes the new parameters into the pseudo-gradient's buffer
-and updates ``m``/``v`` in place once a check pass has shown every new value finite.  For float64 parameters the operations (and so the bits) are those
-of the textbook float64 expressions above.
+and updates ``m``/``v`` in place once a check pass has shown every new value finite.  For float64 parameters the
+operations (and so the bits) are those of the textbook float64 expressions above.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ class ServerOptimizer:
             outs = [d if in_place and owned(d, x) else None] + [o if in_place and owned(o, x) else None for o in olds]
             jobs.append((outs, [x, d, *olds]))
         results = apply_update(kernel, jobs, temps=3, persistent=range(1, 1 + len(names)))
-        new_state: ServerState = {name: {k: outs[1 + j] for k, outs in zip(keys, results)} for j, name in enumerate(names)}
+        new_state: ServerState = {name: {k: outs[1 + j] for k, outs in zip(keys, results)}
+                                  for j, name in enumerate(names)}
         return {k: outs[0] for k, outs in zip(keys, results)}, new_state
 
     def _kernel(self, lr_s: float):

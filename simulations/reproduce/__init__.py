@@ -19,10 +19,10 @@ run-config computes (the engine is deterministic for a seed).  For each paper an
 The catalogue — data settings, each paper's entries and claims, the sweep's grids, the theory runs — is data:
 ``catalogue/*.toml`` (format in :mod:`.catalogue`).  Grids list registry names; a method that is not registered (yet)
 in this installation is reported as ``skipped``.
-Learning rates: each grid entry carries a default client lr (documented in ``docs/reproduce.md``); ``sweep`` re-picks the
-client (and server) lr of every entry from a small grid by the papers' rule — lowest mean training loss of the global model
-(``train-loss-before``: the clients' loss at the broadcast model) over the last rounds — and writes ``sweep.json``, which
-``--lrs-from`` feeds back into a reproduction run.
+Learning rates: each grid entry carries a default client lr (documented in ``docs/reproduce.md``); ``sweep``
+re-picks the client (and server) lr of every entry from a small grid by the papers' rule — lowest mean training loss
+of the global model (``train-loss-before``: the clients' loss at the broadcast model) over the last rounds — and
+writes ``sweep.json``, which ``--lrs-from`` feeds back into a reproduction run.
 
 Modules: :mod:`.catalogue` (the data), :mod:`.runner` (runs → result rows), :mod:`.report` (aggregates, verdicts,
 files, plots), :mod:`.sweep`, :mod:`.theory`, :mod:`.cli` (``__main__``).

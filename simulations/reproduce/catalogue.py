@@ -1,4 +1,5 @@
-"""The reproduction catalogue: data settings and each paper's comparison set, read from the TOML files in ``catalogue/``.
+"""The reproduction catalogue: data settings and each paper's comparison set, read from the TOML files in
+``catalogue/``.
 
 ``catalogue/settings.toml``::
 

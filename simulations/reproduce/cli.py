@@ -24,8 +24,10 @@ def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | Non
               only_settings: Sequence[str] | None = None, jobs: int = 1) -> dict[str, dict[str, Path]]:
     """Run the papers ``keys`` on their settings (quick: the first only); write every output; return the files."""
     table = papers()
-    plan: list[tuple[Paper, str]] = [(table[k], s) for k in keys for s in (table[k].settings[:1] if quick else table[k].settings)
-                                     if not only_settings or s in only_settings]
+    plan: list[tuple[Paper, str]] = [
+        (table[k], s) for k in keys for s in (table[k].settings[:1] if quick else table[k].settings)
+        if not only_settings or s in only_settings
+    ]
     seed_list = list(range(seeds))
     methods = registered()
     prog = Progress(sum(sum(1 for e in p.entries_for(s) if e.method in methods) * len(seed_list) for p, s in plan))
@@ -53,11 +55,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=None, help="server rounds (default 50, quick 8; sweep 20)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("--setting", default=None,
-                    help=f"data setting(s), comma-separated (sweep: one, default the paper's first; a run: only these); "
-                         f"of {', '.join(settings())}")
-    ap.add_argument("--lrs", default=None, help="sweep: comma-separated client lrs for every entry (default: per-entry grid)")
+                    help="data setting(s), comma-separated (sweep: one, default the paper's first; "
+                         f"a run: only these); of {', '.join(settings())}")
+    ap.add_argument("--lrs", default=None,
+                    help="sweep: comma-separated client lrs for every entry (default: per-entry grid)")
     ap.add_argument("--param", default="both", choices=PARAMS,
-                    help="sweep: which learning rates to sweep (default both: client × server for server-tuned methods)")
+                    help="sweep: which learning rates to sweep "
+                         "(default both: client × server for server-tuned methods)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs in parallel worker processes (default 1; 2 on a 2-core machine halves the wall time)")
     ap.add_argument("--lrs-from", type=Path, action="append", default=None,

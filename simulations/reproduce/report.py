@@ -15,7 +15,8 @@ from .runner import _num, read_metrics, summarize
 
 COLUMNS = [
     "paper", "setting", "label", "method", "seed", "status", "client_lr", "server_lr", "rounds", "final_test_accuracy",
-    "mean_test_accuracy_last", "final_test_loss", "best_test_accuracy", "final_train_loss", "mean_train_loss_last", "early_train_loss", "target",
+    "mean_test_accuracy_last", "final_test_loss", "best_test_accuracy", "final_train_loss", "mean_train_loss_last",
+    "early_train_loss", "target",
     "rounds_to_target", "bytes_up_per_round", "bytes_down_per_round", "bytes_per_round", "seconds", "run_dir", "error",
 ]
 
@@ -55,7 +56,8 @@ def judge(claim: Claim, agg: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]
 
     ``reproduced`` = the paper's direction by more than the seed noise (the larger of the two std over seeds);
     ``same direction, within seed noise``; ``NOT reproduced`` = the opposite direction by more than the noise;
-    ``opposite, within seed noise``; ``no difference`` (identical means); ``n/a`` when a side is missing or neither side reached the target.
+    ``opposite, within seed noise``; ``no difference`` (identical means); ``n/a`` when a side is missing or neither
+    side reached the target.
     """
     b, w = agg.get(claim.better, {}), agg.get(claim.worse, {})
     if b.get("status") != "ok" or w.get("status") != "ok" or claim.metric not in b or claim.metric not in w:
@@ -97,8 +99,8 @@ def markdown_table(paper: Paper, setting: str, results: Sequence[Mapping[str, An
         f"`{command}` · {len(seeds)} seed(s) {seeds} · {rounds} rounds · {clients} · "
         f"target test accuracy {target:g}",
         "",
-        "| entry | method | client lr | server lr | final test acc (mean ± std) | test acc, last quarter (mean ± std) | "
-        "rounds to target | "
+        "| entry | method | client lr | server lr | final test acc (mean ± std) | "
+        "test acc, last quarter (mean ± std) | rounds to target | "
         "train loss (last rounds) | bytes/round (up+down) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -156,7 +158,8 @@ def write_summary(out: Path) -> Path:
     for path in sorted(out.glob("*/*/results.json")):
         data = json.loads(path.read_text())
         for c in data.get("claims", []):
-            lines.append(f"| {data['paper']} | `{data['setting']}` | {c['claim']} | **{c['verdict']}** | {c['numbers']} |")
+            lines.append(f"| {data['paper']} | `{data['setting']}` | {c['claim']} | **{c['verdict']}** "
+                         f"| {c['numbers']} |")
             counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
     tally = ", ".join(f"{v}: {n}" for v, n in sorted(counts.items()))
     path = out / "summary.md"
@@ -216,7 +219,8 @@ def plot_curves(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]]
             ax.set_yscale("log")
         ax.set_xlabel("server round")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"Paper {paper.key} on {settings()[setting].title()}: mean ± std over {n_seeds} seed(s)", fontsize=10)
+        ax.set_title(f"Paper {paper.key} on {settings()[setting].title()}: mean ± std over {n_seeds} seed(s)",
+                     fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
