@@ -22,16 +22,15 @@ Conventions and deviations
 * Weighting: example-weighted mean by default (``weighting="uniform"`` for papers 002/004).
 
 One strategy class, :class:`FedOpt`; the six baselines are registry names with other defaults of its
-declaration (:class:`FedOptHParams`): ``server_opt`` picks the server optimizer, ``mu > 0`` is FedProx.
-The classes ``FedAvg``, ``FedAdam``, … exist for ``from flower_strategies import FedAdam`` and are nothing
-but those defaults.
+declaration (:class:`FedOptHParams`), given to :func:`~flower_strategies.core.registry.register`: ``server_opt``
+picks the server optimizer, ``mu > 0`` is FedProx.  The classes ``FedAvg``, ``FedAdam``, … exist for
+``from flower_strategies import FedAdam``: each only names its registry name, whose defaults it takes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
 
 from ..core.hparams import param
 from ..core.local import SGDHParams, SGDOptimizer
@@ -65,6 +64,7 @@ class FedOpt(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedavg"
     hparams_class = FedOptHParams
+    hparams: FedOptHParams
     local_optimizer = SGDOptimizer
 
     def __init__(self, hparams: FedOptHParams | None = None, **kwargs: Any) -> None:
@@ -85,25 +85,46 @@ class FedOpt(FedAdaptStrategy):
         return self.merge_buffers(new_params, current, mean), dict(new_state), {}
 
 
-def _variant(name: str, doc: str, **defaults: Any) -> type[FedOpt]:
-    return type(name, (FedOpt,), {"__doc__": doc, "method": name.lower(), "variant": defaults, "__module__": __name__})
+class FedAvg(FedOpt):
+    """FedAvg (McMahan et al. 2017) with an optional server learning rate."""
+
+    method: ClassVar[str] = "fedavg"
 
 
-_ADAPTIVE = {"server_lr": 0.01}
-FedAvg = _variant("FedAvg", "FedAvg (McMahan et al. 2017) with an optional server learning rate.")
-FedAvgM = _variant("FedAvgM", "FedAvgM (Hsu et al. 2019): heavy-ball server momentum ``u ← β1·u + D̄``, ``u₀ = 0``.", server_opt="sgdm")
-FedAdagrad = _variant("FedAdagrad", "FedAdagrad (Reddi et al. 2021): ``v ← v + D̄²``.", server_opt="adagrad", server_lr=0.03)
-FedAdam = _variant("FedAdam", "FedAdam (Reddi et al. 2021): ``v ← β2·v + (1−β2)·D̄²``.", server_opt="adam", **_ADAPTIVE)
-FedYogi = _variant("FedYogi", "FedYogi (Reddi et al. 2021): ``v ← v − (1−β2)·D̄²·sign(v − D̄²)``.", server_opt="yogi", **_ADAPTIVE)
-FedProx = _variant("FedProx", "FedProx (Li et al. 2020): FedAvg server; clients add ``mu·(w − x_t)`` to every local gradient.", mu=0.01)
+class FedAvgM(FedOpt):
+    """FedAvgM (Hsu et al. 2019): heavy-ball server momentum ``u ← β1·u + D̄``, ``u₀ = 0``."""
+
+    method: ClassVar[str] = "fedavgm"
+
+
+class FedAdagrad(FedOpt):
+    """FedAdagrad (Reddi et al. 2021): ``v ← v + D̄²``."""
+
+    method: ClassVar[str] = "fedadagrad"
+
+
+class FedAdam(FedOpt):
+    """FedAdam (Reddi et al. 2021): ``v ← β2·v + (1−β2)·D̄²``."""
+
+    method: ClassVar[str] = "fedadam"
+
+
+class FedYogi(FedOpt):
+    """FedYogi (Reddi et al. 2021): ``v ← v − (1−β2)·D̄²·sign(v − D̄²)``."""
+
+    method: ClassVar[str] = "fedyogi"
+
+
+class FedProx(FedOpt):
+    """FedProx (Li et al. 2020): FedAvg server; clients add ``mu·(w − x_t)`` to every local gradient."""
+
+    method: ClassVar[str] = "fedprox"
+
 
 _REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021"
-for _cls, _paper, _summary in (
-    (FedAvg, "McMahan et al., AISTATS 2017", "local SGD + (weighted) model averaging"),
-    (FedAvgM, "Hsu et al., 2019", "FedAvg + server heavy-ball momentum"),
-    (FedAdagrad, _REDDI, "local SGD + server AdaGrad"),
-    (FedAdam, _REDDI, "local SGD + server Adam"),
-    (FedYogi, _REDDI, "local SGD + server Yogi"),
-    (FedProx, "Li et al., MLSys 2020", "local SGD with proximal term + FedAvg"),
-):
-    register(_cls, paper=_paper, summary=_summary)
+register(FedAvg, paper="McMahan et al., AISTATS 2017", summary="local SGD + (weighted) model averaging")
+register(FedAvgM, server_opt="sgdm", paper="Hsu et al., 2019", summary="FedAvg + server heavy-ball momentum")
+register(FedAdagrad, server_opt="adagrad", server_lr=0.03, paper=_REDDI, summary="local SGD + server AdaGrad")
+register(FedAdam, server_opt="adam", server_lr=0.01, paper=_REDDI, summary="local SGD + server Adam")
+register(FedYogi, server_opt="yogi", server_lr=0.01, paper=_REDDI, summary="local SGD + server Yogi")
+register(FedProx, mu=0.01, paper="Li et al., MLSys 2020", summary="local SGD with proximal term + FedAvg")

@@ -41,7 +41,7 @@ from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer
 from ..core.ops import NamedArrays, averaging_step, decayed_lr, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 
 #: Downlink record (and server state) of the broadcast global update Δ_t.
 GLOBAL_UPDATE = "global-update"
@@ -85,6 +85,7 @@ class FedCM(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedcm"
     hparams_class = FedCMHParams
+    hparams: FedCMHParams
     local_optimizer = FedCMOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
@@ -95,10 +96,7 @@ class FedCM(FedAdaptStrategy):
         return {GLOBAL_UPDATE: state_like(arrays, self.trainable(arrays))}  # Δ_0 = 0
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None and self.server_state is not None
-        if self.hparams.amend_weight == 1.0:
-            return {}
-        return {GLOBAL_UPDATE: cast_like(self.server_state[GLOBAL_UPDATE], self.current)}
+        return {} if self.hparams.amend_weight == 1.0 else {GLOBAL_UPDATE: (self.server_state or {})[GLOBAL_UPDATE]}
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates[R.MODEL]

@@ -69,8 +69,8 @@ from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import LocalOptimizer
 from ..core.ops import NamedArrays, apply_update, owned, state_like
-from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
+from ..core.registry import class_overrides, register
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
 #: Record names (downlink: MOMENTUM; uplink: MOMENTUM_SUM and MOMENTUM).
 MOMENTUM = "momentum"
@@ -282,12 +282,13 @@ class FedDA(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedda"
     hparams_class = FedDAHParams
+    hparams: FedDAHParams
     local_optimizer = FedDAOptimizer
     default_weighting: ClassVar[str] = "examples"
 
     def __init__(self, hparams: FedDAHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        fixed = self.variant.get("variant")
+        fixed = class_overrides(type(self)).get("variant")  # fedda-sgdm, -adam, -adagrad fix the server optimizer
         if fixed is not None and self.hparams.variant != fixed:
             raise ConfigError(
                 f"{type(self).__name__} is FedDA with variant {fixed!r}, but its hparams say {self.hparams.variant!r}; "
@@ -306,8 +307,7 @@ class FedDA(FedAdaptStrategy):
         }
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.server_state is not None and self.current is not None
-        return {MOMENTUM: cast_like(self.server_state["m_t"], self.current)}
+        return {MOMENTUM: (self.server_state or {})["m_t"]}
 
     def client_config(self, server_round: int) -> dict[str, Any]:
         return {R.FULL_BATCH: self.full_batch(server_round)}
@@ -342,25 +342,25 @@ class FedDASGDM(FedDA):
     """FedDA+SGDM (Algorithm 1): ``W ← W − η·α·P̄``."""
 
     method: ClassVar[str] = "fedda-sgdm"
-    variant: ClassVar[dict[str, Any]] = {"variant": "sgdm", "server_lr": TABLE12_SERVER_LR["sgdm"]}
 
 
 class FedDAAdam(FedDA):
     """FedDA+Adam (Algorithm 2, Adam branch)."""
 
     method: ClassVar[str] = "fedda-adam"
-    variant: ClassVar[dict[str, Any]] = {"variant": "adam", "server_lr": TABLE12_SERVER_LR["adam"]}
 
 
 class FedDAAdagrad(FedDA):
     """FedDA+AdaGrad (Algorithm 2, AdaGrad branch)."""
 
     method: ClassVar[str] = "fedda-adagrad"
-    variant: ClassVar[dict[str, Any]] = {"variant": "adagrad", "server_lr": TABLE12_SERVER_LR["adagrad"]}
 
 
 _PAPER = "Jin et al., Accelerated Federated Learning with Decoupled Adaptive Optimization, ICML 2022"
 register(FedDA, paper=_PAPER, summary="local SGD + decoupled global momentum; server SGDM/Adam/AdaGrad (fedda.variant)")
-register(FedDASGDM, paper=_PAPER, summary="FedDA with server SGDM (Algorithm 1)")
-register(FedDAAdam, paper=_PAPER, summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
-register(FedDAAdagrad, paper=_PAPER, summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")
+register(FedDASGDM, variant="sgdm", server_lr=TABLE12_SERVER_LR["sgdm"], paper=_PAPER,
+         summary="FedDA with server SGDM (Algorithm 1)")
+register(FedDAAdam, variant="adam", server_lr=TABLE12_SERVER_LR["adam"], paper=_PAPER,
+         summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
+register(FedDAAdagrad, variant="adagrad", server_lr=TABLE12_SERVER_LR["adagrad"], paper=_PAPER,
+         summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")

@@ -62,7 +62,7 @@ from ..core.hparams import ConfigError, HParams, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, inverse_sqrt
 from ..core.ops import NamedArrays, averaging_step, decayed_lr, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
 #: Record names (downlink and uplink share "v-hat").
 VHAT = "v-hat"
@@ -182,6 +182,7 @@ class FedLADA(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedlada"
     hparams_class = FedLADAHParams
+    hparams: FedLADAHParams
     local_optimizer = FedLADAOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
@@ -208,9 +209,8 @@ class FedLADA(FedAdaptStrategy):
         }
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None and self.server_state is not None
-        names = (VHAT, GLOBAL_OFFSET) if self.hparams.amend_weight < 1.0 else (VHAT,)
-        return {name: cast_like(self.server_state[name], self.current) for name in names}
+        state = self.server_state or {}
+        return {name: state[name] for name in ((VHAT, GLOBAL_OFFSET) if self.hparams.amend_weight < 1.0 else (VHAT,))}
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates[R.MODEL]

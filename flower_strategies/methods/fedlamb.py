@@ -77,7 +77,7 @@ from ..core.hparams import ConfigError, HParams, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, Named, inverse_sqrt
 from ..core.ops import NamedArrays, owned, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
 from .baselines import FedOpt
 
@@ -301,6 +301,7 @@ class FedLAMB(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedlamb"
     hparams_class = FedLAMBHParams
+    hparams: FedLAMBHParams
     local_optimizer = FedLAMBOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
@@ -318,11 +319,8 @@ class FedLAMB(FedAdaptStrategy):
         return {"v_hat": state_like(arrays, self.trainable(arrays)), "v_steps": 0.0}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.server_state is not None and self.current is not None
-        return {
-            V_HAT: cast_like(self.server_state["v_hat"], self.current),
-            V_STEPS: {"s_v": np.array([self.server_state["v_steps"]], dtype=np.float64)},
-        }
+        state = self.server_state or {}
+        return {V_HAT: state["v_hat"], V_STEPS: {"s_v": np.array([state["v_steps"]], dtype=np.float64)}}
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         mean = inputs.aggregates[R.MODEL]
@@ -334,7 +332,6 @@ class FedAMS(FedLAMB):
     """Fed-AMS (Chen et al. 2020, paper 004's baseline) = Fed-LAMB without the trust ratio: ``θ ← θ − α_r·(p + λθ)``."""
 
     method: ClassVar[str] = "fedams"
-    variant: ClassVar[dict[str, Any]] = {"trust_ratio": False}
 
 
 class AdpFed(FedOpt):
@@ -347,10 +344,11 @@ class AdpFed(FedOpt):
 
     method: ClassVar[str] = "adpfed"
     default_weighting: ClassVar[str] = "uniform"
-    variant: ClassVar[dict[str, Any]] = {"server_opt": "adam", "server_lr": 0.01, "beta2": 0.999, "tau": 1e-8, "initial_v": 0.0}
 
 
 _PAPER = "Karimi, Li, Li: FED-LAMB: Layer-wise and Dimension-wise Locally Adaptive Optimization (2021)"
 register(FedLAMB, paper=_PAPER, summary="local AMSGrad + LAMB trust ratio; model averaging + max-merged v̂")
-register(FedAMS, paper="Chen et al. 2020, as used in " + _PAPER, summary="local AMSGrad; model averaging + max-merged v̂")
-register(AdpFed, paper="Reddi et al. 2021, as written in " + _PAPER, summary="FedAdam with paper 004's settings (v₀ = 0, β2 = 0.999)")
+register(FedAMS, trust_ratio=False, paper="Chen et al. 2020, as used in " + _PAPER,
+         summary="local AMSGrad; model averaging + max-merged v̂")
+register(AdpFed, server_opt="adam", server_lr=0.01, beta2=0.999, tau=1e-8, initial_v=0.0,
+         paper="Reddi et al. 2021, as written in " + _PAPER, summary="FedAdam with paper 004's settings (v₀ = 0, β2 = 0.999)")

@@ -310,6 +310,7 @@ class FedLocal(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedlocal"
     hparams_class = FedLocalHParams
+    hparams: FedLocalHParams
     local_optimizer = FedLocalOptimizer
     default_weighting: ClassVar[str] = "examples"  # [ref-impl]; Algorithm 1 prints a uniform mean (A2)
 
@@ -334,8 +335,8 @@ class FedLocal(FedAdaptStrategy):
         return state
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.server_state is not None
-        return {name: self.server_state[name] for name in self.hparams.sync_records()}
+        state = self.server_state or {}
+        return {name: state[name] for name in self.hparams.sync_records()}
 
     def client_config(self, server_round: int) -> dict[str, Any]:
         assert self.server_state is not None
@@ -360,7 +361,6 @@ class FedLocalSync(FedLocal):
     """Comparison variant: clients start each round from the server-averaged optimizer states (m, v)."""
 
     method: ClassVar[str] = "fedlocal-sync"
-    variant: ClassVar[dict[str, Any]] = {"sync": True}
 
 
 _PAPER = (
@@ -371,6 +371,6 @@ register(
     summary="restarted local SGD/SGDM/AdaGrad/Adam/Yogi + none/local/joint correction + FedOpt server",
 )
 register(
-    FedLocalSync, paper=_PAPER,
+    FedLocalSync, sync=True, paper=_PAPER,
     summary="FedLocal with server-averaged client optimizer states (paper's comparison; extra communication)",
 )

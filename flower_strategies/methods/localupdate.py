@@ -344,6 +344,7 @@ class LocalUpdate(FedAdaptStrategy):
 
     method: ClassVar[str] = "localupdate"
     hparams_class = LocalUpdateHParams
+    hparams: LocalUpdateHParams
     local_optimizer = LocalUpdateOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
@@ -392,6 +393,7 @@ class LocalUpdateDecay(LocalUpdate):
 
     method: ClassVar[str] = "localupdatedecay"
     hparams_class = LocalUpdateDecayHParams
+    hparams: LocalUpdateDecayHParams
 
     def __init__(self, hparams: LocalUpdateDecayHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)

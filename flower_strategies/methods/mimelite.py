@@ -47,7 +47,7 @@ from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer, Named
 from ..core.ops import NamedArrays, apply_update, averaging_step, owned, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
 
 MOMENTUM = "momentum"
@@ -156,6 +156,7 @@ class MimeLite(FedAdaptStrategy):
 
     method: ClassVar[str] = "mimelite"
     hparams_class = MimeLiteHParams
+    hparams: MimeLiteHParams
     local_optimizer = MimeLiteOptimizer
     default_weighting: ClassVar[str] = "examples"
 
@@ -167,8 +168,7 @@ class MimeLite(FedAdaptStrategy):
         return {r: state_like(arrays, keys) for r in STATISTICS[self.hparams.base]}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.server_state is not None and self.current is not None
-        return {record: cast_like(s, self.current) for record, s in self.server_state.items()}
+        return dict(self.server_state or {})
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         hp = self.hparams

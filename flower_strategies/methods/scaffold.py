@@ -48,7 +48,7 @@ from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer
 from ..core.ops import NamedArrays, averaging_step, decayed_lr, owned, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
 SERVER_CONTROL = "server-control"
 CONTROL_DELTA = "control-delta"
@@ -108,6 +108,7 @@ class Scaffold(FedAdaptStrategy):
 
     method: ClassVar[str] = "scaffold"
     hparams_class = ScaffoldHParams
+    hparams: ScaffoldHParams
     local_optimizer = ScaffoldOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
@@ -121,8 +122,7 @@ class Scaffold(FedAdaptStrategy):
         return {SERVER_CONTROL: state_like(arrays, self.trainable(arrays))}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None and self.server_state is not None
-        return {SERVER_CONTROL: cast_like(self.server_state[SERVER_CONTROL], self.current)}
+        return {SERVER_CONTROL: (self.server_state or {})[SERVER_CONTROL]}
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean, delta_sum = inputs.current, inputs.aggregates[R.MODEL], inputs.aggregates[CONTROL_DELTA]
