@@ -14,7 +14,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 import flower_strategies  # noqa: F401  (core registrations first)
 import flower_strategies.methods.fedlada  # noqa: F401  (registers fedlada, localadam)
 from flower_strategies.methods.baselines import FedAvg
-from flower_strategies.methods.fedlada import GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer
+from flower_strategies.methods.fedlada import (
+    DELTA_PER_STEP, GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer,
+)
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, register
 from flower_strategies.core.strategy import RecordSpec, RoundInputs
@@ -94,6 +96,10 @@ def ref_config(hp, *, client_lr, local_steps, local_epochs, batch_size, weightin
 VARIANTS = {
     "paper-defaults": (FedLADAHParams(), {}),
     "examples-unequal-K": (FedLADAHParams(amend_weight=0.3), {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+    "examples-unequal-K-per-client": (FedLADAHParams(amend_weight=0.3, offset_steps="per-client"),
+                                      {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+    "uniform-unequal-K-per-client-consuming": (FedLADAHParams(offset_steps="per-client", offset_lr="consuming"),
+                                               {"local_steps": 0, "batch_size": 16}),
     "server-v-eps-outside-consuming": (
         FedLADAHParams(v_init="server", eps_placement="outside", eps=1e-3, offset_lr="consuming", server_lr=0.7), {}),
     "eps-inside-precond-decoupled-initial": (
@@ -119,6 +125,42 @@ def test_engine_matches_algorithm3_reference(name):
         np.testing.assert_allclose(states[t - 1]["offset"], ref.offsets[t], rtol=1e-6, atol=1e-9)
         np.testing.assert_allclose(states[t - 1]["vhat"], ref.vsrv[t], rtol=1e-6, atol=1e-15)
     assert np.abs(xs[-1] - X0).max() > 0.02  # the model moved: the comparison is not vacuous
+
+
+UNEQUAL = {"client_lr": 0.01, "local_steps": 0, "local_epochs": 1, "batch_size": 16, "weighting": "uniform"}
+
+
+def test_offset_steps_readings_differ_with_unequal_step_counts():
+    """Epochs mode (K_i = ⌈n_i/B⌉ = 2…4 here): g_a = Δ̄/(η_l·K̄) and g_a = mean_i Δ_i/(η_l·K_i) are different numbers;
+    each engine run matches its own reading of the reference and not the other one."""
+    hp = {r: FedLADAHParams(amend_weight=0.3, offset_steps=r) for r in ("mean", "per-client")}
+    runs = {r: run_engine(FedLADA, hp[r], 4, **UNEQUAL) for r in hp}
+    schedule = runs["mean"][1]
+    assert runs["per-client"][1] == schedule
+    refs = {r: run_fedlada(X0, CLIENTS, schedule, ref_config(hp[r], **UNEQUAL)) for r in hp}
+    for t in range(1, 5):
+        for r in hp:
+            np.testing.assert_allclose(runs[r][0][t], refs[r].xs[t], rtol=0, atol=1e-9)
+            np.testing.assert_allclose(runs[r][2][t - 1]["offset"], refs[r].offsets[t], rtol=1e-9, atol=1e-12)
+        gap = np.abs(refs["mean"].offsets[t] - refs["per-client"].offsets[t]).max()
+        assert gap > 1e-2 * np.abs(refs["mean"].offsets[t]).max()  # measured ≈ 0.04 absolute, ≈ 10 % relative
+        assert np.abs(runs["per-client"][2][t - 1]["offset"] - refs["mean"].offsets[t]).max() > 1e3 * 1e-9
+    assert np.abs(runs["mean"][0][4] - runs["per-client"][0][4]).max() > 1e-4  # the readings lead to other models
+
+
+def test_offset_steps_readings_coincide_with_equal_step_counts():
+    """local-steps = K for every client: both readings are Δ̄/(η_l·K) (to rounding)."""
+    setup = {**UNEQUAL, "local_steps": 5}
+    hp = {r: FedLADAHParams(amend_weight=0.3, offset_steps=r) for r in ("mean", "per-client")}
+    runs = {r: run_engine(FedLADA, hp[r], 4, **setup) for r in hp}
+    refs = {r: run_fedlada(X0, CLIENTS, runs["mean"][1], ref_config(hp[r], **setup)) for r in hp}
+    for t in range(1, 5):
+        np.testing.assert_allclose(refs["per-client"].offsets[t], refs["mean"].offsets[t], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(runs["per-client"][2][t - 1]["offset"], runs["mean"][2][t - 1]["offset"],
+                                   rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(runs["per-client"][0][t], runs["mean"][0][t], rtol=0, atol=1e-13)
+        np.testing.assert_allclose(runs["per-client"][2][t - 1]["offset"], refs["per-client"].offsets[t],
+                                   rtol=1e-9, atol=1e-12)
 
 
 def test_localadam_is_fedlada_with_amend_weight_one():
@@ -369,6 +411,46 @@ def test_protocol_debug_record_and_unequal_steps():
     np.testing.assert_allclose(s.server_state[DIRECTION_SUM]["w"], [2.0, 3.0])
 
 
+def test_protocol_per_client_offset_steps():
+    """offset-steps = per-client: replies carry Δ_i/K_i; g_a = mean_i(Δ_i/K_i)/η_l, not Δ̄/(η_l·K̄)."""
+    s = FedLADA(FedLADAHParams(offset_steps="per-client"), client_lr=0.1, min_available_nodes=2, min_train_nodes=3)
+    assert [spec.name for spec in s.uplink_specs()] == ["arrays", VHAT, DELTA_PER_STEP]
+    x = np.array([1.0, -1.0])
+    msgs = list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), ConfigRecord(), FakeGrid()))
+    assert msgs[0].content["config"]["fedlada.offset-steps"] == "per-client"
+    m1, m2 = np.array([0.8, -0.6]), np.array([0.6, -1.0])
+    replies = [
+        _reply(1, m1, [0.2, 0.1], 10, 2, {DELTA_PER_STEP: (x - m1) / 2}),
+        _reply(2, m2, [0.4, 0.3], 30, 6, {DELTA_PER_STEP: (x - m2) / 6}),
+        _reply(3, m2, [0.4, 0.3], 30, 6),     # missing Δ_i/K_i → rejected
+    ]
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert metrics["replies-used"] == 2
+    np.testing.assert_allclose(arrays["w"].numpy(), (m1 + m2) / 2)
+    want = ((x - m1) / 2 + (x - m2) / 6) / 2 / 0.1
+    np.testing.assert_allclose(s.server_state[GLOBAL_OFFSET]["w"], want)          # [0.666…, −0.666…]
+    assert np.abs(want - (x - (m1 + m2) / 2) / (0.1 * 4)).max() > 0.1               # the mean reading: [0.75, −0.5]
+
+
+def test_client_uploads_delta_per_step_only_for_the_per_client_reading():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    x_t = model.weight.detach().clone()
+    down = {VHAT: {"weight": torch.full_like(x_t, 1e-16)}, GLOBAL_OFFSET: {"weight": torch.zeros_like(x_t)}}
+    for reading in ("mean", "per-client"):
+        model.weight.data.copy_(x_t)
+        opt = FedLADAOptimizer(model.named_parameters(), lr=0.1, downlink=down, offset_steps=reading)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(4, 3, dtype=torch.float64)).pow(2).mean().backward()
+            opt.step()
+        up = opt.uplink_arrays()
+        if reading == "mean":
+            assert DELTA_PER_STEP not in up
+        else:
+            torch.testing.assert_close(up[DELTA_PER_STEP]["weight"], (x_t - model.weight.detach()) / 3, rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------------------ config and communication
 def test_run_config_keys_and_validation():
     for name in ("fedlada", "localadam"):
@@ -384,6 +466,10 @@ def test_run_config_keys_and_validation():
     with pytest.raises(ConfigError, match="initial-vhat"):
         parse_run_config({"method": "fedlada", "fedlada.initial-vhat": 0.0})
     assert FedLADAHParams(initial_vhat=0.0, eps_placement="outside").initial_vhat == 0.0
+    _, _, hp = parse_run_config({"method": "fedlada", "fedlada.offset-steps": "per-client"})
+    assert hp.offset_steps == "per-client" and FedLADAHParams().offset_steps == "mean"
+    with pytest.raises(ConfigError, match="fedlada.offset-steps"):
+        parse_run_config({"method": "fedlada", "fedlada.offset-steps": "median"})
 
 
 def test_communication_per_round():

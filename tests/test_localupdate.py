@@ -662,3 +662,11 @@ def test_decay_resumes_from_state_dict_identically():
     assert [int(r["round"]) for r in second.decay_trace if r["decayed"]] == fired
     np.testing.assert_array_equal(end_resumed["w.weight"].numpy(), end_full["w.weight"].numpy())
     assert second.server_state["client-lr"] == full.server_state["client-lr"] < 0.1
+
+
+def test_only_localupdatedecay_declares_it_needs_train_loss_before():
+    """The ServerApp refuses ``train-loss-before = false`` for a strategy that declares it needs the metric."""
+    from flower_strategies.core.registry import METHODS
+
+    assert {n for n, spec in METHODS.items() if spec.strategy.needs_train_loss_before} == {"localupdatedecay"}
+    assert LU.LocalUpdateDecay.needs_train_loss_before and not LU.LocalUpdate.needs_train_loss_before

@@ -294,7 +294,7 @@ class FedAdaptStrategy(Strategy):
 
     def client_lr_at(self, server_round: int) -> float:
         """Client learning rate of ``server_round``: ``client_lr``, times ``client_lr_decay`` after every round when
-        the method's hyper-parameters declare that field (:func:`.hparams.client_lr_decay`)."""
+        the method's hyper-parameters declare that field (:func:`.hparams.client_lr_decay_param`)."""
         decay = getattr(self.hparams, "client_lr_decay", None)
         return self.client_lr if decay is None else decayed_lr(self.client_lr, decay, server_round)
 

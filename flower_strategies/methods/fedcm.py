@@ -14,7 +14,7 @@ Round ``t`` (``Δ_i = x_t − x_{i,K}``, descent-positive)::
 counts with the same weights as ``Δ̄`` (= K when all clients take K steps).
 
 Symbols ↔ code: α ``amend_weight`` (client), λ ``weight_decay`` (client), η_g ``server_lr``, η_l
-``client_lr_at(t)`` (:func:`~flower_strategies.core.ops.decayed_lr`), ``Δ_t`` server state / downlink record
+``client_lr_at(t)`` (the base applies ``client_lr_decay``), ``Δ_t`` server state / downlink record
 ``"global-update"`` (optimizer state ``global_update``), K̄ ``RoundInputs.mean_steps``.
 
 Records: downlink ``"global-update"`` (Δ_t, trainable keys; only when α < 1) besides the model; uplink the
@@ -37,9 +37,9 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from ..core import records as R
-from ..core.hparams import HParams, param
+from ..core.hparams import HParams, client_lr_decay_param, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, averaging_step, decayed_lr, state_like
+from ..core.ops import NamedArrays, averaging_step, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 
@@ -54,7 +54,7 @@ class FedCMHParams(HParams):
     amend_weight: float = param(0.1, lo=0.0, hi=1.0, client=True, help="α: weight of the local gradient in d = α·g + (1−α)·Δ_t (1 = FedAvg)")
     weight_decay: float = param(1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    client_lr_decay: float = param(0.998, lo=0.0, lo_open=True, hi=1.0, help="client lr × this after every round (paper 002: 0.998)")
+    client_lr_decay: float = client_lr_decay_param(0.998, "paper 002: 0.998")
 
 
 class FedCMOptimizer(LocalOptimizer):
@@ -88,9 +88,6 @@ class FedCM(FedAdaptStrategy):
     hparams: FedCMHParams
     local_optimizer = FedCMOptimizer
     default_weighting: ClassVar[str] = "uniform"
-
-    def client_lr_at(self, server_round: int) -> float:
-        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return {GLOBAL_UPDATE: state_like(arrays, self.trainable(arrays))}  # Δ_0 = 0

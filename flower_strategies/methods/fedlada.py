@@ -12,13 +12,14 @@ Round ``t`` (all ops elementwise; ``v_srv`` = server average of last round's ``v
                            x ← x − η_l·(α·m⊙ϑ + (1−α)·g_a)
                upload x_{i,K} (model) and v̂_i
     server:    Δ̄ = mean_i(x_t − x_{i,K}) ;  x_{t+1} = x_t − η_g·Δ̄ ;  v_srv = mean_i v̂_i
-               g_a = Δ̄ / (η_l^{(t)}·K̄)  (= (x_t − x_{t+1})/(η_g·η_l·K), Algorithm 3 line 18)
+               g_a = Δ̄ / (η_l^{(t)}·K̄)  (= (x_t − x_{t+1})/(η_g·η_l·K), Algorithm 3 line 18; offset_steps = "mean")
+               g_a = mean_i Δ_i/(η_l^{(t)}·K_i)  (offset_steps = "per-client"; the same when every K_i = K)
                η_l^{(t+1)} = client_lr_decay · η_l^{(t)}
 
 Symbols ↔ code: α ``amend_weight``, β1/β2 ``beta1``/``beta2``, λ ``weight_decay`` (client fields, read from
 ``group[...]``); m, v, v̂, g_a optimizer state ``m``, ``v``, ``vhat``, ``offset``; ϑ :meth:`FedLADAOptimizer.preconditioner`;
 v_srv / g_a server state and records ``"v-hat"`` / ``"global-offset"``; η_l ``client_lr_at(t)``
-(:func:`~flower_strategies.core.ops.decayed_lr`); η_g ``server_lr``; K̄ ``RoundInputs.mean_steps``; K_i the
+(the base applies ``client_lr_decay``); η_g ``server_lr``; K̄ ``RoundInputs.mean_steps``; K_i the
 optimizer's ``steps_taken``.
 
 Initial state: ``x_0`` shared, ``v_srv = initial_vhat`` (ε_v² = 1e-16), ``g_a = 0``.  Means are uniform by
@@ -35,18 +36,22 @@ Flags for ALGORITHMS.md §3.6 (defaults = the spec): ``local_updates`` (A1: K or
 ``second_moment`` (AMSGrad / Adam without the max / SGD base = the FedCM client, §3.7 case 5).
 
 Records: downlink ``"v-hat"`` (v_srv) and ``"global-offset"`` (g_a; only when α < 1); uplink ``"arrays"`` (the
-local model) and ``"v-hat"`` (v̂_i; the final ``v`` with ``second-moment = adam``).
+local model), ``"v-hat"`` (v̂_i; the final ``v`` with ``second-moment = adam``) and, with
+``offset_steps = "per-client"``, ``"delta-per-step"`` (``Δ_i/K_i``).
 
 Conventions and deviations
 --------------------------
-* Unequal K_i (A2): ``g_a = Δ̄/(η_l·K̄)`` with K̄ the mean of the replies' ``num-steps`` (the steps each
-  client really took) with the weights of Δ̄; exact for the paper's equal-K setting.
+* Unequal K_i (A2), flag ``offset_steps``: ``"mean"`` (default) ``g_a = Δ̄/(η_l·K̄)`` with K̄ the mean of the
+  replies' ``num-steps`` (the steps each client really took) with the weights of Δ̄; ``"per-client"``
+  ``g_a = mean_i Δ_i/(η_l·K_i)``: each client uploads ``Δ_i/K_i`` (record ``"delta-per-step"``) and the server
+  divides that record's mean by η_l (the folded model mean cannot give a per-client quotient).  Both are exact for
+  the paper's equal-K setting.
 * ``local_updates = "K-1"`` (the printed loop) skips the last planned step entirely (no moment update), so
   the client needs the planned K (``planned_steps``); ``num-steps`` is still K, so ``g_a`` is still ÷K.
 * Momentum restart: a fresh optimizer is built per round; nothing is persisted on the client.
 * The client requires the ``"v-hat"`` record (round 1: the server sends ``initial_vhat``); ``initial_vhat``
   is a server field.
-* The learning-rate decay is owned by the server (``client_lr_at``); ``server_lr`` is not decayed.
+* The learning-rate decay is owned by the server (the base's ``client_lr_at``); ``server_lr`` is not decayed.
 """
 
 from __future__ import annotations
@@ -54,24 +59,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..core import records as R
-from ..core.hparams import ConfigError, HParams, param
+from ..core.hparams import ConfigError, HParams, client_lr_decay_param, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, inverse_sqrt
-from ..core.ops import NamedArrays, averaging_step, decayed_lr, state_like
+from ..core.ops import NamedArrays, averaging_step, owned, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
 #: Record names (downlink and uplink share "v-hat").
 VHAT = "v-hat"
 GLOBAL_OFFSET = "global-offset"
+#: Uplink record of ``offset-steps = per-client``: the client's ``Δ_i/K_i = (x_t − x_{i,K})/K_i``.
+DELTA_PER_STEP = "delta-per-step"
 
 SECOND_MOMENTS = ("amsgrad", "adam", "sgd")
 V_INITS = ("zero", "server")
 LOCAL_UPDATES = ("K", "K-1")
 OFFSET_LRS = ("producing", "consuming", "initial")
+OFFSET_STEPS = ("mean", "per-client")
 
 
 @dataclass(frozen=True)
@@ -90,9 +99,14 @@ class FedLADAHParams(HParams):
     local_updates: str = param("K", choices=LOCAL_UPDATES, client=True, help="A1: K updates, or the printed K−1 (last batch unused; g_a still ÷K)")
     precondition_offset: bool = param(False, client=True, help="A12: step (α·m + (1−α)·g_a)⊙ϑ (appendix) instead of α·m⊙ϑ + (1−α)·g_a")
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    client_lr_decay: float = param(0.998, lo=0.0, lo_open=True, hi=1.0, help="A11: client lr × this after every round (1 = Algorithm 3)")
+    client_lr_decay: float = client_lr_decay_param(0.998, "1 = Algorithm 3")
     initial_vhat: float = param(1e-16, lo=0.0, help="A5: server v̂ before round 1 (ε_v² = 1e-16; the text's '1e-8' is the alternative)")
     offset_lr: str = param("producing", choices=OFFSET_LRS, help="A2: η_l dividing g_a: producing round | consuming round | initial")
+    offset_steps: str = param(
+        "mean", choices=OFFSET_STEPS, client=True,
+        help="K dividing g_a when clients take unequal step counts K_i: mean (Δ̄/(η_l·K̄)) | per-client "
+             "(mean_i Δ_i/(η_l·K_i); clients upload Δ_i/K_i, one more model-sized record)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -172,9 +186,16 @@ class FedLADAOptimizer(LocalOptimizer):
         p.add_(d, alpha=-group["lr"])                                                 # x ← x − η_l·d
 
     def uplink_arrays(self) -> dict[str, dict[str, Tensor]]:
-        return {VHAT: {
+        out = {VHAT: {
             name: self.state[p]["v" if group["second_moment"] == "adam" else "vhat"] for name, p, group in self.named_params()
         }}
+        if any(g["offset_steps"] == "per-client" for g in self.param_groups):
+            k = self.steps_taken  # K_i: the steps this client took (= its num-steps)
+            out[DELTA_PER_STEP] = {
+                name: (self.state[p]["round_start"] - p.detach()).div_(k) if k else torch.zeros_like(p)
+                for name, p, _ in self.named_params()
+            }
+        return out
 
 
 class FedLADA(FedAdaptStrategy):
@@ -187,10 +208,8 @@ class FedLADA(FedAdaptStrategy):
     default_weighting: ClassVar[str] = "uniform"
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
-        return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(VHAT, "mean", "params"))
-
-    def client_lr_at(self, server_round: int) -> float:
-        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
+        specs = (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(VHAT, "mean", "params"))
+        return (*specs, RecordSpec(DELTA_PER_STEP, "mean", "params")) if self.hparams.offset_steps == "per-client" else specs
 
     def offset_lr(self, server_round: int) -> float:
         """η_l dividing the g_a produced in ``server_round`` (flag ``offset_lr``, A2)."""
@@ -213,10 +232,17 @@ class FedLADA(FedAdaptStrategy):
         return {name: state[name] for name in ((VHAT, GLOBAL_OFFSET) if self.hparams.amend_weight < 1.0 else (VHAT,))}
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
-        current, mean = inputs.current, inputs.aggregates[R.MODEL]
-        # lines 17–18: x_{t+1} = x_t − η_g·Δ̄ (into the mean's buffers), g_a = Δ̄/(η_l·K̄) (in place)
-        new, offset = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr, state[GLOBAL_OFFSET],
-                                     self.offset_lr(inputs.server_round), inputs.mean_steps)
+        current, mean, lr = inputs.current, inputs.aggregates[R.MODEL], self.offset_lr(inputs.server_round)
+        if self.hparams.offset_steps == "per-client":
+            # line 17: x_{t+1} = x_t − η_g·Δ̄ ; line 18 per client: g_a = mean_i Δ_i/(η_l·K_i), into the record's buffers
+            new, _ = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)
+            per_step = inputs.aggregates[DELTA_PER_STEP]  # mean_i Δ_i/K_i
+            offset = {k: np.divide(per_step[k], lr, out=per_step[k] if owned(per_step[k], current[k]) else None)
+                      for k in inputs.trainable}
+        else:
+            # lines 17–18: x_{t+1} = x_t − η_g·Δ̄ (into the mean's buffers), g_a = Δ̄/(η_l·K̄) (in place)
+            new, offset = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr, state[GLOBAL_OFFSET],
+                                         lr, inputs.mean_steps)
         vhat = inputs.aggregates[VHAT]  # line 16: v_srv = the round's aggregate itself
         new_state = {VHAT: {k: vhat[k] for k in inputs.trainable}, GLOBAL_OFFSET: offset}
         return self.merge_buffers(new, current, mean), new_state, {}

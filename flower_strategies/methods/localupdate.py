@@ -393,6 +393,7 @@ class LocalUpdateDecay(LocalUpdate):
 
     method: ClassVar[str] = "localupdatedecay"
     hparams_class = LocalUpdateDecayHParams
+    needs_train_loss_before: ClassVar[bool] = True  # the plateau controller's loss ℓ_t
     hparams: LocalUpdateDecayHParams
 
     def __init__(self, hparams: LocalUpdateDecayHParams | None = None, **kwargs: Any) -> None:

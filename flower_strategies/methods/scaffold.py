@@ -44,9 +44,9 @@ import torch
 from torch import Tensor
 
 from ..core import records as R
-from ..core.hparams import HParams, param
+from ..core.hparams import HParams, client_lr_decay_param, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, averaging_step, decayed_lr, owned, state_like
+from ..core.ops import NamedArrays, averaging_step, owned, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
@@ -62,7 +62,7 @@ class ScaffoldHParams(HParams):
     weight_decay: float = param(1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
     num_clients: int | None = param(None, lo=1, help="N_total in c ← c + ΣΔc_i/N_total; empty = the most nodes seen connected")
-    client_lr_decay: float = param(1.0, lo=0.0, lo_open=True, hi=1.0, help="client lr × this after every round (paper 002 setup: 0.998)")
+    client_lr_decay: float = client_lr_decay_param(1.0, "paper 002 setup: 0.998")
 
 
 class ScaffoldOptimizer(LocalOptimizer):
@@ -114,9 +114,6 @@ class Scaffold(FedAdaptStrategy):
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
         return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(CONTROL_DELTA, "sum", "params"))
-
-    def client_lr_at(self, server_round: int) -> float:
-        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return {SERVER_CONTROL: state_like(arrays, self.trainable(arrays))}

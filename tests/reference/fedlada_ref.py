@@ -67,6 +67,7 @@ class LadaConfig:
     eps: float = 1e-8
     local_updates: str = "K"               # A1: K | K-1
     offset_lr: str = "producing"           # A2: producing | consuming | initial
+    offset_steps: str = "mean"             # unequal K_i: mean (÷ K̄) | per-client (÷ K_i inside the mean)
     precondition_offset: bool = False      # A12
     weighting: str = "uniform"             # A10
     local_steps: int = 5
@@ -153,8 +154,11 @@ def run_fedlada(x0: np.ndarray, clients, schedule, cfg: LadaConfig) -> LadaTrace
             "consuming": cfg.client_lr * cfg.client_lr_decay ** (t + 1),
             "initial": cfg.client_lr,
         }[cfg.offset_lr]
-        k_bar = float(np.dot(w, ks))
-        g_a = (x - x_next) / (cfg.server_lr * lr_for_offset * k_bar)  # line 18
+        if cfg.offset_steps == "per-client":                           # line 18, each client's own K_i
+            g_a = wmean([d / (lr_for_offset * k) for d, k in zip(deltas, ks)], w)
+        else:                                                          # line 18, the mean step count K̄
+            k_bar = float(np.dot(w, ks))
+            g_a = (x - x_next) / (cfg.server_lr * lr_for_offset * k_bar)
         x = x_next
         tr.xs.append(x.copy())
         tr.vsrv.append(v.copy())
