@@ -214,7 +214,8 @@ def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
         lo, hi = meta.get("lo"), meta.get("hi")
         if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
             op = ">" if meta.get("lo_open") else ">="
-            raise ConfigError(f"{name} = {value!r} is out of range; must be {op} {lo}" + (f" and <= {hi}" if hi is not None else ""))
+            upper = f" and <= {hi}" if hi is not None else ""
+            raise ConfigError(f"{name} = {value!r} is out of range; must be {op} {lo}{upper}")
         if hi is not None and value > hi:
             raise ConfigError(f"{name} = {value!r} is out of range; must be <= {hi}")
 

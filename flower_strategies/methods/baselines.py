@@ -7,7 +7,7 @@
 
 Clients run local SGD (:class:`~flower_strategies.core.local.SGDOptimizer`) and upload their model; the server
 forms the descent-positive pseudo-gradient ``D̄ = x_t − mean_i x_i`` over the trainable floating-point keys
-and applies a :class:`~flower_strategies.core.server_opt.ServerOptimizer` (ALGORITHMS.md §6).  Non-trainable
+and applies a :class:`~flower_strategies.core.server_opt.ServerOptimizer`.  Non-trainable
 floating arrays take the clients' mean; integer arrays keep the server's value.
 
 Conventions and deviations
@@ -44,13 +44,18 @@ from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 class FedOptHParams(SGDHParams):
     """FedOpt: local SGD (client fields ``weight_decay``, ``mu``) + a server optimizer on ``D̄``."""
 
-    server_opt: str = param("sgd", choices=SERVER_OPTIMIZERS, help="server optimizer: sgd (FedAvg) | sgdm (FedAvgM) | adagrad | adam | yogi")
+    server_opt: str = param(
+        "sgd", choices=SERVER_OPTIMIZERS,
+        help="server optimizer: sgd (FedAvg) | sgdm (FedAvgM) | adagrad | adam | yogi",
+    )
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η (1 with sgd = model averaging)")
     beta1: float = param(0.9, lo=0.0, hi=1.0, help="server momentum β1 (heavy-ball β for sgdm; m₀ = 0)")
     beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (adam, yogi)")
     tau: float = param(1e-3, lo=0.0, help="adaptivity τ (added to √v)")
     initial_v: float | None = param(None, lo=0.0, help="v₀; empty = τ² (Reddi et al.); 0 = Flower's built-ins")
-    bias_correction: str = param("none", choices=BIAS_CORRECTIONS, help="none | adam (Keras) | flower (Flower 1.42 FedAdam)")
+    bias_correction: str = param(
+        "none", choices=BIAS_CORRECTIONS, help="none | adam (Keras) | flower (Flower 1.42 FedAdam)",
+    )
 
     def server_optimizer(self) -> ServerOptimizer:
         return ServerOptimizer(
@@ -74,7 +79,9 @@ class FedOpt(FedAdaptStrategy):
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return dict(self.opt.init({k: arrays[k] for k in self.trainable(arrays)}))
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates["arrays"]
         params = {k: current[k] for k in inputs.trainable}
         pseudo_grad = pseudo_gradient(current, mean, inputs.trainable)  # in mean's buffers (model dtype)

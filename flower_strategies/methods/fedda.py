@@ -2,7 +2,7 @@
 
 Paper: Jiayin Jin, Jiaxiang Ren, Yang Zhou, Lingjuan Lyu, Ji Liu, Dejing Dou, *Accelerated Federated Learning
 with Decoupled Adaptive Optimization*, ICML 2022 (seed file ``001_7e69cb14711dc6c0.txt``; §4, Algorithms 1–2 in
-appendix A.2, Table 12).  Spec: ALGORITHMS.md §2.
+appendix A.2, Table 12).
 
 Client (identical for the three variants; :class:`FedDAOptimizer`), starting from ``W = W_r``, ``m = m_r``
 (the broadcast global momentum, *inherited*), ``P = 0``, for each of the ``T`` local steps::
@@ -27,7 +27,7 @@ state ``"v_t"``, ``η`` ``client-lr``, ``α`` ``server-lr``, ``β1`` ``beta1``, 
 ``μ`` ``prox-mu``, ``T`` the local steps taken (``steps_taken``; the run's ``local-steps``).  Every key is
 ``<method>.<key>`` (method ∈ ``fedda``, ``fedda-sgdm``, ``fedda-adam``, ``fedda-adagrad``).
 
-Conventions and deviations (each ALGORITHMS.md §2.6 ambiguity is a flag; default = the spec's reading)
+Conventions and deviations (each ambiguity of the paper is a flag; default = our reading)
 ------------------------------------------------------------------------------------------------------
 * A1 η placement: ``eta-in-server`` (True: Algorithm 1, ``W ← W − η·α·P̄``; False: ``W ← W − α·P̄``) and
   ``eta-in-momentum`` (False; True = Eq. 25, ``m ← β1·m + (1−β1)·η·g``).
@@ -176,17 +176,26 @@ class FedDAClientHParams(HParams):
 class FedDAHParams(FedDAClientHParams):
     """FedDA (Algorithms 1–2); the server optimizer is the ``variant`` field.  Defaults: Table 12, EMNIST."""
 
-    variant: str = param("sgdm", choices=VARIANTS, help="server optimizer: sgdm (Algorithm 1) | adam | adagrad (Algorithm 2)")
+    variant: str = param(
+        "sgdm", choices=VARIANTS, help="server optimizer: sgdm (Algorithm 1) | adam | adagrad (Algorithm 2)",
+    )
     server_lr: float | None = param(
-        None, lo=0.0, lo_open=True, help="server learning rate α; empty = the variant's Table 12 EMNIST value (sgdm 1, adam/adagrad 0.1)"
+        None, lo=0.0, lo_open=True,
+        help="server learning rate α; empty = the variant's Table 12 EMNIST value (sgdm 1, adam/adagrad 0.1)",
     )
     beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (Table 12: 0.99; adam only)")
     eps: float = param(0.1, lo=0.0, help="fuzz factor ε outside the square root (Table 12 EMNIST: 0.1; adam, adagrad)")
     initial_v: float = param(0.0, lo=0.0, help="V_0 (A10: 0; adam, adagrad)")
-    bias_correction: str = param("updates", choices=BIAS_CORRECTIONS, help="A3 (adam): s = server updates | round | none")
+    bias_correction: str = param(
+        "updates", choices=BIAS_CORRECTIONS, help="A3 (adam): s = server updates | round | none",
+    )
     v_hat: str = param("new", choices=V_HATS, help="A4 (adam): V̂ from V_{r+1} (Algorithm 2) or stale V_r (Eq. 35)")
-    full_batch_last: float = param(0.05, lo=0.0, hi=1.0, help="A8: fraction of the final rounds with one full-batch step")
-    full_batch_from: int | None = param(None, lo=1, help="A8: first full-batch round; overrides full-batch-last (empty = unset)")
+    full_batch_last: float = param(
+        0.05, lo=0.0, hi=1.0, help="A8: fraction of the final rounds with one full-batch step",
+    )
+    full_batch_from: int | None = param(
+        None, lo=1, help="A8: first full-batch round; overrides full-batch-last (empty = unset)",
+    )
     eta_in_server: bool = param(True, help="A1: server step η·α (Algorithm 1) vs α only")
 
     @property
@@ -316,7 +325,9 @@ class FedDA(FedAdaptStrategy):
         """Whether ``server_round`` is in the full-batch stabilization phase (A8) of this run."""
         return self.hparams.full_batch(server_round, self.num_rounds)
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         hp = self.hparams
         new_params, new_v = fedda_server_step(
             hp.variant,

@@ -2,7 +2,6 @@
 
 Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, *SCAFFOLD: Stochastic Controlled Averaging for Federated
 Learning*, ICML 2020; compared against in Sun et al. (FedLADA, seed ``002_be4d0f1e88a9ebd5.txt``).
-Spec: ALGORITHMS.md §6 ("SCAFFOLD, option II").
 
 Round ``t`` (server state ``x, c``; client state ``c_i``, 0 until the client is first sampled)::
 
@@ -59,9 +58,13 @@ CLIENT_CONTROL = "client-control"
 class ScaffoldHParams(HParams):
     """SCAFFOLD option II."""
 
-    weight_decay: float = param(1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
+    weight_decay: float = param(
+        1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)",
+    )
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    num_clients: int | None = param(None, lo=1, help="N_total in c ← c + ΣΔc_i/N_total; empty = the most nodes seen connected")
+    num_clients: int | None = param(
+        None, lo=1, help="N_total in c ← c + ΣΔc_i/N_total; empty = the most nodes seen connected",
+    )
     client_lr_decay: float = client_lr_decay_param(1.0, "paper 002 setup: 0.998")
 
 
@@ -76,7 +79,9 @@ class ScaffoldOptimizer(LocalOptimizer):
     def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["c"] = self.received(SERVER_CONTROL, name, p)
         if state["c"] is None:
-            raise ValueError(f"ScaffoldOptimizer: downlink record '{SERVER_CONTROL}' has no entry for parameter '{name}'")
+            raise ValueError(
+                f"ScaffoldOptimizer: downlink record '{SERVER_CONTROL}' has no entry for parameter '{name}'"
+            )
         ci = self.saved(CLIENT_CONTROL, name, p)
         state["ci"] = torch.zeros_like(p) if ci is None else ci      # c_i = 0 before the first participation
 
@@ -121,14 +126,17 @@ class Scaffold(FedAdaptStrategy):
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
         return {SERVER_CONTROL: (self.server_state or {})[SERVER_CONTROL]}
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean, delta_sum = inputs.current, inputs.aggregates[R.MODEL], inputs.aggregates[CONTROL_DELTA]
         n_total = self.hparams.num_clients or inputs.nodes_seen or len(inputs.reply_metrics)
         new, _ = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # x − η_g·(x − mean y)
         control = {}
         for k in inputs.trainable:  # c + Σ Δc_i / N, into the round's Σ Δc_i buffers
             c, d = state[SERVER_CONTROL][k], delta_sum[k]
-            control[k] = np.add(c, np.divide(d, n_total, out=d if owned(d, c) else None), out=d if owned(d, c) else None)
+            out = d if owned(d, c) else None
+            control[k] = np.add(c, np.divide(d, n_total, out=out), out=out)
         return self.merge_buffers(new, current, mean), {SERVER_CONTROL: control}, {"num-clients-total": n_total}
 
 
