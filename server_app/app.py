@@ -41,7 +41,6 @@ from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
-from flower_strategies.methods.localupdate import LocalUpdateDecay
 
 from . import plots, presets
 from .loop import exchange, run_rounds
@@ -144,9 +143,9 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy, fed = build_strategy(run_config, trainable_keys=trainable, settings=AppConfig)
     assert isinstance(fed, AppConfig)
-    if not fed.train_loss_before and isinstance(strategy, LocalUpdateDecay):
-        raise ConfigError(f"train-loss-before = false: {fed.method}'s plateau controller decays the learning rates "
-                          "on the clients' train-loss-before; set train-loss-before = true")
+    if not fed.train_loss_before and strategy.needs_train_loss_before:
+        raise ConfigError(f"train-loss-before = false: {fed.method} needs the clients' train-loss-before (e.g. a "
+                          "plateau controller that decays the learning rates on it); set train-loss-before = true")
     return fed, model, strategy
 
 

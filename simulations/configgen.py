@@ -50,7 +50,8 @@ def render_markdown() -> str:
     for f in dataclasses.fields(AppConfig):
         meta = f.metadata
         extra = f" (one of: {', '.join(map(str, meta['choices']))})" if meta.get("choices") else ""
-        rows.append(f"| `{to_key(f.name)}` | `{_toml('' if f.default is None else f.default)}` | {meta.get('help', '')}{extra} |")
+        default = _toml("" if f.default is None else f.default)
+        rows.append(f"| `{to_key(f.name)}` | `{default}` | {meta.get('help', '')}{extra} |")
     rows.append(MD_END)
     return "\n".join(rows)
 
@@ -70,7 +71,8 @@ def render_wire() -> str:
     model = build_model("digits-mlp", 0)
     arrays = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     common = {R.SERVER_ROUND, R.METHOD, R.CLIENT_LR, R.LOCAL_STEPS, R.LOCAL_EPOCHS, R.BATCH_SIZE}
-    rows = [WIRE_BEGIN, "| method | extra downlink records | uplink records (rule) | extra round-config keys |", "|---|---|---|---|"]
+    rows = [WIRE_BEGIN, "| method | extra downlink records | uplink records (rule) | extra round-config keys |",
+            "|---|---|---|---|"]
     for name in sorted(METHODS):
         strategy = METHODS[name].build(trainable_keys=[n for n, _ in model.named_parameters()], num_rounds=10)
         strategy.current = arrays

@@ -78,7 +78,8 @@ def test_int_is_accepted_for_float_keys():
 
 
 def test_pyproject_config_table_matches_registry():
-    assert configgen.main(["--check", "--pyproject", str(ROOT / "pyproject.toml"), "--readme", str(ROOT / "README.md")]) == 0
+    assert configgen.main(["--check", "--pyproject", str(ROOT / "pyproject.toml"), "--readme",
+                           str(ROOT / "README.md")]) == 0
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
     def flat(d, pre=""):
@@ -127,6 +128,36 @@ def test_every_method_builds_from_defaults_and_its_optimizer_steps(name):
     opt.step()
     assert opt.steps_taken == 1
     assert cfg["method"] == name
+
+
+ALIASES = {"fedavgm": "FedAvgM", "fedadagrad": "FedAdagrad", "fedadam": "FedAdam", "fedyogi": "FedYogi",
+           "fedprox": "FedProx", "fedda-sgdm": "FedDASGDM", "fedda-adam": "FedDAAdam", "fedda-adagrad": "FedDAAdagrad",
+           "fedams": "FedAMS", "adpfed": "AdpFed", "fedlocal-sync": "FedLocalSync"}
+
+
+def test_an_alias_is_declared_once_by_register_and_its_class_takes_those_defaults():
+    """Every alias's field defaults live in its ``register`` call (``MethodSpec.overrides``); an importable alias
+    class names its registry name and nothing else, and builds that name's defaults."""
+    assert not hasattr(fs.FedAdaptStrategy, "variant")
+    for name, cls_name in ALIASES.items():
+        spec, cls = METHODS[name], getattr(fs, cls_name)
+        assert spec.strategy is cls and cls.method == name and spec.overrides
+        assert "variant" not in vars(cls) and not set(vars(cls)) & set(spec.overrides)
+        assert cls.make_hparams() == spec.default_hparams() == cls().hparams
+    assert METHODS["localadam"].strategy is fs.FedLADA and fs.FedLADA.make_hparams().amend_weight == 0.1
+    assert METHODS["localadam"].default_hparams().amend_weight == 1.0
+    assert fs.FedOpt.make_hparams() == fs.FedOptHParams()  # the base class is not an alias
+
+
+def test_client_lr_decay_is_one_declared_field_applied_by_the_base():
+    decaying = {name for name, spec in METHODS.items() if "client_lr_decay" in spec.hparams.__dataclass_fields__}
+    assert decaying == {"fedlada", "localadam", "fedcm", "scaffold"}
+    for name in decaying:
+        cls = METHODS[name].strategy
+        assert "client_lr_at" not in vars(cls)
+        s = METHODS[name].build(METHODS[name].default_hparams().replace(client_lr_decay=0.5), client_lr=0.8)
+        assert [s.client_lr_at(r) for r in (1, 2, 3)] == [0.8, 0.4, 0.2]
+    assert METHODS["fedavg"].build(client_lr=0.8).client_lr_at(5) == 0.8
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

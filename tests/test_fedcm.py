@@ -21,7 +21,8 @@ from flower_strategies.core.registry import METHODS, parse_run_config
 from flower_strategies.core.strategy import weighted_mean
 from tests.helpers import (
     set_task_identity,
-    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
+    recorded_run,
     synthetic_initial_arrays, with_server_state,
 )
 from tests.reference.fedcm_ref import CMConfig, run_fedcm
@@ -44,7 +45,8 @@ def run_engine(cls, hp, rounds, **kwargs):
 
 VARIANTS = {
     "paper-defaults": (FedCMHParams(), {}),
-    "examples-unequal-K": (FedCMHParams(amend_weight=0.3), {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+    "examples-unequal-K": (FedCMHParams(amend_weight=0.3),
+                           {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
     "server-lr-no-decay-no-wd": (FedCMHParams(server_lr=0.6, client_lr_decay=1.0, weight_decay=0.0), {}),
     "strong-decay-alpha-half": (FedCMHParams(amend_weight=0.5, client_lr_decay=0.8), {"client_lr": 0.08}),
 }
@@ -57,7 +59,8 @@ def test_engine_matches_reference(name):
     xs, schedule, updates, _ = run_engine(FedCM, hp, 12, **setup)
     assert len({tuple(s) for s in schedule}) > 1 and all(len(s) == 5 for s in schedule)
     ref = run_fedcm(X0, CLIENTS, schedule, CMConfig(
-        client_lr=setup["client_lr"], server_lr=hp.server_lr, amend_weight=hp.amend_weight, weight_decay=hp.weight_decay,
+        client_lr=setup["client_lr"], server_lr=hp.server_lr, amend_weight=hp.amend_weight,
+        weight_decay=hp.weight_decay,
         client_lr_decay=hp.client_lr_decay, weighting=setup["weighting"], local_steps=setup["local_steps"],
         local_epochs=setup["local_epochs"], batch_size=setup["batch_size"]))
     for t in range(1, 13):
@@ -92,7 +95,8 @@ def test_fedlada_client_with_sgd_base_is_fedcm_client():
     offset = torch.randn(2, 3, dtype=torch.float64)
     grads = [torch.randn(2, 3, dtype=torch.float64) for _ in range(6)]
     finals = []
-    downlink = {GLOBAL_UPDATE: {"w": offset}, GLOBAL_OFFSET: {"w": offset}, VHAT: {"w": torch.ones(2, 3, dtype=torch.float64)}}
+    downlink = {GLOBAL_UPDATE: {"w": offset}, GLOBAL_OFFSET: {"w": offset},
+                VHAT: {"w": torch.ones(2, 3, dtype=torch.float64)}}
     for make in (
         lambda ps: FedCMOptimizer(ps, lr=0.07, amend_weight=0.3, weight_decay=0.01, downlink=downlink),
         lambda ps: FedLADAOptimizer(ps, lr=0.07, amend_weight=0.3, weight_decay=0.01, beta1=0.0, second_moment="sgd",
@@ -107,10 +111,12 @@ def test_fedlada_client_with_sgd_base_is_fedcm_client():
     torch.testing.assert_close(finals[0], finals[1], rtol=0, atol=1e-14)
     # and by hand for the first step: x − lr·(α(g + λx) + (1−α)Δ)
     p = torch.nn.Parameter(x_t.clone())
-    opt = FedCMOptimizer([("w", p)], lr=0.07, amend_weight=0.3, weight_decay=0.01, downlink={GLOBAL_UPDATE: {"w": offset}})
+    opt = FedCMOptimizer([("w", p)], lr=0.07, amend_weight=0.3, weight_decay=0.01,
+                         downlink={GLOBAL_UPDATE: {"w": offset}})
     p.grad = grads[0].clone()
     opt.step()
-    torch.testing.assert_close(p.detach(), x_t - 0.07 * (0.3 * (grads[0] + 0.01 * x_t) + 0.7 * offset), rtol=0, atol=1e-15)
+    torch.testing.assert_close(p.detach(), x_t - 0.07 * (0.3 * (grads[0] + 0.01 * x_t) + 0.7 * offset), rtol=0,
+                               atol=1e-15)
 
 
 def test_pure_helpers():
@@ -176,7 +182,7 @@ def test_run_config():
     assert spec.strategy is FedCM and hp.amend_weight == 0.2 and hp.client_lr_decay == 1.0
 
 
-# ------------------------------------------------------------------------------------------ the optimizer as a torch optimizer
+# ----------------------------------------------------------------------------------- the optimizer as a torch optimizer
 def _plain_strategy(make_model, amend_weight=0.3):
     s = FedCM(FedCMHParams(amend_weight=amend_weight), client_lr=0.05, local_steps=5, batch_size=4)
     return with_server_state(s, {GLOBAL_UPDATE: named_randn(make_model(), 1)})  # a non-trivial Δ_t
@@ -197,7 +203,8 @@ def test_plain_torch_loop_matches_train_reply(amend_weight):
 
 @pytest.mark.parametrize("at", [1, 4])
 def test_state_dict_round_trip_mid_round(at):
-    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the uninterrupted run."""
+    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the
+    uninterrupted run."""
     make_model, x, y, loss = mlp_task()
     whole = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, server_round=2, client_key=1)
     resumed = plain_loop_round(_plain_strategy(make_model), make_model, x, y, loss, server_round=2, client_key=1,

@@ -91,7 +91,8 @@ MODES = {
     "plain": ({}, {}, 1.0),
     "full-batch-phase": ({"full_batch_from": 7}, {"full_batch_rounds": set(range(7, ROUNDS + 1))}, 1.0),
     "prox": ({"prox_mu": 0.3}, {"mu": 0.3}, 1.0),
-    "full-batch+prox": ({"full_batch_from": 5, "prox_mu": 0.3}, {"mu": 0.3, "full_batch_rounds": set(range(5, ROUNDS + 1))}, 1.0),
+    "full-batch+prox": ({"full_batch_from": 5, "prox_mu": 0.3},
+                        {"mu": 0.3, "full_batch_rounds": set(range(5, ROUNDS + 1))}, 1.0),
     "partial": ({"full_batch_from": 9}, {"full_batch_rounds": {9, 10}}, 0.5),
 }
 
@@ -123,7 +124,8 @@ FLAG_CASES = [
     ("adam", {"bias_correction": "round", "eta_in_momentum": True}, {"eta_in_momentum": True}),
     ("adagrad", {"eta_in_server": False, "server_lr": 0.02, "initial_v": 0.5},
      {"eta_in_server": False, "server_lr": 0.02, "initial_v": 0.5}),
-    ("sgdm", {"eta_in_momentum": True, "eta_in_server": False, "beta1": 0.8}, {"eta_in_momentum": True, "eta_in_server": False, "beta1": 0.8}),
+    ("sgdm", {"eta_in_momentum": True, "eta_in_server": False, "beta1": 0.8},
+     {"eta_in_momentum": True, "eta_in_server": False, "beta1": 0.8}),
 ]
 
 
@@ -140,7 +142,8 @@ def test_flags_match_reference(variant, hkw, rkw, weighting):
 def test_generic_fedda_equals_fixed_variant():
     hp = fd.FedDAHParams(variant="adam", server_lr=0.5, full_batch_last=0.0)
     got, _ = run_sim(fd.FedDA(hp, client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED), rounds=4)
-    want, _ = run_sim(fd.FedDAAdam(hp_for("adam"), client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED), rounds=4)
+    want, _ = run_sim(fd.FedDAAdam(hp_for("adam"), client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED),
+                      rounds=4)
     assert max_err(got, want) == 0.0
 
 
@@ -163,7 +166,8 @@ def test_one_full_batch_step_equals_centralized(variant):
     strategy = CLASSES[variant](hp_for(variant, full_batch_from=1, **hkw), client_lr=CLIENT_LR, local_steps=STEPS,
                                 batch_size=BATCH, seed=SEED)
     got, _ = run_sim(strategy, rounds=12)
-    want = ref.centralized(variant, W0, client_data(), 12, lr=CLIENT_LR * ALPHA[variant], beta1=0.9, beta2=0.99, eps=eps)
+    want = ref.centralized(variant, W0, client_data(), 12, lr=CLIENT_LR * ALPHA[variant], beta1=0.9, beta2=0.99,
+                           eps=eps)
     assert max_err(got, want) < 1e-6
     assert np.abs(want[-1] - want[0]).max() > 1e-2
 
@@ -189,7 +193,8 @@ def test_adagrad_beta0_is_fedadagrad():
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     err, moved = _fedopt_pair(
         fd.FedDAAdagrad(hp_for("adagrad", beta1=0.0, server_lr=alpha, eps=eps), **kw),
-        FedAdagrad(FedAdagrad.make_hparams(server_lr=alpha * CLIENT_LR, beta1=0.0, tau=CLIENT_LR * eps, initial_v=0.0), **kw),
+        FedAdagrad(FedAdagrad.make_hparams(server_lr=alpha * CLIENT_LR, beta1=0.0, tau=CLIENT_LR * eps, initial_v=0.0),
+                   **kw),
     )
     assert err < 1e-9 and moved > 1e-2
 
@@ -318,7 +323,8 @@ def test_registry_and_run_config():
     for name in ("fedda", "fedda-sgdm", "fedda-adam", "fedda-adagrad"):
         assert METHODS[name].local_optimizer is fd.FedDAOptimizer
     s, _ = build_strategy({"method": "fedda", "fedda.variant": "adagrad", "fedda.prox-mu": 0.01})
-    assert isinstance(s, fd.FedDA) and s.hparams.variant == "adagrad" and s.hparams.alpha == 0.1 and s.hparams.prox_mu == 0.01
+    assert isinstance(s, fd.FedDA) and s.hparams.variant == "adagrad"
+    assert s.hparams.alpha == 0.1 and s.hparams.prox_mu == 0.01
     s, _ = build_strategy({"method": "fedda-sgdm", "fedda-sgdm.full-batch-from": 3})
     assert s.hparams.variant == "sgdm" and s.hparams.alpha == 1.0 and s.full_batch(3) and not s.full_batch(2)
     with pytest.raises(ConfigError, match="sgdm"):
@@ -385,7 +391,7 @@ def test_protocol_with_mocked_replies():
         s.aggregate_train(2, [_reply(1, 10, {"arrays": {"w": w}})])
 
 
-# ------------------------------------------------------------------------------------------ the optimizer outside the app
+# ---------------------------------------------------------------------------------------- the optimizer outside the app
 NAMES = ("fedda", "fedda-sgdm", "fedda-adam", "fedda-adagrad")
 PID = 1  # the client whose data and batch order the tests below use
 

@@ -14,12 +14,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 import flower_strategies  # noqa: F401  (core registrations first)
 import flower_strategies.methods.fedlada  # noqa: F401  (registers fedlada, localadam)
 from flower_strategies.methods.baselines import FedAvg
-from flower_strategies.methods.fedlada import GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer
+from flower_strategies.methods.fedlada import (
+    DELTA_PER_STEP, GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer,
+)
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, register
 from flower_strategies.core.strategy import RecordSpec, RoundInputs
 from tests.helpers import (
-    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
+    recorded_run,
     synthetic_initial_arrays, with_server_state,
 )
 from simulations.engine import simulate
@@ -41,7 +44,8 @@ class DirectionSumOptimizer(FedLADAOptimizer):
         state.setdefault(DIRECTION_SUM, torch.zeros_like(p)).add_(state["m"] if theta is None else state["m"] * theta)
 
     def uplink_arrays(self):
-        return {**super().uplink_arrays(), DIRECTION_SUM: {n: self.state[p][DIRECTION_SUM] for n, p, _ in self.named_params()}}
+        return {**super().uplink_arrays(),
+                DIRECTION_SUM: {n: self.state[p][DIRECTION_SUM] for n, p, _ in self.named_params()}}
 
 
 class DirectionSumFedLADA(FedLADA):
@@ -71,7 +75,8 @@ initial_arrays = synthetic_initial_arrays
 
 
 def run_engine(cls, hp, rounds, *, client_lr=0.01, **kwargs):
-    """Real strategy + real ClientApp; returns (weights per round, sampled pids per round, per-round states, strategy)."""
+    """Real strategy + real ClientApp; returns (weights per round, sampled pids per round, per-round states,
+    strategy)."""
     def capture(state):
         return {
             "vhat": state[VHAT]["w.weight"].copy(), "offset": state[GLOBAL_OFFSET]["w.weight"].copy(),
@@ -93,7 +98,12 @@ def ref_config(hp, *, client_lr, local_steps, local_epochs, batch_size, weightin
 
 VARIANTS = {
     "paper-defaults": (FedLADAHParams(), {}),
-    "examples-unequal-K": (FedLADAHParams(amend_weight=0.3), {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+    "examples-unequal-K": (FedLADAHParams(amend_weight=0.3),
+                           {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+    "examples-unequal-K-per-client": (FedLADAHParams(amend_weight=0.3, offset_steps="per-client"),
+                                      {"weighting": "examples", "local_steps": 0, "batch_size": 16}),
+    "uniform-unequal-K-per-client-consuming": (FedLADAHParams(offset_steps="per-client", offset_lr="consuming"),
+                                               {"local_steps": 0, "batch_size": 16}),
     "server-v-eps-outside-consuming": (
         FedLADAHParams(v_init="server", eps_placement="outside", eps=1e-3, offset_lr="consuming", server_lr=0.7), {}),
     "eps-inside-precond-decoupled-initial": (
@@ -121,6 +131,42 @@ def test_engine_matches_algorithm3_reference(name):
     assert np.abs(xs[-1] - X0).max() > 0.02  # the model moved: the comparison is not vacuous
 
 
+UNEQUAL = {"client_lr": 0.01, "local_steps": 0, "local_epochs": 1, "batch_size": 16, "weighting": "uniform"}
+
+
+def test_offset_steps_readings_differ_with_unequal_step_counts():
+    """Epochs mode (K_i = ⌈n_i/B⌉ = 2…4 here): g_a = Δ̄/(η_l·K̄) and g_a = mean_i Δ_i/(η_l·K_i) are different numbers;
+    each engine run matches its own reading of the reference and not the other one."""
+    hp = {r: FedLADAHParams(amend_weight=0.3, offset_steps=r) for r in ("mean", "per-client")}
+    runs = {r: run_engine(FedLADA, hp[r], 4, **UNEQUAL) for r in hp}
+    schedule = runs["mean"][1]
+    assert runs["per-client"][1] == schedule
+    refs = {r: run_fedlada(X0, CLIENTS, schedule, ref_config(hp[r], **UNEQUAL)) for r in hp}
+    for t in range(1, 5):
+        for r in hp:
+            np.testing.assert_allclose(runs[r][0][t], refs[r].xs[t], rtol=0, atol=1e-9)
+            np.testing.assert_allclose(runs[r][2][t - 1]["offset"], refs[r].offsets[t], rtol=1e-9, atol=1e-12)
+        gap = np.abs(refs["mean"].offsets[t] - refs["per-client"].offsets[t]).max()
+        assert gap > 1e-2 * np.abs(refs["mean"].offsets[t]).max()  # measured ≈ 0.04 absolute, ≈ 10 % relative
+        assert np.abs(runs["per-client"][2][t - 1]["offset"] - refs["mean"].offsets[t]).max() > 1e3 * 1e-9
+    assert np.abs(runs["mean"][0][4] - runs["per-client"][0][4]).max() > 1e-4  # the readings lead to other models
+
+
+def test_offset_steps_readings_coincide_with_equal_step_counts():
+    """local-steps = K for every client: both readings are Δ̄/(η_l·K) (to rounding)."""
+    setup = {**UNEQUAL, "local_steps": 5}
+    hp = {r: FedLADAHParams(amend_weight=0.3, offset_steps=r) for r in ("mean", "per-client")}
+    runs = {r: run_engine(FedLADA, hp[r], 4, **setup) for r in hp}
+    refs = {r: run_fedlada(X0, CLIENTS, runs["mean"][1], ref_config(hp[r], **setup)) for r in hp}
+    for t in range(1, 5):
+        np.testing.assert_allclose(refs["per-client"].offsets[t], refs["mean"].offsets[t], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(runs["per-client"][2][t - 1]["offset"], runs["mean"][2][t - 1]["offset"],
+                                   rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(runs["per-client"][0][t], runs["mean"][0][t], rtol=0, atol=1e-13)
+        np.testing.assert_allclose(runs["per-client"][2][t - 1]["offset"], refs["per-client"].offsets[t],
+                                   rtol=1e-9, atol=1e-12)
+
+
 def test_localadam_is_fedlada_with_amend_weight_one():
     """§3.7 case 1: α = 1 ⇒ local AMSGrad (restarted m, v̂ seeded with the averaged v̂) + averaging."""
     setup = {"client_lr": 0.01, "local_steps": 5, "local_epochs": 1, "batch_size": 8}
@@ -129,7 +175,8 @@ def test_localadam_is_fedlada_with_amend_weight_one():
     assert sched_la == sched_fl
     for a, b in zip(xs_la, xs_fl):
         np.testing.assert_array_equal(a, b)
-    ref = run_fedlada(X0, CLIENTS, sched_la, ref_config(LOCALADAM.default_hparams(), weighting="uniform", amend_weight=1.0, **setup))
+    ref = run_fedlada(X0, CLIENTS, sched_la,
+                      ref_config(LOCALADAM.default_hparams(), weighting="uniform", amend_weight=1.0, **setup))
     for t in range(1, 11):
         np.testing.assert_allclose(xs_la[t], ref.xs[t], rtol=0, atol=1e-6)
         np.testing.assert_allclose(st_la[t - 1]["vhat"], ref.vsrv[t], rtol=1e-6, atol=1e-15)
@@ -146,7 +193,8 @@ def test_amend_weight_one_ignores_the_offset():
     for offset in (torch.zeros(1, 4, dtype=torch.float64), torch.randn(1, 4, dtype=torch.float64) * 10):
         p = torch.nn.Parameter(torch.tensor([[0.5, -1.0, 2.0, 0.0]], dtype=torch.float64))
         opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0, weight_decay=0.0,
-                               downlink={VHAT: {"w": torch.full((1, 4), 1e-3, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": offset}})
+                               downlink={VHAT: {"w": torch.full((1, 4), 1e-3, dtype=torch.float64)},
+                                         GLOBAL_OFFSET: {"w": offset}})
         for k in range(3):
             p.grad = torch.tensor([[1.0, -2.0, 0.5, 0.1]], dtype=torch.float64) * (k + 1)
             opt.step()
@@ -165,7 +213,8 @@ def test_amend_weight_zero_extrapolates_the_offset():
     for client in range(3):
         p = torch.nn.Parameter(x_t.clone())
         opt = FedLADAOptimizer([("w", p)], lr=lr, amend_weight=0.0, weight_decay=0.01,
-                               downlink={VHAT: {"w": torch.full((2, 3), 1e-16, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": g_a}})
+                               downlink={VHAT: {"w": torch.full((2, 3), 1e-16, dtype=torch.float64)},
+                                         GLOBAL_OFFSET: {"w": g_a}})
         for _ in range(K):
             p.grad = torch.randn(2, 3, dtype=torch.float64) * (client + 1)
             opt.step()
@@ -241,7 +290,8 @@ def test_client_step_by_hand():
                                      GLOBAL_OFFSET: {"w": torch.tensor([4.0, -2.0], dtype=torch.float64)}})
     p.grad = torch.tensor([2.0, 0.5], dtype=torch.float64)
     opt.step()
-    torch.testing.assert_close(p.detach(), torch.tensor([1.0 - 0.325, 1.0 + 0.1375], dtype=torch.float64), rtol=0, atol=1e-15)
+    torch.testing.assert_close(p.detach(), torch.tensor([1.0 - 0.325, 1.0 + 0.1375], dtype=torch.float64), rtol=0,
+                               atol=1e-15)
     up = opt.uplink()
     torch.testing.assert_close(up[VHAT]["w"], torch.tensor([0.04, 0.01], dtype=torch.float64), rtol=0, atol=1e-15)
 
@@ -255,7 +305,8 @@ def test_client_coupled_weight_decay_and_restart():
     opt.step()
     torch.testing.assert_close(p.detach(), torch.tensor([1.9], dtype=torch.float64))
     opt2 = FedLADAOptimizer([("w", p)], lr=0.1, downlink={
-        VHAT: {"w": torch.tensor([1.0], dtype=torch.float64)}, GLOBAL_OFFSET: {"w": torch.zeros(1, dtype=torch.float64)}})
+        VHAT: {"w": torch.tensor([1.0], dtype=torch.float64)}, GLOBAL_OFFSET: {"w": torch.zeros(1,
+                                                                                                dtype=torch.float64)}})
     st = opt2.param_state("w", p, opt2.param_groups[0])  # the state a first step would create
     assert float(st["m"]) == 0.0 and float(st["vhat"]) == 1.0 and float(st["v"]) == 0.0
 
@@ -305,7 +356,8 @@ class FakeGrid:
 def _reply(node: int, model: np.ndarray, vhat: np.ndarray, n: int, steps: int, extra: dict | None = None) -> Message:
     md = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0, reply_to_message_id="q",
                   group_id="1", created_at=time.time(), ttl=3600.0, message_type=MessageType.TRAIN)
-    content = RecordDict({"arrays": ArrayRecord({"w": _arr(model)}), "metrics": MetricRecord({"num-examples": n, "num-steps": steps})})
+    content = RecordDict({"arrays": ArrayRecord({"w": _arr(model)}),
+                          "metrics": MetricRecord({"num-examples": n, "num-steps": steps})})
     if vhat is not None:
         content[VHAT] = ArrayRecord({"w": _arr(vhat)})
     for name, arr in (extra or {}).items():
@@ -331,7 +383,8 @@ def test_protocol_records_and_aggregation(weighting):
     np.testing.assert_array_equal(c[GLOBAL_OFFSET]["w"].numpy(), [0.0, 0.0])
     cfg = c["config"]
     assert cfg["method"] == "fedlada" and cfg["fedlada.amend-weight"] == 0.1 and cfg["client-lr"] == 0.1
-    assert cfg["fedlada.weight-decay"] == 0.01 and cfg["fedlada.beta2"] == 0.99 and cfg["fedlada.second-moment"] == "amsgrad"
+    assert cfg["fedlada.weight-decay"] == 0.01 and cfg["fedlada.beta2"] == 0.99
+    assert cfg["fedlada.second-moment"] == "amsgrad"
     replies = [
         _reply(1, [0.8, -0.6], [0.2, 0.1], 10, 4),
         _reply(2, [0.6, -1.0], [0.4, 0.3], 30, 4),
@@ -369,6 +422,46 @@ def test_protocol_debug_record_and_unequal_steps():
     np.testing.assert_allclose(s.server_state[DIRECTION_SUM]["w"], [2.0, 3.0])
 
 
+def test_protocol_per_client_offset_steps():
+    """offset-steps = per-client: replies carry Δ_i/K_i; g_a = mean_i(Δ_i/K_i)/η_l, not Δ̄/(η_l·K̄)."""
+    s = FedLADA(FedLADAHParams(offset_steps="per-client"), client_lr=0.1, min_available_nodes=2, min_train_nodes=3)
+    assert [spec.name for spec in s.uplink_specs()] == ["arrays", VHAT, DELTA_PER_STEP]
+    x = np.array([1.0, -1.0])
+    msgs = list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), ConfigRecord(), FakeGrid()))
+    assert msgs[0].content["config"]["fedlada.offset-steps"] == "per-client"
+    m1, m2 = np.array([0.8, -0.6]), np.array([0.6, -1.0])
+    replies = [
+        _reply(1, m1, [0.2, 0.1], 10, 2, {DELTA_PER_STEP: (x - m1) / 2}),
+        _reply(2, m2, [0.4, 0.3], 30, 6, {DELTA_PER_STEP: (x - m2) / 6}),
+        _reply(3, m2, [0.4, 0.3], 30, 6),     # missing Δ_i/K_i → rejected
+    ]
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert metrics["replies-used"] == 2
+    np.testing.assert_allclose(arrays["w"].numpy(), (m1 + m2) / 2)
+    want = ((x - m1) / 2 + (x - m2) / 6) / 2 / 0.1
+    np.testing.assert_allclose(s.server_state[GLOBAL_OFFSET]["w"], want)          # [0.666…, −0.666…]
+    assert np.abs(want - (x - (m1 + m2) / 2) / (0.1 * 4)).max() > 0.1               # the mean reading: [0.75, −0.5]
+
+
+def test_client_uploads_delta_per_step_only_for_the_per_client_reading():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    x_t = model.weight.detach().clone()
+    down = {VHAT: {"weight": torch.full_like(x_t, 1e-16)}, GLOBAL_OFFSET: {"weight": torch.zeros_like(x_t)}}
+    for reading in ("mean", "per-client"):
+        model.weight.data.copy_(x_t)
+        opt = FedLADAOptimizer(model.named_parameters(), lr=0.1, downlink=down, offset_steps=reading)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(4, 3, dtype=torch.float64)).pow(2).mean().backward()
+            opt.step()
+        up = opt.uplink_arrays()
+        if reading == "mean":
+            assert DELTA_PER_STEP not in up
+        else:
+            torch.testing.assert_close(up[DELTA_PER_STEP]["weight"], (x_t - model.weight.detach()) / 3, rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------------------ config and communication
 def test_run_config_keys_and_validation():
     for name in ("fedlada", "localadam"):
@@ -384,6 +477,10 @@ def test_run_config_keys_and_validation():
     with pytest.raises(ConfigError, match="initial-vhat"):
         parse_run_config({"method": "fedlada", "fedlada.initial-vhat": 0.0})
     assert FedLADAHParams(initial_vhat=0.0, eps_placement="outside").initial_vhat == 0.0
+    _, _, hp = parse_run_config({"method": "fedlada", "fedlada.offset-steps": "per-client"})
+    assert hp.offset_steps == "per-client" and FedLADAHParams().offset_steps == "mean"
+    with pytest.raises(ConfigError, match="fedlada.offset-steps"):
+        parse_run_config({"method": "fedlada", "fedlada.offset-steps": "median"})
 
 
 def test_communication_per_round():
@@ -397,7 +494,7 @@ def test_communication_per_round():
         assert h_l.bytes_up == 2 * h_a.bytes_up
 
 
-# ------------------------------------------------------------------------------------------ the optimizer as a torch optimizer
+# ----------------------------------------------------------------------------------- the optimizer as a torch optimizer
 PLAIN = {
     "fedlada": (FedLADAHParams(), {}),
     "fedlada-K-1-adam-outside-precond-decoupled": (
@@ -430,7 +527,8 @@ def test_plain_torch_loop_matches_train_reply(name):
 @pytest.mark.parametrize("name", list(PLAIN))
 @pytest.mark.parametrize("at", [1, 3])
 def test_state_dict_round_trip_mid_round(name, at):
-    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the uninterrupted run."""
+    """(b) state_dict() → new optimizer on a new model → load_state_dict() mid-round: identical to the
+    uninterrupted run."""
     make_model, x, y, loss = mlp_task()
     whole = plain_loop_round(_plain_strategy(name, make_model), make_model, x, y, loss, server_round=3, client_key=2)
     resumed = plain_loop_round(_plain_strategy(name, make_model), make_model, x, y, loss, server_round=3, client_key=2,
@@ -439,7 +537,8 @@ def test_state_dict_round_trip_mid_round(name, at):
 
 
 def test_misuse_raises_clear_errors():
-    """(c) Missing records, reply before any step, unknown or server-only keywords, out-of-range values, K−1 without K."""
+    """(c) Missing records, reply before any step, unknown or server-only keywords, out-of-range values, K−1
+    without K."""
     p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     vhat = {VHAT: {"w": torch.ones(2, dtype=torch.float64)}}
     full = {**vhat, GLOBAL_OFFSET: {"w": torch.zeros(2, dtype=torch.float64)}}
@@ -448,7 +547,8 @@ def test_misuse_raises_clear_errors():
     with pytest.raises(ValueError, match=GLOBAL_OFFSET):
         FedLADAOptimizer([("w", p)], lr=0.1, downlink=vhat)
     FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=1.0, downlink=vhat)  # α = 1 needs no offset
-    opt = FedLADAOptimizer([("w", p)], lr=0.1, downlink={VHAT: {"other": torch.ones(2)}, GLOBAL_OFFSET: full[GLOBAL_OFFSET]})
+    opt = FedLADAOptimizer([("w", p)], lr=0.1,
+                           downlink={VHAT: {"other": torch.ones(2)}, GLOBAL_OFFSET: full[GLOBAL_OFFSET]})
     p.grad = torch.ones(2, dtype=torch.float64)
     with pytest.raises(ValueError, match="'w'"):
         opt.step()
@@ -470,7 +570,8 @@ def test_misuse_raises_clear_errors():
 def test_local_updates_k_minus_1_skips_the_last_planned_step():
     """A1: with K−1 the K-th step changes nothing (model and moments), and K counts the steps taken."""
     p = torch.nn.Parameter(torch.tensor([1.0, -1.0], dtype=torch.float64))
-    down = {VHAT: {"w": torch.full((2,), 1e-2, dtype=torch.float64)}, GLOBAL_OFFSET: {"w": torch.ones(2, dtype=torch.float64)}}
+    down = {VHAT: {"w": torch.full((2,), 1e-2, dtype=torch.float64)},
+            GLOBAL_OFFSET: {"w": torch.ones(2, dtype=torch.float64)}}
     opt = FedLADAOptimizer([("w", p)], lr=0.1, local_updates="K-1", planned_steps=3, downlink=down)
     seen = []
     for k in range(3):

@@ -52,7 +52,8 @@ def recording(cls):
 
 def task_setup(task: str, zero_keys: tuple[str, ...] = ()):
     if task == "digits-mlp":
-        run_config = {"task": task, "seed": 0, "precision": "float64", "partitioner": "dirichlet", "dirichlet-alpha": 1.0}
+        run_config = {"task": task, "seed": 0, "precision": "float64", "partitioner": "dirichlet",
+                      "dirichlet-alpha": 1.0}
         model = build_model(task, 0, precision="float64")
         grad = mlp_grad
     else:
@@ -99,7 +100,8 @@ def ref_config(method: str, hp: dict, *, lr=0.01, steps=3, batch=16, weighting=N
 
 def max_diff(a: dict, b: dict) -> float:
     assert set(a) == set(b)
-    return max(float(np.max(np.abs(np.asarray(a[k], dtype=np.float64) - np.asarray(b[k], dtype=np.float64)))) for k in a)
+    return max(float(np.max(np.abs(np.asarray(a[k], dtype=np.float64) - np.asarray(b[k],
+                                                                                   dtype=np.float64)))) for k in a)
 
 
 def returned_after_gap(sampled: list[list[int]]) -> bool:
@@ -118,8 +120,10 @@ LAMB_VARIANTS = [
     pytest.param({"layers": "module", "weight_decay": 0.01, "phi_max": 0.5, "phi_min": 0.05, "eps_placement": "inside"},
                  None, ("fc2.bias",), id="module-wd-phiclip-epsinside-zerobias"),
     pytest.param({"bias_correction": "as_written", "vhat_mode": "server_fixed", "gradient_point": "round_start",
-                  "lr_milestones": "4,8", "lr_gamma": 0.5}, None, (), id="as_written-serverfixed-roundstart-milestones"),
-    pytest.param({"m_step_count": "global", "stateless": True, "vhat_mode": "none"}, "examples", (), id="global-count-stateless-examples"),
+                  "lr_milestones": "4,8", "lr_gamma": 0.5}, None, (),
+                 id="as_written-serverfixed-roundstart-milestones"),
+    pytest.param({"m_step_count": "global", "stateless": True, "vhat_mode": "none"}, "examples", (),
+                 id="global-count-stateless-examples"),
 ]
 
 AMS_VARIANTS = [
@@ -131,7 +135,8 @@ AMS_VARIANTS = [
 
 
 def check_equivalence(method, hp, weighting=None, zero_keys=(), lr=0.01, task="digits-mlp"):
-    strategy, snaps, grid, init, run_config, grad = run_engine(method, hp, weighting=weighting, zero_keys=zero_keys, lr=lr, task=task)
+    strategy, snaps, grid, init, run_config, grad = run_engine(method, hp, weighting=weighting, zero_keys=zero_keys,
+                                                               lr=lr, task=task)
     assert len(snaps) == ROUNDS + 1
     assert all(len(s) == 2 for s in strategy.sampled)
     assert returned_after_gap(strategy.sampled), strategy.sampled  # a client comes back after missed rounds
@@ -351,7 +356,8 @@ def test_trust_ratio_kernel():
     assert FL.bias_factors("global", 0.9, 0.999, 2, 5, 10) == pytest.approx((1 - 0.9**5, 1 - 0.999**12))
     assert FL.bias_factors("as_written", 0.9, 0.999, 2, 5, 10) == pytest.approx((1 - 0.9**2, 1 - 0.999**2))
     assert FL.bias_factors("none", 0.9, 0.999, 2, 5, 10) == (1.0, 1.0)
-    assert FL.layer_groups(["fc1.weight", "fc1.bias", "fc2.weight", "x"], "module") == [["fc1.weight", "fc1.bias"], ["fc2.weight"], ["x"]]
+    assert FL.layer_groups(["fc1.weight", "fc1.bias", "fc2.weight", "x"], "module") == [["fc1.weight", "fc1.bias"],
+                                                                                        ["fc2.weight"], ["x"]]
 
 
 def test_zero_norm_tensor_still_trains():
@@ -405,13 +411,15 @@ def test_server_math_direct():
     assert state["v_steps"] == 4.0 and float(down[FL.V_STEPS]["s_v"].numpy()[0]) == 4.0
     _, state, _ = s.server_update(inputs(s, 2, new, {"arrays": new, "v": {"a": np.array([0.1, 0.3])}}), state)
     np.testing.assert_array_equal(state["v_hat"]["a"], [0.2, 0.3])
-    np.testing.assert_array_equal(FL.merge_vhat({"a": np.array([1.0, -1.0])}, {"a": np.array([0.0, 0.0])})["a"], [1.0, 0.0])
+    np.testing.assert_array_equal(FL.merge_vhat({"a": np.array([1.0, -1.0])}, {"a": np.array([0.0, 0.0])})["a"],
+                                  [1.0, 0.0])
 
 
 def test_hparams_and_registry():
     assert get_method("fedlamb").local_optimizer is FL.FedLAMBOptimizer
     assert get_method("fedams").local_optimizer is FL.FedLAMBOptimizer
-    assert get_method("fedlamb").default_hparams().trust_ratio and not get_method("fedams").default_hparams().trust_ratio
+    assert get_method("fedlamb").default_hparams().trust_ratio
+    assert not get_method("fedams").default_hparams().trust_ratio
     assert get_method("fedams").strategy is FL.FedAMS and not FL.FedAMS.make_hparams().trust_ratio
     assert get_method("adpfed").strategy.default_weighting == "uniform"
     assert FL.FedLAMB.default_weighting == "uniform" and FL.FedAMS.default_weighting == "uniform"
@@ -461,7 +469,8 @@ def test_protocol_downlink_and_aggregation():
     assert all(np.all(a == 0) for a in R.to_numpy(c.array_records[FL.V_HAT]).values())
     cfg = c.config_records["config"]
     v_steps = R.to_numpy(c.array_records[FL.V_STEPS])["s_v"][0]
-    assert cfg["method"] == "fedlamb" and cfg["fedlamb.weight-decay"] == 0.01 and v_steps == 0.0 and cfg["fedlamb.layers"] == "tensor"
+    assert cfg["method"] == "fedlamb" and cfg["fedlamb.weight-decay"] == 0.01 and v_steps == 0.0
+    assert cfg["fedlamb.layers"] == "tensor"
     a1 = {"fc.weight": np.full((2, 2), 2.0), "fc.bias": np.array([1.0, 0.0])}
     a2 = {"fc.weight": np.full((2, 2), 4.0), "fc.bias": np.array([0.0, 1.0])}
     v1 = {"fc.weight": np.full((2, 2), 0.1), "fc.bias": np.array([0.3, 0.0])}
@@ -496,11 +505,12 @@ def test_protocol_examples_weighting_flag():
     np.testing.assert_allclose(s.server_state["v_hat"]["x"], [0.25, 0.75])
 
 
-# ------------------------------------------------------------------------------------------ the optimizer in any torch loop
+# -------------------------------------------------------------------------------------- the optimizer in any torch loop
 CLIENT_VARIANTS = [
     pytest.param("fedlamb", {}, id="fedlamb"),
     pytest.param("fedlamb", {"gradient_point": "round_start", "bias_correction": "as_written", "layers": "module",
-                             "weight_decay": 0.01, "vhat_mode": "server_fixed", "phi_max": 2.0}, id="fedlamb-roundstart-module"),
+                             "weight_decay": 0.01, "vhat_mode": "server_fixed", "phi_max": 2.0},
+                 id="fedlamb-roundstart-module"),
     pytest.param("fedams", {"m_step_count": "global", "eps_placement": "inside", "vhat_mode": "none"}, id="fedams"),
     pytest.param("adpfed", {"weight_decay": 0.01, "mu": 0.1}, id="adpfed"),
 ]
@@ -530,7 +540,8 @@ def plain_round(spec, content, model, x, y, client_state, client_key):
     """One round in an ordinary torch loop on the batches train_reply uses; returns (model, uplink, client state)."""
     opt = build_optimizer(spec, content, model, client_state)
     config = content.config_records[R.CONFIG]
-    for idx in batch_indices(len(x), PLAN["batch_size"], PLAN["local_steps"], 0, int(config[R.SERVER_ROUND]), client_key):
+    for idx in batch_indices(len(x), PLAN["batch_size"], PLAN["local_steps"], 0, int(config[R.SERVER_ROUND]),
+                             client_key):
         idx = torch.from_numpy(idx)
         opt.zero_grad()
         mse(model(x[idx]), y[idx]).backward()
@@ -588,7 +599,8 @@ def test_state_dict_resume_mid_round_is_exact(method, hp):
     strategy = spec.build(spec.default_hparams().replace(**hp), **PLAN)
     content = strategy.prepare_round(1, ArrayRecord(TwoLayer().state_dict()), ConfigRecord(), num_sampled=1)
     gen = torch.Generator().manual_seed(9)
-    saved = {FL.STATE_M: {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in TwoLayer().named_parameters()},
+    saved = {FL.STATE_M: {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n,
+                          p in TwoLayer().named_parameters()},
              FL.STATE_M_STEPS: {"count": torch.tensor([5])}} if method != "adpfed" else {}
     x, y = client_data_xy()
     batches = [torch.from_numpy(i) for i in batch_indices(len(x), 8, 6, 0, 1, 0)]

@@ -1,4 +1,4 @@
-"""Tests of ``fedlocal`` / ``fedlocal-sync`` (paper 000, ALGORITHMS.md §1).
+"""Tests of ``fedlocal`` / ``fedlocal-sync`` (paper 000).
 
 * equivalence of the real Strategy + ClientApp with the float64 reference (tests/reference/fedlocal_ref.py)
   over 10 rounds for every client optimizer × correction mode, every §1.6 flag, partial participation and the
@@ -66,7 +66,8 @@ def run_sim(hp_kwargs: dict, *, method: str = "fedlocal", rounds: int = 10, node
     """Run the real strategy against the real ClientApp; return (trajectory, strategy, sampled partition ids)."""
     spec = get_method(method)
     strategy = spec.build(
-        spec.default_hparams().replace(**hp_kwargs), client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs,
+        spec.default_hparams().replace(**hp_kwargs), client_lr=client_lr, local_steps=local_steps,
+        local_epochs=local_epochs,
         batch_size=batch_size, fraction_train=fraction_train, min_train_nodes=2, weighting=weighting, seed=SEED,
     )
     sampled: list[list[int]] = []
@@ -129,7 +130,8 @@ def test_matches_reference_every_client_opt_and_correction(client_opt, correctio
 FLAG_VARIANTS = {
     "lr-in-N-local-sgd-server": {"client_opt": "adagrad", "correction": "local", "include_lr_in_n": True,
                                  "server_opt": "sgd", "server_lr": 0.05},
-    "exact-N-adam-joint": {"client_opt": "adam", "correction": "joint", "exact_n": True, "server_opt": "sgd", "server_lr": 1.0},
+    "exact-N-adam-joint": {"client_opt": "adam", "correction": "joint", "exact_n": True, "server_opt": "sgd",
+                           "server_lr": 1.0},
     "exact-N-sgdm-local": {"client_opt": "sgdm", "correction": "local", "exact_n": True, "server_opt": "adagrad"},
     "eps-inside-adagrad": {"client_opt": "adagrad", "correction": "joint", "eps_placement": "inside"},
     "eps-none-yogi": {"client_opt": "yogi", "correction": "local", "eps_placement": "none", "server_opt": "adam"},
@@ -137,10 +139,12 @@ FLAG_VARIANTS = {
                                 "server_opt": "sgd", "server_lr": 1.0},
     "init-acc-0-adagrad": {"client_opt": "adagrad", "initial_accumulator": 0.0, "correction": "local",
                            "server_opt": "sgd", "server_lr": 1.0},
-    "adam-v0-yogi-v0": {"client_opt": "yogi", "yogi_initial_v": 1e-6, "correction": "none", "server_opt": "sgd", "server_lr": 1.0},
+    "adam-v0-yogi-v0": {"client_opt": "yogi", "yogi_initial_v": 1e-6, "correction": "none", "server_opt": "sgd",
+                        "server_lr": 1.0},
     "adagrad-with-momentum": {"client_opt": "adagrad", "client_beta1": 0.5, "correction": "joint", "server_opt": "sgd",
                               "server_lr": 1.0},
-    "server-fedopt-adagrad": {"client_opt": "adagrad", "correction": "joint", "server_form": "fedopt", "server_opt": "adagrad",
+    "server-fedopt-adagrad": {"client_opt": "adagrad", "correction": "joint", "server_form": "fedopt",
+                              "server_opt": "adagrad",
                               "server_lr": 0.1},
     "server-fedopt-yogi": {"client_opt": "sgdm", "correction": "none", "server_form": "fedopt", "server_opt": "yogi",
                            "server_lr": 0.05},
@@ -346,7 +350,8 @@ def test_restart_every_round():
     ctx = grid.contexts[msg.metadata.dst_node_id]
     r1, r2 = client_app(msg, ctx), client_app(msg, ctx)
     for name in (FL.D_RECORD, FL.NINV_RECORD):
-        np.testing.assert_array_equal(R.to_numpy(r1.content[name])["w.weight"], R.to_numpy(r2.content[name])["w.weight"])
+        np.testing.assert_array_equal(R.to_numpy(r1.content[name])["w.weight"],
+                                      R.to_numpy(r2.content[name])["w.weight"])
     assert not any(k.startswith(R.STATE_PREFIX) for k in ctx.state.array_records)
 
 
@@ -412,7 +417,8 @@ def test_mocked_sync_downlink_and_state():
     msgs = list(strategy.configure_train(1, initial_arrays(x0), ConfigRecord({}), grid))
     down = msgs[0].content
     assert set(down.array_records) == {R.MODEL, FL.M_RECORD, FL.V_RECORD}
-    assert np.all(R.to_numpy(down[FL.M_RECORD])["w.weight"] == 0) and np.all(R.to_numpy(down[FL.V_RECORD])["w.weight"] == 0)
+    assert np.all(R.to_numpy(down[FL.M_RECORD])["w.weight"] == 0)
+    assert np.all(R.to_numpy(down[FL.V_RECORD])["w.weight"] == 0)
     assert down[R.CONFIG]["fedlocal-sync.step-offset"] == 0.0
     m = [np.full((1, DIM), 1.0), np.full((1, DIM), 4.0)]
     v = [np.full((1, DIM), 2.0), np.full((1, DIM), 8.0)]
@@ -444,7 +450,8 @@ def test_server_optimizer_mapping():
     def so(**kw):
         return FL.FedLocalHParams(**kw).server_optimizer()
 
-    assert so(server_opt="adagrad") == ServerOptimizer("adagrad", lr=0.1, beta1=0.0, beta2=0.999, tau=1e-3, initial_v=0.1)
+    assert so(server_opt="adagrad") == ServerOptimizer("adagrad", lr=0.1, beta1=0.0, beta2=0.999, tau=1e-3,
+                                                       initial_v=0.1)
     assert so(server_opt="adam", server_eps=1e-5, server_lr=0.03) == ServerOptimizer(
         "adam", lr=0.03, beta1=0.9, beta2=0.999, tau=1e-5, initial_v=0.0, bias_correction="adam")
     assert so(server_opt="adagrad", server_form="fedopt") == ServerOptimizer(
@@ -457,7 +464,8 @@ def test_server_optimizer_mapping():
 def test_optimizer_step_adam_and_yogi_by_hand():
     g1, g2 = np.array([0.5, -1.0]), np.array([-0.2, 0.4])
     for kind in ("adam", "yogi"):
-        p, opt = _tiny_opt([0.0, 0.0], lr=0.1, client_opt=kind, correction="local", client_beta1=0.9, client_beta2=0.999,
+        p, opt = _tiny_opt([0.0, 0.0], lr=0.1, client_opt=kind, correction="local", client_beta1=0.9,
+                           client_beta2=0.999,
                            client_eps=1e-7, adam_initial_v=0.0, yogi_initial_v=1.0)
         x, m, v = np.zeros(2), np.zeros(2), np.full(2, 0.0 if kind == "adam" else 1.0)
         M, N = np.zeros(2), np.zeros(2)
@@ -546,7 +554,8 @@ def _model_and_optimizer(spec, content):
 
 def _batches(content, n):
     cfg = content[R.CONFIG]
-    return [torch.from_numpy(i) for i in batch_indices(n, cfg[R.BATCH_SIZE], cfg[R.LOCAL_STEPS], SEED, cfg[R.SERVER_ROUND], KEY)]
+    return [torch.from_numpy(i) for i in batch_indices(n, cfg[R.BATCH_SIZE], cfg[R.LOCAL_STEPS], SEED,
+                                                       cfg[R.SERVER_ROUND], KEY)]
 
 
 def _steps(model, opt, x, y, batches):
@@ -624,7 +633,8 @@ def test_misuse_is_a_clear_error():
     with pytest.raises(ValueError, match="fedlocal-m.*fedlocal-v"):
         FL.FedLocalOptimizer(named, lr=0.1, client_opt="adam", sync=True)
     with pytest.raises(ValueError, match="no entry for parameter 'w'"):
-        opt = FL.FedLocalOptimizer(named, lr=0.1, client_opt="adagrad", sync=True, downlink={FL.V_RECORD: {"b": torch.ones(3)}})
+        opt = FL.FedLocalOptimizer(named, lr=0.1, client_opt="adagrad", sync=True,
+                                   downlink={FL.V_RECORD: {"b": torch.ones(3)}})
         p.grad = torch.ones(3, dtype=torch.float64)
         opt.step()
     # fedlocal needs no downlink record; sgd has no state to sync

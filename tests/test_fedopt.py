@@ -36,10 +36,14 @@ PLAN = dict(client_lr=0.05, local_steps=3, batch_size=8)
 
 CASES = [
     ("fedavg", fs.FedAvg(fs.FedAvg.make_hparams(server_lr=1.0), **PLAN), {}),
-    ("fedavg", fs.FedAvg(fs.FedAvg.make_hparams(server_lr=0.7), **PLAN, weighting="uniform"), {"server_lr": 0.7, "weighting": "uniform"}),
-    ("fedavgm", fs.FedAvgM(fs.FedAvgM.make_hparams(server_lr=0.5, beta1=0.9), **PLAN), {"server_lr": 0.5, "momentum": 0.9}),
-    ("fedadagrad", fs.FedAdagrad(fs.FedAdagrad.make_hparams(server_lr=0.05, tau=1e-2), **PLAN), {"server_lr": 0.05, "tau": 1e-2}),
-    ("fedadam", fs.FedAdam(fs.FedAdam.make_hparams(server_lr=0.05, tau=1e-2), **PLAN), {"server_lr": 0.05, "tau": 1e-2}),
+    ("fedavg", fs.FedAvg(fs.FedAvg.make_hparams(server_lr=0.7), **PLAN, weighting="uniform"),
+     {"server_lr": 0.7, "weighting": "uniform"}),
+    ("fedavgm", fs.FedAvgM(fs.FedAvgM.make_hparams(server_lr=0.5, beta1=0.9), **PLAN),
+     {"server_lr": 0.5, "momentum": 0.9}),
+    ("fedadagrad", fs.FedAdagrad(fs.FedAdagrad.make_hparams(server_lr=0.05, tau=1e-2), **PLAN),
+     {"server_lr": 0.05, "tau": 1e-2}),
+    ("fedadam", fs.FedAdam(fs.FedAdam.make_hparams(server_lr=0.05, tau=1e-2), **PLAN),
+     {"server_lr": 0.05, "tau": 1e-2}),
     ("fedyogi", fs.FedYogi(fs.FedYogi.make_hparams(server_lr=0.05, tau=1e-2, initial_v=0.5), **PLAN),
      {"server_lr": 0.05, "tau": 1e-2, "v0": 0.5}),
     ("fedprox", fs.FedProx(fs.FedProx.make_hparams(mu=0.5), **PLAN), {"mu": 0.5}),
@@ -110,7 +114,8 @@ def test_same_global_model_as_flower_builtin(make_flwr, make_ours):
         arr_t, _ = theirs.aggregate_train(rnd, replies)
         arr_o, _ = ours.aggregate_train(rnd, replies)
         for k in keys:
-            np.testing.assert_allclose(arr_o[k].numpy(), arr_t[k].numpy(), rtol=0, atol=1e-6, err_msg=f"round {rnd} {k}")
+            np.testing.assert_allclose(arr_o[k].numpy(), arr_t[k].numpy(), rtol=0, atol=1e-6,
+                                       err_msg=f"round {rnd} {k}")
         assert np.abs(arr_o["w"].numpy() - start["w"]).max() > 1e-3
 
 

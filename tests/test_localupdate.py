@@ -120,7 +120,8 @@ def test_matches_reference(name):
         for row, (g, e, _) in zip(strategy.decay_trace, trace):
             assert row["client-lr"] == pytest.approx(g, rel=1e-12) and row["server-lr"] == pytest.approx(e, rel=1e-12)
         # the decided γ reaches the clients in the next round's config
-        assert strategy.round_config(rounds + 1)["client-lr"] == pytest.approx(strategy.decay_trace[-1]["next-client-lr"])
+        next_lr = strategy.decay_trace[-1]["next-client-lr"]
+        assert strategy.round_config(rounds + 1)["client-lr"] == pytest.approx(next_lr)
 
 
 # ------------------------------------------------------------------------------------------ §4.7 special cases
@@ -196,7 +197,8 @@ def test_optimizer_step_on_scripted_gradients():
     # Θ travels as a comma-separated string of repr floats: exact round trip
     p = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
     theta = (0.1 + 0.2, 1 / 3, 0.0, 2.0)
-    assert LU.LocalUpdateOptimizer([("p", p)], 0.1, theta=",".join(map(repr, theta)), planned_steps=4).hparams.weights == theta
+    assert LU.LocalUpdateOptimizer([("p", p)], 0.1, theta=",".join(map(repr, theta)),
+                                   planned_steps=4).hparams.weights == theta
 
 
 def test_fomaml_uploads_gradient_at_last_iterate_and_matches_surrogate():
@@ -346,7 +348,7 @@ def _fired(losses, rule, **kw):
     return fired
 
 
-SPEC_SEQUENCES = [  # ALGORITHMS.md §4.7-10 (1-based decay rounds)
+SPEC_SEQUENCES = [  # hand-derived controller sequences (1-based decay rounds)
     ((5, 4, 3.5, 3.4999, 3.4999, 3.4999, 3, 3, 3, 3, 3, 3), dict(window=1, patience=2, cooldown=1, min_delta=0.01),
      [5, 9, 12], [5, 9, 11]),
     (tuple(5 - 0.006 * (t - 1) for t in range(1, 13)), dict(window=1, patience=1, cooldown=0, min_delta=0.01),
@@ -449,7 +451,8 @@ def test_protocol_config_and_aggregation():
     bad = np.array([[np.nan, 0.0]])
     s2 = LU.LocalUpdate(hp, client_lr=0.2, weighting="examples")
     s2.configure_train(1, ArrayRecord({"w.weight": Array(x0)}), ConfigRecord({}), grid)
-    arrays, metrics = s2.aggregate_train(1, [_reply(1, q[0], 10, 1.0), _reply(2, q[1], 30, 1.0), _reply(3, bad, 5, 1.0)])
+    arrays, metrics = s2.aggregate_train(1,
+                                         [_reply(1, q[0], 10, 1.0), _reply(2, q[1], 30, 1.0), _reply(3, bad, 5, 1.0)])
     np.testing.assert_allclose(arrays["w.weight"].numpy(), x0 - 0.5 * (10 * q[0] + 30 * q[1]) / 40)
     assert metrics["replies-rejected"] == 1
 
@@ -662,3 +665,11 @@ def test_decay_resumes_from_state_dict_identically():
     assert [int(r["round"]) for r in second.decay_trace if r["decayed"]] == fired
     np.testing.assert_array_equal(end_resumed["w.weight"].numpy(), end_full["w.weight"].numpy())
     assert second.server_state["client-lr"] == full.server_state["client-lr"] < 0.1
+
+
+def test_only_localupdatedecay_declares_it_needs_train_loss_before():
+    """The ServerApp refuses ``train-loss-before = false`` for a strategy that declares it needs the metric."""
+    from flower_strategies.core.registry import METHODS
+
+    assert {n for n, spec in METHODS.items() if spec.strategy.needs_train_loss_before} == {"localupdatedecay"}
+    assert LU.LocalUpdateDecay.needs_train_loss_before and not LU.LocalUpdate.needs_train_loss_before

@@ -125,7 +125,8 @@ def test_misuse_is_a_clear_error(name):
         opt.uplink()
     with pytest.raises(TypeError, match="unknown hyper-parameter"):
         spec.local_optimizer(model.named_parameters(), lr=0.1, not_a_flag=1, planned_steps=4, full_gradient=grad,
-                             downlink=rnd.content and {n: r.to_torch_state_dict() for n, r in content.array_records.items()
+                             downlink=rnd.content and {n: r.to_torch_state_dict() for n,
+                                                       r in content.array_records.items()
                                                        if n != R.MODEL})
     with pytest.raises(ValueError, match="lr"):
         spec.local_optimizer(model.named_parameters(), lr=-1.0, planned_steps=4, full_gradient=grad)

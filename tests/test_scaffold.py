@@ -22,7 +22,8 @@ from flower_strategies.methods.scaffold import (
     CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, Scaffold, ScaffoldHParams, ScaffoldOptimizer,
 )
 from tests.helpers import (
-    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round, recorded_run,
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
+    recorded_run,
     synthetic_initial_arrays, with_server_state,
 )
 from tests.reference.fedlada_ref import load_clients
@@ -98,7 +99,8 @@ def test_server_control_is_mean_of_all_client_controls():
     """All c_i start at 0 and c accumulates ΣΔc_i/N ⇒ c = (1/N)·Σ_{all clients} c_i after every round."""
     xs, schedule, controls, strat, grid = run_engine(Scaffold, ScaffoldHParams(), 9)
     assert all(h.round_metrics["num-clients-total"] == NODES for h in strat.history)
-    total = sum(ctx.state[STATE_KEY]["w.weight"].numpy() for ctx in grid.contexts.values() if STATE_KEY in ctx.state.array_records)
+    total = sum(ctx.state[STATE_KEY]["w.weight"].numpy()
+                for ctx in grid.contexts.values() if STATE_KEY in ctx.state.array_records)
     np.testing.assert_allclose(controls[-1], total / NODES, rtol=1e-10, atol=1e-14)
 
 
@@ -204,7 +206,7 @@ def test_run_config():
     assert spec.strategy is Scaffold and hp.num_clients == 50
 
 
-# ------------------------------------------------------------------------------------------ the optimizer as a torch optimizer
+# ----------------------------------------------------------------------------------- the optimizer as a torch optimizer
 def _plain_strategy(make_model):
     s = Scaffold(ScaffoldHParams(weight_decay=0.01), client_lr=0.05, local_steps=5, batch_size=4)
     return with_server_state(s, {SERVER_CONTROL: named_randn(make_model(), 1)})  # a non-trivial c
@@ -248,7 +250,8 @@ def test_control_uses_the_steps_taken():
     x_t = torch.tensor([1.0, -1.0], dtype=torch.float64)
     for k in (1, 3):
         p = torch.nn.Parameter(x_t.clone())
-        opt = ScaffoldOptimizer([("w", p)], lr=0.1, weight_decay=0.0, downlink={SERVER_CONTROL: {"w": torch.zeros(2, dtype=torch.float64)}})
+        opt = ScaffoldOptimizer([("w", p)], lr=0.1, weight_decay=0.0,
+                                downlink={SERVER_CONTROL: {"w": torch.zeros(2, dtype=torch.float64)}})
         for _ in range(k):
             p.grad = torch.tensor([1.0, 2.0], dtype=torch.float64)
             opt.step()

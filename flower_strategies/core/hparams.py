@@ -15,7 +15,6 @@ import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound="HParams")
@@ -48,20 +47,35 @@ def param(
     )
 
 
+def client_lr_decay_param(default: float, note: str) -> Any:
+    """Declare a method's ``client_lr_decay`` field (the only way to write it): the strategy base then sends the
+    client learning rate ``client_lr·decay^(round−1)`` (:meth:`FedAdaptStrategy.client_lr_at`,
+    :func:`.ops.decayed_lr`).  ``note``: the method's reference value, appended to the help text."""
+    return param(default, lo=0.0, lo_open=True, hi=1.0, help=f"client lr × this after every round ({note})")
+
+
 def to_key(name: str) -> str:
     return name.replace("_", "-")
 
 
-@cache
+_HINTS: dict[type, dict[str, Any]] = {}
+_CLIENT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
     """``typing.get_type_hints(cls)``, once per class (it re-evaluates every annotation string on each call, and
     every local optimizer and hyper-parameter object of every client round needs it)."""
-    return typing.get_type_hints(cls)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
-@cache
 def _client_fields(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("client"))
+    names = _CLIENT_FIELDS.get(cls)
+    if names is None:
+        names = _CLIENT_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("client"))
+    return names
 
 
 @dataclass(frozen=True)
@@ -101,10 +115,6 @@ class HParams:
             return cls(**kwargs)
         except ConfigError as err:  # re-raise with the run-config key instead of the field name
             raise ConfigError(_rename(str(err), cls, prefix)) from None
-
-    def to_run_config(self, prefix: str | None) -> dict[str, Any]:
-        pre = f"{prefix}." if prefix else ""
-        return {pre + to_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def client_fields(cls) -> tuple[str, ...]:
@@ -204,7 +214,8 @@ def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
         lo, hi = meta.get("lo"), meta.get("hi")
         if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
             op = ">" if meta.get("lo_open") else ">="
-            raise ConfigError(f"{name} = {value!r} is out of range; must be {op} {lo}" + (f" and <= {hi}" if hi is not None else ""))
+            upper = f" and <= {hi}" if hi is not None else ""
+            raise ConfigError(f"{name} = {value!r} is out of range; must be {op} {lo}{upper}")
         if hi is not None and value > hi:
             raise ConfigError(f"{name} = {value!r} is out of range; must be <= {hi}")
 

@@ -1,10 +1,20 @@
 """The method registry: run-config ``method`` name → strategy class (+ its local optimizer and hyper-parameters).
 
-A method is one strategy class; an alias (``localadam``, ``fedda-adam``, ``fedadam``) is the same class
-registered under another name with other field defaults::
+A method is one strategy class; an alias (``localadam``, ``fedda-adam``, ``fedadam``) is a registry name with
+other field defaults, declared in exactly one way, by :func:`register`'s keyword arguments::
 
     register(FedLADA, paper=..., summary=...)                                  # "fedlada"
     register(FedLADA, name="localadam", amend_weight=1.0, paper=..., summary=...)
+
+Where users want a class name for an alias (``from flower_strategies import FedAdam``), the alias is a plain
+subclass that names itself (``method = "fedadam"``) and nothing else, registered the same way::
+
+    class FedAdam(FedOpt):
+        method: ClassVar[str] = "fedadam"
+
+    register(FedAdam, server_opt="adam", server_lr=0.01, paper=..., summary=...)
+
+``FedAdam()`` then takes the field defaults of its registry name (``FedAdaptStrategy.make_hparams``).
 
 Run-config keys (``<name>.<field-with-dashes>``), wire keys (the same), pyproject's config table, the docs'
 tables and the optimizer's keyword arguments all derive from the strategy's ``hparams_class``.
@@ -27,7 +37,7 @@ class MethodSpec:
     strategy: type[FedAdaptStrategy]
     paper: str
     summary: str
-    #: Field defaults of this registry name (an alias's variant), by field name.
+    #: Field defaults of this registry name that differ from the declaration's (an alias's), by field name.
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,17 +69,29 @@ METHODS: dict[str, MethodSpec] = {}
 def register(
     strategy: type[FedAdaptStrategy], *, name: str | None = None, paper: str, summary: str, **overrides: Any
 ) -> MethodSpec:
-    """Register ``strategy`` under ``name`` (default: its ``method``) with field-default ``overrides``."""
+    """Register ``strategy`` under ``name`` (default: its ``method``) with the field defaults ``overrides`` (by field
+    name): the one way to declare an alias.  Registered under its own ``method``, the class's
+    :meth:`~FedAdaptStrategy.make_hparams` (its default hyper-parameters) takes ``overrides`` too."""
     name = name or strategy.method
     if not name or name in METHODS:
         raise ValueError(f"method name {name!r} is empty or already registered")
-    client, opt_client = set(strategy.hparams_class.client_fields()), set(strategy.local_optimizer.hparams_class.client_fields())
+    client = set(strategy.hparams_class.client_fields())
+    opt_client = set(strategy.local_optimizer.hparams_class.client_fields())
     if client != opt_client:
-        raise TypeError(f"{strategy.__name__}'s client fields {sorted(client)} differ from its optimizer's {sorted(opt_client)}")
-    spec = MethodSpec(name, strategy, paper, summary, {**strategy.variant, **overrides})
+        raise TypeError(
+            f"{strategy.__name__}'s client fields {sorted(client)} differ from its optimizer's {sorted(opt_client)}"
+        )
+    spec = MethodSpec(name, strategy, paper, summary, dict(overrides))
     spec.default_hparams()  # validates the overrides now, not at the first run
     METHODS[name] = spec
     return spec
+
+
+def class_overrides(strategy: type[FedAdaptStrategy]) -> Mapping[str, Any]:
+    """The field defaults registered for ``strategy``'s own registry name (its ``method``; a subclass inherits
+    them), ``{}`` when that name is not registered for this class."""
+    spec = METHODS.get(strategy.method)
+    return spec.overrides if spec is not None and issubclass(strategy, spec.strategy) else {}
 
 
 def get_method(name: str) -> MethodSpec:

@@ -38,7 +38,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from . import records as R
 from .hparams import HParams
 from .local import LocalOptimizer, SGDOptimizer
-from .ops import ROBUST_RULES, NamedArrays, all_finite, check_trim, fold, is_float, nbytes, robust_aggregate
+from .ops import ROBUST_RULES, NamedArrays, all_finite, check_trim, decayed_lr, fold, is_float, nbytes, robust_aggregate
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 #: A reply metric above this multiple of max(1, the round's lower-median magnitude) is left out of its mean.
@@ -183,13 +183,16 @@ class FedAdaptStrategy(Strategy):
     #: The client half: the local optimizer the ClientApp builds for this method.
     local_optimizer: ClassVar[type[LocalOptimizer]] = SGDOptimizer
     default_weighting: ClassVar[str] = "examples"
-    #: Field defaults that differ from ``hparams_class``'s (a variant class such as ``FedAdam``).
-    variant: ClassVar[dict[str, Any]] = {}
+    #: Whether the method needs each reply's ``train-loss-before`` metric (the ServerApp refuses to switch it off).
+    needs_train_loss_before: ClassVar[bool] = False
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
-        """This class's hyper-parameters: the declaration's defaults, its :attr:`variant`, then ``changes``."""
-        return cls.hparams_class(**{**cls.variant, **changes})
+        """This class's hyper-parameters: the defaults of its registry name :attr:`method` (the declaration's,
+        with the field defaults given to :func:`.registry.register`), then ``changes``."""
+        from .registry import class_overrides
+
+        return cls.hparams_class(**{**class_overrides(cls), **changes})
 
     def __init__(
         self,
@@ -290,8 +293,10 @@ class FedAdaptStrategy(Strategy):
         return {}
 
     def client_lr_at(self, server_round: int) -> float:
-        """Client learning rate of ``server_round`` (constant unless a method schedules it)."""
-        return self.client_lr
+        """Client learning rate of ``server_round``: ``client_lr``, times ``client_lr_decay`` after every round when
+        the method's hyper-parameters declare that field (:func:`.hparams.client_lr_decay_param`)."""
+        decay = getattr(self.hparams, "client_lr_decay", None)
+        return self.client_lr if decay is None else decayed_lr(self.client_lr, decay, server_round)
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         """The server math: ``(new global arrays, new server state, round metrics)``.  It may write into

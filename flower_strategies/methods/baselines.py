@@ -7,7 +7,7 @@
 
 Clients run local SGD (:class:`~flower_strategies.core.local.SGDOptimizer`) and upload their model; the server
 forms the descent-positive pseudo-gradient ``D̄ = x_t − mean_i x_i`` over the trainable floating-point keys
-and applies a :class:`~flower_strategies.core.server_opt.ServerOptimizer` (ALGORITHMS.md §6).  Non-trainable
+and applies a :class:`~flower_strategies.core.server_opt.ServerOptimizer`.  Non-trainable
 floating arrays take the clients' mean; integer arrays keep the server's value.
 
 Conventions and deviations
@@ -22,16 +22,15 @@ Conventions and deviations
 * Weighting: example-weighted mean by default (``weighting="uniform"`` for papers 002/004).
 
 One strategy class, :class:`FedOpt`; the six baselines are registry names with other defaults of its
-declaration (:class:`FedOptHParams`): ``server_opt`` picks the server optimizer, ``mu > 0`` is FedProx.
-The classes ``FedAvg``, ``FedAdam``, … exist for ``from flower_strategies import FedAdam`` and are nothing
-but those defaults.
+declaration (:class:`FedOptHParams`), given to :func:`~flower_strategies.core.registry.register`: ``server_opt``
+picks the server optimizer, ``mu > 0`` is FedProx.  The classes ``FedAvg``, ``FedAdam``, … exist for
+``from flower_strategies import FedAdam``: each only names its registry name, whose defaults it takes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
 
 from ..core.hparams import param
 from ..core.local import SGDHParams, SGDOptimizer
@@ -45,13 +44,18 @@ from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 class FedOptHParams(SGDHParams):
     """FedOpt: local SGD (client fields ``weight_decay``, ``mu``) + a server optimizer on ``D̄``."""
 
-    server_opt: str = param("sgd", choices=SERVER_OPTIMIZERS, help="server optimizer: sgd (FedAvg) | sgdm (FedAvgM) | adagrad | adam | yogi")
+    server_opt: str = param(
+        "sgd", choices=SERVER_OPTIMIZERS,
+        help="server optimizer: sgd (FedAvg) | sgdm (FedAvgM) | adagrad | adam | yogi",
+    )
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η (1 with sgd = model averaging)")
     beta1: float = param(0.9, lo=0.0, hi=1.0, help="server momentum β1 (heavy-ball β for sgdm; m₀ = 0)")
     beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (adam, yogi)")
     tau: float = param(1e-3, lo=0.0, help="adaptivity τ (added to √v)")
     initial_v: float | None = param(None, lo=0.0, help="v₀; empty = τ² (Reddi et al.); 0 = Flower's built-ins")
-    bias_correction: str = param("none", choices=BIAS_CORRECTIONS, help="none | adam (Keras) | flower (Flower 1.42 FedAdam)")
+    bias_correction: str = param(
+        "none", choices=BIAS_CORRECTIONS, help="none | adam (Keras) | flower (Flower 1.42 FedAdam)",
+    )
 
     def server_optimizer(self) -> ServerOptimizer:
         return ServerOptimizer(
@@ -65,6 +69,7 @@ class FedOpt(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedavg"
     hparams_class = FedOptHParams
+    hparams: FedOptHParams
     local_optimizer = SGDOptimizer
 
     def __init__(self, hparams: FedOptHParams | None = None, **kwargs: Any) -> None:
@@ -74,7 +79,9 @@ class FedOpt(FedAdaptStrategy):
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return dict(self.opt.init({k: arrays[k] for k in self.trainable(arrays)}))
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates["arrays"]
         params = {k: current[k] for k in inputs.trainable}
         pseudo_grad = pseudo_gradient(current, mean, inputs.trainable)  # in mean's buffers (model dtype)
@@ -85,25 +92,46 @@ class FedOpt(FedAdaptStrategy):
         return self.merge_buffers(new_params, current, mean), dict(new_state), {}
 
 
-def _variant(name: str, doc: str, **defaults: Any) -> type[FedOpt]:
-    return type(name, (FedOpt,), {"__doc__": doc, "method": name.lower(), "variant": defaults, "__module__": __name__})
+class FedAvg(FedOpt):
+    """FedAvg (McMahan et al. 2017) with an optional server learning rate."""
+
+    method: ClassVar[str] = "fedavg"
 
 
-_ADAPTIVE = {"server_lr": 0.01}
-FedAvg = _variant("FedAvg", "FedAvg (McMahan et al. 2017) with an optional server learning rate.")
-FedAvgM = _variant("FedAvgM", "FedAvgM (Hsu et al. 2019): heavy-ball server momentum ``u ← β1·u + D̄``, ``u₀ = 0``.", server_opt="sgdm")
-FedAdagrad = _variant("FedAdagrad", "FedAdagrad (Reddi et al. 2021): ``v ← v + D̄²``.", server_opt="adagrad", server_lr=0.03)
-FedAdam = _variant("FedAdam", "FedAdam (Reddi et al. 2021): ``v ← β2·v + (1−β2)·D̄²``.", server_opt="adam", **_ADAPTIVE)
-FedYogi = _variant("FedYogi", "FedYogi (Reddi et al. 2021): ``v ← v − (1−β2)·D̄²·sign(v − D̄²)``.", server_opt="yogi", **_ADAPTIVE)
-FedProx = _variant("FedProx", "FedProx (Li et al. 2020): FedAvg server; clients add ``mu·(w − x_t)`` to every local gradient.", mu=0.01)
+class FedAvgM(FedOpt):
+    """FedAvgM (Hsu et al. 2019): heavy-ball server momentum ``u ← β1·u + D̄``, ``u₀ = 0``."""
+
+    method: ClassVar[str] = "fedavgm"
+
+
+class FedAdagrad(FedOpt):
+    """FedAdagrad (Reddi et al. 2021): ``v ← v + D̄²``."""
+
+    method: ClassVar[str] = "fedadagrad"
+
+
+class FedAdam(FedOpt):
+    """FedAdam (Reddi et al. 2021): ``v ← β2·v + (1−β2)·D̄²``."""
+
+    method: ClassVar[str] = "fedadam"
+
+
+class FedYogi(FedOpt):
+    """FedYogi (Reddi et al. 2021): ``v ← v − (1−β2)·D̄²·sign(v − D̄²)``."""
+
+    method: ClassVar[str] = "fedyogi"
+
+
+class FedProx(FedOpt):
+    """FedProx (Li et al. 2020): FedAvg server; clients add ``mu·(w − x_t)`` to every local gradient."""
+
+    method: ClassVar[str] = "fedprox"
+
 
 _REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021"
-for _cls, _paper, _summary in (
-    (FedAvg, "McMahan et al., AISTATS 2017", "local SGD + (weighted) model averaging"),
-    (FedAvgM, "Hsu et al., 2019", "FedAvg + server heavy-ball momentum"),
-    (FedAdagrad, _REDDI, "local SGD + server AdaGrad"),
-    (FedAdam, _REDDI, "local SGD + server Adam"),
-    (FedYogi, _REDDI, "local SGD + server Yogi"),
-    (FedProx, "Li et al., MLSys 2020", "local SGD with proximal term + FedAvg"),
-):
-    register(_cls, paper=_paper, summary=_summary)
+register(FedAvg, paper="McMahan et al., AISTATS 2017", summary="local SGD + (weighted) model averaging")
+register(FedAvgM, server_opt="sgdm", paper="Hsu et al., 2019", summary="FedAvg + server heavy-ball momentum")
+register(FedAdagrad, server_opt="adagrad", server_lr=0.03, paper=_REDDI, summary="local SGD + server AdaGrad")
+register(FedAdam, server_opt="adam", server_lr=0.01, paper=_REDDI, summary="local SGD + server Adam")
+register(FedYogi, server_opt="yogi", server_lr=0.01, paper=_REDDI, summary="local SGD + server Yogi")
+register(FedProx, mu=0.01, paper="Li et al., MLSys 2020", summary="local SGD with proximal term + FedAvg")

@@ -2,7 +2,7 @@
 
 Xu, Wang, Wang, Wang, Wang, *FedCM: Federated Learning with Client-level Momentum*, 2021; used as the main
 SGD baseline of Sun et al., *Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear
-Speedup* (FedLADA), 2023 (seed ``002_be4d0f1e88a9ebd5.txt``).  Spec: ALGORITHMS.md §6 ("FedCM").
+Speedup* (FedLADA), 2023 (seed ``002_be4d0f1e88a9ebd5.txt``).
 
 Round ``t`` (``Δ_i = x_t − x_{i,K}``, descent-positive)::
 
@@ -14,7 +14,7 @@ Round ``t`` (``Δ_i = x_t − x_{i,K}``, descent-positive)::
 counts with the same weights as ``Δ̄`` (= K when all clients take K steps).
 
 Symbols ↔ code: α ``amend_weight`` (client), λ ``weight_decay`` (client), η_g ``server_lr``, η_l
-``client_lr_at(t)`` (:func:`~flower_strategies.core.ops.decayed_lr`), ``Δ_t`` server state / downlink record
+``client_lr_at(t)`` (the base applies ``client_lr_decay``), ``Δ_t`` server state / downlink record
 ``"global-update"`` (optimizer state ``global_update``), K̄ ``RoundInputs.mean_steps``.
 
 Records: downlink ``"global-update"`` (Δ_t, trainable keys; only when α < 1) besides the model; uplink the
@@ -23,7 +23,7 @@ local model (``"arrays"``).  Communication per round: 2× FedAvg's download (1×
 Conventions and deviations
 --------------------------
 * Xu et al.'s server writes ``x_{t+1} = x_t − η_g·Δ_{t+1}`` (η_g multiplying the lr-normalised update); we
-  follow ALGORITHMS.md §6 / paper 002 (``η_g = 1`` ⇒ model averaging), i.e. their ``η_g`` equals ours times
+  follow paper 002 (``η_g = 1`` ⇒ model averaging), i.e. their ``η_g`` equals ours times
   ``η_l·K``.
 * α = 1 is FedAvg with coupled weight decay: ``Δ_t`` has weight 0 and is not broadcast.
 * Means are uniform by default (paper 002); ``weighting="examples"`` is the common flag.
@@ -37,11 +37,11 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from ..core import records as R
-from ..core.hparams import HParams, param
+from ..core.hparams import HParams, client_lr_decay_param, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, averaging_step, decayed_lr, state_like
+from ..core.ops import NamedArrays, averaging_step, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 
 #: Downlink record (and server state) of the broadcast global update Δ_t.
 GLOBAL_UPDATE = "global-update"
@@ -51,10 +51,14 @@ GLOBAL_UPDATE = "global-update"
 class FedCMHParams(HParams):
     """FedCM (client-level momentum), defaults as in paper 002's setup."""
 
-    amend_weight: float = param(0.1, lo=0.0, hi=1.0, client=True, help="α: weight of the local gradient in d = α·g + (1−α)·Δ_t (1 = FedAvg)")
-    weight_decay: float = param(1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
+    amend_weight: float = param(
+        0.1, lo=0.0, hi=1.0, client=True, help="α: weight of the local gradient in d = α·g + (1−α)·Δ_t (1 = FedAvg)",
+    )
+    weight_decay: float = param(
+        1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)",
+    )
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    client_lr_decay: float = param(0.998, lo=0.0, lo_open=True, hi=1.0, help="client lr × this after every round (paper 002: 0.998)")
+    client_lr_decay: float = client_lr_decay_param(0.998, "paper 002: 0.998")
 
 
 class FedCMOptimizer(LocalOptimizer):
@@ -69,7 +73,9 @@ class FedCMOptimizer(LocalOptimizer):
         if group["amend_weight"] < 1.0:  # α = 1: Δ_t has weight 0 and is not sent
             state["global_update"] = self.received(GLOBAL_UPDATE, name, p)
             if state["global_update"] is None:
-                raise ValueError(f"FedCMOptimizer: downlink record '{GLOBAL_UPDATE}' has no entry for parameter '{name}'")
+                raise ValueError(
+                    f"FedCMOptimizer: downlink record '{GLOBAL_UPDATE}' has no entry for parameter '{name}'"
+                )
 
     def update_param(self, name: str, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         a, lam = group["amend_weight"], group["weight_decay"]
@@ -85,22 +91,19 @@ class FedCM(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedcm"
     hparams_class = FedCMHParams
+    hparams: FedCMHParams
     local_optimizer = FedCMOptimizer
     default_weighting: ClassVar[str] = "uniform"
-
-    def client_lr_at(self, server_round: int) -> float:
-        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return {GLOBAL_UPDATE: state_like(arrays, self.trainable(arrays))}  # Δ_0 = 0
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None and self.server_state is not None
-        if self.hparams.amend_weight == 1.0:
-            return {}
-        return {GLOBAL_UPDATE: cast_like(self.server_state[GLOBAL_UPDATE], self.current)}
+        return {} if self.hparams.amend_weight == 1.0 else {GLOBAL_UPDATE: (self.server_state or {})[GLOBAL_UPDATE]}
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates[R.MODEL]
         new, update = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr,  # x_{t+1}, Δ_{t+1}
                                      state[GLOBAL_UPDATE], self.client_lr_at(inputs.server_round), inputs.mean_steps)

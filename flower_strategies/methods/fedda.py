@@ -2,7 +2,7 @@
 
 Paper: Jiayin Jin, Jiaxiang Ren, Yang Zhou, Lingjuan Lyu, Ji Liu, Dejing Dou, *Accelerated Federated Learning
 with Decoupled Adaptive Optimization*, ICML 2022 (seed file ``001_7e69cb14711dc6c0.txt``; §4, Algorithms 1–2 in
-appendix A.2, Table 12).  Spec: ALGORITHMS.md §2.
+appendix A.2, Table 12).
 
 Client (identical for the three variants; :class:`FedDAOptimizer`), starting from ``W = W_r``, ``m = m_r``
 (the broadcast global momentum, *inherited*), ``P = 0``, for each of the ``T`` local steps::
@@ -27,7 +27,7 @@ state ``"v_t"``, ``η`` ``client-lr``, ``α`` ``server-lr``, ``β1`` ``beta1``, 
 ``μ`` ``prox-mu``, ``T`` the local steps taken (``steps_taken``; the run's ``local-steps``).  Every key is
 ``<method>.<key>`` (method ∈ ``fedda``, ``fedda-sgdm``, ``fedda-adam``, ``fedda-adagrad``).
 
-Conventions and deviations (each ALGORITHMS.md §2.6 ambiguity is a flag; default = the spec's reading)
+Conventions and deviations (each ambiguity of the paper is a flag; default = our reading)
 ------------------------------------------------------------------------------------------------------
 * A1 η placement: ``eta-in-server`` (True: Algorithm 1, ``W ← W − η·α·P̄``; False: ``W ← W − α·P̄``) and
   ``eta-in-momentum`` (False; True = Eq. 25, ``m ← β1·m + (1−β1)·η·g``).
@@ -69,8 +69,8 @@ from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import LocalOptimizer
 from ..core.ops import NamedArrays, apply_update, owned, state_like
-from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
+from ..core.registry import class_overrides, register
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
 #: Record names (downlink: MOMENTUM; uplink: MOMENTUM_SUM and MOMENTUM).
 MOMENTUM = "momentum"
@@ -176,17 +176,26 @@ class FedDAClientHParams(HParams):
 class FedDAHParams(FedDAClientHParams):
     """FedDA (Algorithms 1–2); the server optimizer is the ``variant`` field.  Defaults: Table 12, EMNIST."""
 
-    variant: str = param("sgdm", choices=VARIANTS, help="server optimizer: sgdm (Algorithm 1) | adam | adagrad (Algorithm 2)")
+    variant: str = param(
+        "sgdm", choices=VARIANTS, help="server optimizer: sgdm (Algorithm 1) | adam | adagrad (Algorithm 2)",
+    )
     server_lr: float | None = param(
-        None, lo=0.0, lo_open=True, help="server learning rate α; empty = the variant's Table 12 EMNIST value (sgdm 1, adam/adagrad 0.1)"
+        None, lo=0.0, lo_open=True,
+        help="server learning rate α; empty = the variant's Table 12 EMNIST value (sgdm 1, adam/adagrad 0.1)",
     )
     beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (Table 12: 0.99; adam only)")
     eps: float = param(0.1, lo=0.0, help="fuzz factor ε outside the square root (Table 12 EMNIST: 0.1; adam, adagrad)")
     initial_v: float = param(0.0, lo=0.0, help="V_0 (A10: 0; adam, adagrad)")
-    bias_correction: str = param("updates", choices=BIAS_CORRECTIONS, help="A3 (adam): s = server updates | round | none")
+    bias_correction: str = param(
+        "updates", choices=BIAS_CORRECTIONS, help="A3 (adam): s = server updates | round | none",
+    )
     v_hat: str = param("new", choices=V_HATS, help="A4 (adam): V̂ from V_{r+1} (Algorithm 2) or stale V_r (Eq. 35)")
-    full_batch_last: float = param(0.05, lo=0.0, hi=1.0, help="A8: fraction of the final rounds with one full-batch step")
-    full_batch_from: int | None = param(None, lo=1, help="A8: first full-batch round; overrides full-batch-last (empty = unset)")
+    full_batch_last: float = param(
+        0.05, lo=0.0, hi=1.0, help="A8: fraction of the final rounds with one full-batch step",
+    )
+    full_batch_from: int | None = param(
+        None, lo=1, help="A8: first full-batch round; overrides full-batch-last (empty = unset)",
+    )
     eta_in_server: bool = param(True, help="A1: server step η·α (Algorithm 1) vs α only")
 
     @property
@@ -282,12 +291,13 @@ class FedDA(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedda"
     hparams_class = FedDAHParams
+    hparams: FedDAHParams
     local_optimizer = FedDAOptimizer
     default_weighting: ClassVar[str] = "examples"
 
     def __init__(self, hparams: FedDAHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        fixed = self.variant.get("variant")
+        fixed = class_overrides(type(self)).get("variant")  # fedda-sgdm, -adam, -adagrad fix the server optimizer
         if fixed is not None and self.hparams.variant != fixed:
             raise ConfigError(
                 f"{type(self).__name__} is FedDA with variant {fixed!r}, but its hparams say {self.hparams.variant!r}; "
@@ -306,8 +316,7 @@ class FedDA(FedAdaptStrategy):
         }
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.server_state is not None and self.current is not None
-        return {MOMENTUM: cast_like(self.server_state["m_t"], self.current)}
+        return {MOMENTUM: (self.server_state or {})["m_t"]}
 
     def client_config(self, server_round: int) -> dict[str, Any]:
         return {R.FULL_BATCH: self.full_batch(server_round)}
@@ -316,7 +325,9 @@ class FedDA(FedAdaptStrategy):
         """Whether ``server_round`` is in the full-batch stabilization phase (A8) of this run."""
         return self.hparams.full_batch(server_round, self.num_rounds)
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         hp = self.hparams
         new_params, new_v = fedda_server_step(
             hp.variant,
@@ -342,25 +353,25 @@ class FedDASGDM(FedDA):
     """FedDA+SGDM (Algorithm 1): ``W ← W − η·α·P̄``."""
 
     method: ClassVar[str] = "fedda-sgdm"
-    variant: ClassVar[dict[str, Any]] = {"variant": "sgdm", "server_lr": TABLE12_SERVER_LR["sgdm"]}
 
 
 class FedDAAdam(FedDA):
     """FedDA+Adam (Algorithm 2, Adam branch)."""
 
     method: ClassVar[str] = "fedda-adam"
-    variant: ClassVar[dict[str, Any]] = {"variant": "adam", "server_lr": TABLE12_SERVER_LR["adam"]}
 
 
 class FedDAAdagrad(FedDA):
     """FedDA+AdaGrad (Algorithm 2, AdaGrad branch)."""
 
     method: ClassVar[str] = "fedda-adagrad"
-    variant: ClassVar[dict[str, Any]] = {"variant": "adagrad", "server_lr": TABLE12_SERVER_LR["adagrad"]}
 
 
 _PAPER = "Jin et al., Accelerated Federated Learning with Decoupled Adaptive Optimization, ICML 2022"
 register(FedDA, paper=_PAPER, summary="local SGD + decoupled global momentum; server SGDM/Adam/AdaGrad (fedda.variant)")
-register(FedDASGDM, paper=_PAPER, summary="FedDA with server SGDM (Algorithm 1)")
-register(FedDAAdam, paper=_PAPER, summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
-register(FedDAAdagrad, paper=_PAPER, summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")
+register(FedDASGDM, variant="sgdm", server_lr=TABLE12_SERVER_LR["sgdm"], paper=_PAPER,
+         summary="FedDA with server SGDM (Algorithm 1)")
+register(FedDAAdam, variant="adam", server_lr=TABLE12_SERVER_LR["adam"], paper=_PAPER,
+         summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
+register(FedDAAdagrad, variant="adagrad", server_lr=TABLE12_SERVER_LR["adagrad"], paper=_PAPER,
+         summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")

@@ -1,7 +1,8 @@
 """FedLADA — local AMSGrad with an amended (global-offset) direction, and LocalAdam (its α = 1 case).
 
-Yan Sun, Li Shen, Hao Sun, Liang Ding, Dacheng Tao, *Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear
-Speedup*, 2023 (IEEE journal version; seed ``002_be4d0f1e88a9ebd5.txt``; Algorithm 3, §3.3, §4).  Spec: ALGORITHMS.md §3.
+Yan Sun, Li Shen, Hao Sun, Liang Ding, Dacheng Tao, *Efficient Federated Learning via Local Adaptive Amended
+Optimizer with Linear Speedup*, 2023 (IEEE journal version; seed ``002_be4d0f1e88a9ebd5.txt``; Algorithm 3, §3.3,
+§4).
 
 Round ``t`` (all ops elementwise; ``v_srv`` = server average of last round's ``v̂``; ``g_a`` = global offset)::
 
@@ -12,13 +13,15 @@ Round ``t`` (all ops elementwise; ``v_srv`` = server average of last round's ``v
                            x ← x − η_l·(α·m⊙ϑ + (1−α)·g_a)
                upload x_{i,K} (model) and v̂_i
     server:    Δ̄ = mean_i(x_t − x_{i,K}) ;  x_{t+1} = x_t − η_g·Δ̄ ;  v_srv = mean_i v̂_i
-               g_a = Δ̄ / (η_l^{(t)}·K̄)  (= (x_t − x_{t+1})/(η_g·η_l·K), Algorithm 3 line 18)
+               g_a = Δ̄ / (η_l^{(t)}·K̄)  (= (x_t − x_{t+1})/(η_g·η_l·K), Algorithm 3 line 18; offset_steps = "mean")
+               g_a = mean_i Δ_i/(η_l^{(t)}·K_i)  (offset_steps = "per-client"; the same when every K_i = K)
                η_l^{(t+1)} = client_lr_decay · η_l^{(t)}
 
 Symbols ↔ code: α ``amend_weight``, β1/β2 ``beta1``/``beta2``, λ ``weight_decay`` (client fields, read from
-``group[...]``); m, v, v̂, g_a optimizer state ``m``, ``v``, ``vhat``, ``offset``; ϑ :meth:`FedLADAOptimizer.preconditioner`;
+``group[...]``); m, v, v̂, g_a optimizer state ``m``, ``v``, ``vhat``, ``offset``;
+ϑ :meth:`FedLADAOptimizer.preconditioner`;
 v_srv / g_a server state and records ``"v-hat"`` / ``"global-offset"``; η_l ``client_lr_at(t)``
-(:func:`~flower_strategies.core.ops.decayed_lr`); η_g ``server_lr``; K̄ ``RoundInputs.mean_steps``; K_i the
+(the base applies ``client_lr_decay``); η_g ``server_lr``; K̄ ``RoundInputs.mean_steps``; K_i the
 optimizer's ``steps_taken``.
 
 Initial state: ``x_0`` shared, ``v_srv = initial_vhat`` (ε_v² = 1e-16), ``g_a = 0``.  Means are uniform by
@@ -29,24 +32,28 @@ with ``amend_weight = 1`` by default — local AMSGrad with restarted momentum, 
 ``v̂``, model averaging.  With α = 1 the offset has weight 0, so ``g_a`` is not broadcast (2× communication
 instead of FedLADA's 3× download).
 
-Flags for ALGORITHMS.md §3.6 (defaults = the spec): ``local_updates`` (A1: K or the printed K−1),
+Flags for the paper's ambiguities (defaults = our reading): ``local_updates`` (A1: K or the printed K−1),
 ``v_init`` (A4), ``initial_vhat`` (A5), ``eps_placement``/``eps`` (A5: none), ``decoupled_wd`` (A6),
 ``offset_lr`` (A2: lr of the producing round), ``client_lr_decay`` (A11), ``precondition_offset`` (A12),
 ``second_moment`` (AMSGrad / Adam without the max / SGD base = the FedCM client, §3.7 case 5).
 
 Records: downlink ``"v-hat"`` (v_srv) and ``"global-offset"`` (g_a; only when α < 1); uplink ``"arrays"`` (the
-local model) and ``"v-hat"`` (v̂_i; the final ``v`` with ``second-moment = adam``).
+local model), ``"v-hat"`` (v̂_i; the final ``v`` with ``second-moment = adam``) and, with
+``offset_steps = "per-client"``, ``"delta-per-step"`` (``Δ_i/K_i``).
 
 Conventions and deviations
 --------------------------
-* Unequal K_i (A2): ``g_a = Δ̄/(η_l·K̄)`` with K̄ the mean of the replies' ``num-steps`` (the steps each
-  client really took) with the weights of Δ̄; exact for the paper's equal-K setting.
+* Unequal K_i (A2), flag ``offset_steps``: ``"mean"`` (default) ``g_a = Δ̄/(η_l·K̄)`` with K̄ the mean of the
+  replies' ``num-steps`` (the steps each client really took) with the weights of Δ̄; ``"per-client"``
+  ``g_a = mean_i Δ_i/(η_l·K_i)``: each client uploads ``Δ_i/K_i`` (record ``"delta-per-step"``) and the server
+  divides that record's mean by η_l (the folded model mean cannot give a per-client quotient).  Both are exact for
+  the paper's equal-K setting.
 * ``local_updates = "K-1"`` (the printed loop) skips the last planned step entirely (no moment update), so
   the client needs the planned K (``planned_steps``); ``num-steps`` is still K, so ``g_a`` is still ÷K.
 * Momentum restart: a fresh optimizer is built per round; nothing is persisted on the client.
 * The client requires the ``"v-hat"`` record (round 1: the server sends ``initial_vhat``); ``initial_vhat``
   is a server field.
-* The learning-rate decay is owned by the server (``client_lr_at``); ``server_lr`` is not decayed.
+* The learning-rate decay is owned by the server (the base's ``client_lr_at``); ``server_lr`` is not decayed.
 """
 
 from __future__ import annotations
@@ -54,53 +61,86 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..core import records as R
-from ..core.hparams import ConfigError, HParams, param
+from ..core.hparams import ConfigError, HParams, client_lr_decay_param, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, inverse_sqrt
-from ..core.ops import NamedArrays, averaging_step, decayed_lr, state_like
+from ..core.ops import NamedArrays, averaging_step, owned, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
 #: Record names (downlink and uplink share "v-hat").
 VHAT = "v-hat"
 GLOBAL_OFFSET = "global-offset"
+#: Uplink record of ``offset-steps = per-client``: the client's ``Δ_i/K_i = (x_t − x_{i,K})/K_i``.
+DELTA_PER_STEP = "delta-per-step"
 
 SECOND_MOMENTS = ("amsgrad", "adam", "sgd")
 V_INITS = ("zero", "server")
 LOCAL_UPDATES = ("K", "K-1")
 OFFSET_LRS = ("producing", "consuming", "initial")
+OFFSET_STEPS = ("mean", "per-client")
 
 
 @dataclass(frozen=True)
 class FedLADAHParams(HParams):
     """FedLADA (paper 002 §4 defaults; α = 0.1 for CIFAR-10, 0.05 for CIFAR-100/TinyImageNet)."""
 
-    amend_weight: float = param(0.1, lo=0.0, hi=1.0, client=True, help="α: weight of the local adaptive direction (1 = LocalAdam)")
+    amend_weight: float = param(
+        0.1, lo=0.0, hi=1.0, client=True, help="α: weight of the local adaptive direction (1 = LocalAdam)",
+    )
     beta1: float = param(0.9, lo=0.0, hi=1.0, client=True, help="first-moment decay β1 (m restarted at 0 every round)")
     beta2: float = param(0.99, lo=0.0, hi=1.0, client=True, help="second-moment decay β2")
-    weight_decay: float = param(0.01, lo=0.0, client=True, help="L2 weight decay λ (paper: 1e-2; 0 = Algorithm 3 exactly)")
+    weight_decay: float = param(
+        0.01, lo=0.0, client=True, help="L2 weight decay λ (paper: 1e-2; 0 = Algorithm 3 exactly)",
+    )
     decoupled_wd: bool = param(False, client=True, help="A6: AdamW-style x ← x − η_l·λ·x instead of g ← g + λ·x")
-    v_init: str = param("zero", choices=V_INITS, client=True, help="A4: client v at round start: zero | server (= the received v̂)")
-    second_moment: str = param("amsgrad", choices=SECOND_MOMENTS, client=True, help="amsgrad (ϑ=1/√max) | adam (ϑ=1/√v, no max) | sgd (ϑ=1: FedCM-style base)")
-    eps_placement: str = param("none", choices=EPS_PLACEMENTS, client=True, help="A5: none (ϑ=1/√v̂) | outside 1/(√v̂+ε) | inside 1/√(v̂+ε)")
+    v_init: str = param(
+        "zero", choices=V_INITS, client=True, help="A4: client v at round start: zero | server (= the received v̂)",
+    )
+    second_moment: str = param(
+        "amsgrad", choices=SECOND_MOMENTS, client=True,
+        help="amsgrad (ϑ=1/√max) | adam (ϑ=1/√v, no max) | sgd (ϑ=1: FedCM-style base)",
+    )
+    eps_placement: str = param(
+        "none", choices=EPS_PLACEMENTS, client=True, help="A5: none (ϑ=1/√v̂) | outside 1/(√v̂+ε) | inside 1/√(v̂+ε)",
+    )
     eps: float = param(1e-8, lo=0.0, client=True, help="ε used when eps-placement is not 'none'")
-    local_updates: str = param("K", choices=LOCAL_UPDATES, client=True, help="A1: K updates, or the printed K−1 (last batch unused; g_a still ÷K)")
-    precondition_offset: bool = param(False, client=True, help="A12: step (α·m + (1−α)·g_a)⊙ϑ (appendix) instead of α·m⊙ϑ + (1−α)·g_a")
+    local_updates: str = param(
+        "K", choices=LOCAL_UPDATES, client=True,
+        help="A1: K updates, or the printed K−1 (last batch unused; g_a still ÷K)",
+    )
+    precondition_offset: bool = param(
+        False, client=True, help="A12: step (α·m + (1−α)·g_a)⊙ϑ (appendix) instead of α·m⊙ϑ + (1−α)·g_a",
+    )
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    client_lr_decay: float = param(0.998, lo=0.0, lo_open=True, hi=1.0, help="A11: client lr × this after every round (1 = Algorithm 3)")
-    initial_vhat: float = param(1e-16, lo=0.0, help="A5: server v̂ before round 1 (ε_v² = 1e-16; the text's '1e-8' is the alternative)")
-    offset_lr: str = param("producing", choices=OFFSET_LRS, help="A2: η_l dividing g_a: producing round | consuming round | initial")
+    client_lr_decay: float = client_lr_decay_param(0.998, "1 = Algorithm 3")
+    initial_vhat: float = param(
+        1e-16, lo=0.0, help="A5: server v̂ before round 1 (ε_v² = 1e-16; the text's '1e-8' is the alternative)",
+    )
+    offset_lr: str = param(
+        "producing", choices=OFFSET_LRS, help="A2: η_l dividing g_a: producing round | consuming round | initial",
+    )
+    offset_steps: str = param(
+        "mean", choices=OFFSET_STEPS, client=True,
+        help="K dividing g_a when clients take unequal step counts K_i: mean (Δ̄/(η_l·K̄)) | per-client "
+             "(mean_i Δ_i/(η_l·K_i); clients upload Δ_i/K_i, one more model-sized record)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eps_placement == "none" and self.second_moment != "sgd":
             if self.initial_vhat == 0.0 and self.second_moment == "amsgrad":
-                raise ConfigError("initial-vhat = 0 with eps-placement = none divides by zero; set initial-vhat > 0 or an eps")
+                raise ConfigError(
+                    "initial-vhat = 0 with eps-placement = none divides by zero; set initial-vhat > 0 or an eps"
+                )
             if self.second_moment == "adam" and (self.v_init == "zero" or self.initial_vhat == 0.0):
-                raise ConfigError("second-moment = adam with eps-placement = none needs v-init = server and initial-vhat > 0")
+                raise ConfigError(
+                    "second-moment = adam with eps-placement = none needs v-init = server and initial-vhat > 0"
+                )
 
 
 class _PlannedStepsForKMinus1:
@@ -115,7 +155,7 @@ class FedLADAOptimizer(LocalOptimizer):
     """Local amended AMSGrad (Algorithm 3, lines 4–13) with the §3.6 flags; see the module docstring."""
 
     hparams_class = FedLADAHParams
-    needs_planned_steps = _PlannedStepsForKMinus1()  # type: ignore[assignment]
+    needs_planned_steps = _PlannedStepsForKMinus1()
 
     def downlink_records(self) -> tuple[str, ...]:
         return (VHAT, GLOBAL_OFFSET) if any(g["amend_weight"] < 1.0 for g in self.param_groups) else (VHAT,)
@@ -143,7 +183,8 @@ class FedLADAOptimizer(LocalOptimizer):
 
     def apply_step(self) -> None:
         for name, p, group in self.named_params():
-            last_skipped = group["local_updates"] == "K-1" and self.steps_taken >= self.planned_steps - 1
+            planned = self.planned_steps  # always set when a group uses K-1 (needs_planned_steps)
+            last_skipped = group["local_updates"] == "K-1" and planned is not None and self.steps_taken >= planned - 1
             if p.grad is not None and not last_skipped:                               # A1: τ = 1..K−1 as printed
                 self.update_param(name, p, p.grad, self.param_state(name, p, group), group)
 
@@ -172,9 +213,17 @@ class FedLADAOptimizer(LocalOptimizer):
         p.add_(d, alpha=-group["lr"])                                                 # x ← x − η_l·d
 
     def uplink_arrays(self) -> dict[str, dict[str, Tensor]]:
-        return {VHAT: {
-            name: self.state[p]["v" if group["second_moment"] == "adam" else "vhat"] for name, p, group in self.named_params()
+        out = {VHAT: {
+            name: self.state[p]["v" if group["second_moment"] == "adam" else "vhat"]
+            for name, p, group in self.named_params()
         }}
+        if any(g["offset_steps"] == "per-client" for g in self.param_groups):
+            k = self.steps_taken  # K_i: the steps this client took (= its num-steps)
+            out[DELTA_PER_STEP] = {
+                name: (self.state[p]["round_start"] - p.detach()).div_(k) if k else torch.zeros_like(p)
+                for name, p, _ in self.named_params()
+            }
+        return out
 
 
 class FedLADA(FedAdaptStrategy):
@@ -182,14 +231,15 @@ class FedLADA(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedlada"
     hparams_class = FedLADAHParams
+    hparams: FedLADAHParams
     local_optimizer = FedLADAOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
-        return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(VHAT, "mean", "params"))
-
-    def client_lr_at(self, server_round: int) -> float:
-        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
+        specs = (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(VHAT, "mean", "params"))
+        if self.hparams.offset_steps == "per-client":
+            return (*specs, RecordSpec(DELTA_PER_STEP, "mean", "params"))
+        return specs
 
     def offset_lr(self, server_round: int) -> float:
         """η_l dividing the g_a produced in ``server_round`` (flag ``offset_lr``, A2)."""
@@ -208,15 +258,23 @@ class FedLADA(FedAdaptStrategy):
         }
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None and self.server_state is not None
-        names = (VHAT, GLOBAL_OFFSET) if self.hparams.amend_weight < 1.0 else (VHAT,)
-        return {name: cast_like(self.server_state[name], self.current) for name in names}
+        state = self.server_state or {}
+        return {name: state[name] for name in ((VHAT, GLOBAL_OFFSET) if self.hparams.amend_weight < 1.0 else (VHAT,))}
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
-        current, mean = inputs.current, inputs.aggregates[R.MODEL]
-        # lines 17–18: x_{t+1} = x_t − η_g·Δ̄ (into the mean's buffers), g_a = Δ̄/(η_l·K̄) (in place)
-        new, offset = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr, state[GLOBAL_OFFSET],
-                                     self.offset_lr(inputs.server_round), inputs.mean_steps)
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+        current, mean, lr = inputs.current, inputs.aggregates[R.MODEL], self.offset_lr(inputs.server_round)
+        if self.hparams.offset_steps == "per-client":
+            # line 17: x_{t+1} = x_t − η_g·Δ̄ ; line 18 per client: g_a = mean_i Δ_i/(η_l·K_i), into the record's buffers
+            new, _ = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)
+            per_step = inputs.aggregates[DELTA_PER_STEP]  # mean_i Δ_i/K_i
+            offset = {k: np.divide(per_step[k], lr, out=per_step[k] if owned(per_step[k], current[k]) else None)
+                      for k in inputs.trainable}
+        else:
+            # lines 17–18: x_{t+1} = x_t − η_g·Δ̄ (into the mean's buffers), g_a = Δ̄/(η_l·K̄) (in place)
+            new, offset = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr, state[GLOBAL_OFFSET],
+                                         lr, inputs.mean_steps)
         vhat = inputs.aggregates[VHAT]  # line 16: v_srv = the round's aggregate itself
         new_state = {VHAT: {k: vhat[k] for k in inputs.trainable}, GLOBAL_OFFSET: offset}
         return self.merge_buffers(new, current, mean), new_state, {}

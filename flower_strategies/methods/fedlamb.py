@@ -2,7 +2,7 @@
 
 Paper: *FED-LAMB: Layer-wise and Dimension-wise Locally Adaptive Optimization* (Belhal Karimi, Xiaoyun Li,
 Ping Li; Baidu Research, 2021), seed file ``004_0cb0825507252aef.txt`` — Algorithm 1, §3.2 and
-appendix A (Adp-Fed).  Spec: ALGORITHMS.md §5.  Fed-AMS is local AMSGrad with moment averaging (Chen et al.,
+appendix A (Adp-Fed).  Fed-AMS is local AMSGrad with moment averaging (Chen et al.,
 *Toward Communication Efficient Adaptive Gradient Method*, 2020) as used in 004 = Fed-LAMB without the trust
 ratio (``trust_ratio=False``); Adp-Fed is FedAdam (Reddi et al., ICLR 2021) as written in 004's appendix A.1.
 
@@ -37,7 +37,7 @@ record ``"v_hat"``; ``s_v`` server state ``"v_steps"`` / downlink record ``"v_st
 ``s_m`` ``m_steps0 + t`` (``m_steps0`` from the persisted ``fedlamb_m_steps``); ``t`` ``steps_taken + 1``;
 K̄ ``RoundInputs.mean_steps``.
 
-Conventions and deviations (each is a field of :class:`FedLAMBHParams`; defaults = ALGORITHMS.md §5.6)
+Conventions and deviations (each is a field of :class:`FedLAMBHParams`; defaults = our reading of the paper)
 ---------------------------------------------------------------------------------------------------
 * ``trust_ratio``: True (Fed-LAMB) | False (Fed-AMS; registry name ``fedams``, class :class:`FedAMS`).
 * ``gradient_point`` (A1): ``current`` (default) | ``round_start`` (line 8 literally: every step uses the
@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ from ..core.hparams import ConfigError, HParams, param
 from ..core.local import EPS_PLACEMENTS, LocalOptimizer, Named, inverse_sqrt
 from ..core.ops import NamedArrays, owned, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
 from .baselines import FedOpt
 
@@ -98,7 +98,7 @@ LAYER_GROUPINGS = ("tensor", "module")
 # ------------------------------------------------------------------------------------------ pure kernels
 def trust_ratio(w_norm: Tensor, u_norm: Tensor, phi_min: float = 0.0, phi_max: float | None = None) -> Tensor:
     """LAMB trust ratio ``φ(‖θ‖)/‖u‖`` with ``φ`` = identity clipped to ``[phi_min, phi_max]``, or 1 when either
-    norm is 0 (ALGORITHMS.md §5.6 A6)."""
+    norm is 0 (A6)."""
     phi = torch.clamp(w_norm, min=phi_min, max=phi_max)
     ok = (w_norm > 0) & (u_norm > 0)
     return torch.where(ok, phi / torch.where(ok, u_norm, torch.ones_like(u_norm)), torch.ones_like(w_norm))
@@ -106,7 +106,7 @@ def trust_ratio(w_norm: Tensor, u_norm: Tensor, phi_min: float = 0.0, phi_max: f
 
 def _norm(tensors: list[Tensor]) -> Tensor:
     """Joint L2 norm of a layer's tensors."""
-    return torch.sqrt(sum(x.pow(2).sum() for x in tensors))
+    return torch.sqrt(cast(Tensor, sum(x.pow(2).sum() for x in tensors)))
 
 
 def bias_factors(
@@ -160,17 +160,36 @@ class FedLAMBHParams(HParams):
     beta1: float = param(0.9, lo=0.0, hi=1.0, client=True, help="first-moment decay β1 (< 1)")
     beta2: float = param(0.999, lo=0.0, hi=1.0, client=True, help="second-moment decay β2 (< 1)")
     eps: float = param(1e-8, lo=0.0, client=True, help="ε of the denominator (A9)")
-    eps_placement: str = param("outside", choices=EPS_PLACEMENTS, client=True, help="outside: √v+ε (paper) | inside: √(v+ε) | none: √v")
-    weight_decay: float = param(0.0, lo=0.0, client=True, help="decoupled weight decay λ added to the direction: u = p + λθ")
-    vhat_mode: str = param("local_max", choices=VHAT_MODES, client=True, help="denominator: local_max (A2) | server_fixed | none")
-    bias_correction: str = param("global", choices=BIAS_CORRECTIONS, client=True, help="global | as_written (local t, corrected v up) | none (A4)")
-    m_step_count: str = param("client", choices=M_STEP_COUNTS, client=True, help="s_m for global bias correction: client | global (A4)")
-    gradient_point: str = param("current", choices=GRADIENT_POINTS, client=True, help="current iterate (A1) | round_start (line 8 literally)")
+    eps_placement: str = param(
+        "outside", choices=EPS_PLACEMENTS, client=True, help="outside: √v+ε (paper) | inside: √(v+ε) | none: √v",
+    )
+    weight_decay: float = param(
+        0.0, lo=0.0, client=True, help="decoupled weight decay λ added to the direction: u = p + λθ",
+    )
+    vhat_mode: str = param(
+        "local_max", choices=VHAT_MODES, client=True, help="denominator: local_max (A2) | server_fixed | none",
+    )
+    bias_correction: str = param(
+        "global", choices=BIAS_CORRECTIONS, client=True,
+        help="global | as_written (local t, corrected v up) | none (A4)",
+    )
+    m_step_count: str = param(
+        "client", choices=M_STEP_COUNTS, client=True, help="s_m for global bias correction: client | global (A4)",
+    )
+    gradient_point: str = param(
+        "current", choices=GRADIENT_POINTS, client=True, help="current iterate (A1) | round_start (line 8 literally)",
+    )
     stateless: bool = param(False, client=True, help="reset m to 0 every round instead of carrying it per client (A7)")
-    layers: str = param("tensor", choices=LAYER_GROUPINGS, client=True, help="trust-ratio layer = each parameter tensor | each module")
+    layers: str = param(
+        "tensor", choices=LAYER_GROUPINGS, client=True, help="trust-ratio layer = each parameter tensor | each module",
+    )
     phi_min: float = param(0.0, lo=0.0, client=True, help="lower clipping bound of φ")
-    phi_max: float | None = param(None, lo=0.0, lo_open=True, client=True, help="upper clipping bound of φ (empty = none)")
-    lr_milestones: str = param("", help="comma-separated rounds after which client-lr is multiplied by lr-gamma (e.g. '30,70')")
+    phi_max: float | None = param(
+        None, lo=0.0, lo_open=True, client=True, help="upper clipping bound of φ (empty = none)",
+    )
+    lr_milestones: str = param(
+        "", help="comma-separated rounds after which client-lr is multiplied by lr-gamma (e.g. '30,70')",
+    )
     lr_gamma: float = param(0.1, lo=0.0, help="client-lr decay factor at each milestone")
 
     def __post_init__(self) -> None:
@@ -182,7 +201,9 @@ class FedLAMBHParams(HParams):
         if self.phi_max is not None and self.phi_min > self.phi_max:
             raise ConfigError(f"{name}.phi_min = {self.phi_min} must be <= {name}.phi_max = {self.phi_max}")
         if not self.trust_ratio and (self.layers != "tensor" or self.phi_min != 0.0 or self.phi_max is not None):
-            raise ConfigError(f"{name}.layers, {name}.phi_min and {name}.phi_max only act with {name}.trust_ratio = true")
+            raise ConfigError(
+                f"{name}.layers, {name}.phi_min and {name}.phi_max only act with {name}.trust_ratio = true"
+            )
 
     def milestones(self) -> tuple[int, ...]:
         """The parsed :attr:`lr_milestones`."""
@@ -200,6 +221,7 @@ class FedLAMBOptimizer(LocalOptimizer):
     """
 
     hparams_class = FedLAMBHParams
+    hparams: FedLAMBHParams
 
     def downlink_records(self) -> tuple[str, ...]:
         return (V_HAT, V_STEPS)
@@ -260,7 +282,7 @@ class FedLAMBOptimizer(LocalOptimizer):
                 u = [self.amsgrad_direction(p.grad, st, group, t) for p, st in zip(ps, states)]
                 if group["weight_decay"]:
                     u = [u_j.add(theta, alpha=group["weight_decay"]) for u_j, theta in zip(u, thetas)]
-                ratio = 1.0
+                ratio: float | Tensor = 1.0
                 if group["trust_ratio"]:
                     ratio = trust_ratio(_norm(thetas), _norm(u), group["phi_min"], group["phi_max"])
                 for theta, u_j in zip(thetas, u):
@@ -285,7 +307,8 @@ class FedLAMBOptimizer(LocalOptimizer):
         if self.hparams.stateless:
             return {}
         m = {name: self.state[p]["exp_avg"].detach().clone() for name, p, _ in self.named_params()}
-        return {STATE_M: m, STATE_M_STEPS: {"count": torch.tensor([self.m_steps0 + self.steps_taken], dtype=torch.int64)}}
+        count = torch.tensor([self.m_steps0 + self.steps_taken], dtype=torch.int64)
+        return {STATE_M: m, STATE_M_STEPS: {"count": count}}
 
 
 # ------------------------------------------------------------------------------------------ server
@@ -301,6 +324,7 @@ class FedLAMB(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedlamb"
     hparams_class = FedLAMBHParams
+    hparams: FedLAMBHParams
     local_optimizer = FedLAMBOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
@@ -318,15 +342,17 @@ class FedLAMB(FedAdaptStrategy):
         return {"v_hat": state_like(arrays, self.trainable(arrays)), "v_steps": 0.0}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.server_state is not None and self.current is not None
-        return {
-            V_HAT: cast_like(self.server_state["v_hat"], self.current),
-            V_STEPS: {"s_v": np.array([self.server_state["v_steps"]], dtype=np.float64)},
-        }
+        state = self.server_state or {}
+        return {V_HAT: state["v_hat"], V_STEPS: {"s_v": np.array([state["v_steps"]], dtype=np.float64)}}
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         mean = inputs.aggregates[R.MODEL]
-        new_state = {"v_hat": merge_vhat(state["v_hat"], inputs.aggregates[V_LOCAL]), "v_steps": state["v_steps"] + inputs.mean_steps}
+        new_state = {
+            "v_hat": merge_vhat(state["v_hat"], inputs.aggregates[V_LOCAL]),
+            "v_steps": state["v_steps"] + inputs.mean_steps,
+        }
         return self.merge_buffers({k: mean[k] for k in inputs.trainable}, inputs.current, mean), new_state, {}
 
 
@@ -334,7 +360,6 @@ class FedAMS(FedLAMB):
     """Fed-AMS (Chen et al. 2020, paper 004's baseline) = Fed-LAMB without the trust ratio: ``θ ← θ − α_r·(p + λθ)``."""
 
     method: ClassVar[str] = "fedams"
-    variant: ClassVar[dict[str, Any]] = {"trust_ratio": False}
 
 
 class AdpFed(FedOpt):
@@ -347,10 +372,12 @@ class AdpFed(FedOpt):
 
     method: ClassVar[str] = "adpfed"
     default_weighting: ClassVar[str] = "uniform"
-    variant: ClassVar[dict[str, Any]] = {"server_opt": "adam", "server_lr": 0.01, "beta2": 0.999, "tau": 1e-8, "initial_v": 0.0}
 
 
 _PAPER = "Karimi, Li, Li: FED-LAMB: Layer-wise and Dimension-wise Locally Adaptive Optimization (2021)"
 register(FedLAMB, paper=_PAPER, summary="local AMSGrad + LAMB trust ratio; model averaging + max-merged v̂")
-register(FedAMS, paper="Chen et al. 2020, as used in " + _PAPER, summary="local AMSGrad; model averaging + max-merged v̂")
-register(AdpFed, paper="Reddi et al. 2021, as written in " + _PAPER, summary="FedAdam with paper 004's settings (v₀ = 0, β2 = 0.999)")
+register(FedAMS, trust_ratio=False, paper="Chen et al. 2020, as used in " + _PAPER,
+         summary="local AMSGrad; model averaging + max-merged v̂")
+register(AdpFed, server_opt="adam", server_lr=0.01, beta2=0.999, tau=1e-8, initial_v=0.0,
+         paper="Reddi et al. 2021, as written in " + _PAPER,
+         summary="FedAdam with paper 004's settings (v₀ = 0, β2 = 0.999)")

@@ -2,7 +2,7 @@
 
 Paper 000 (seed file ``000_effec18ea8c14ed3.txt``): Jianyu Wang, Zheng Xu, Zachary Garrett, Zachary Charles,
 Luyang Liu, Gauri Joshi, *Local Adaptivity in Federated Learning: Convergence and Consistency*, 2021
-(called "FedLocal" by the FedDA paper).  Specification: ALGORITHMS.md §1 (Algorithm 1 of the paper's appendix A.3).
+(called "FedLocal" by the FedDA paper).  Specification: Algorithm 1 of the paper's appendix A.3.
 
 Client (every round, state **restarted**: ``m = 0``, ``v = v₀``, ``s = 0``, ``M = N = 0``), per local step
 ``k = 1, 2, …`` with mini-batch gradient ``g``::
@@ -32,12 +32,12 @@ Symbols ↔ variables
 ``η`` = ``group["lr"]``; ``β1`` = :func:`resolved_beta1` (``client_beta1``, or the optimizer default); ``β2`` =
 ``client_beta2``; ``ε`` = ``client_eps`` (placement ``eps_placement``); ``v₀`` = :func:`resolved_initial_v`; ``x_t`` =
 ``state["round_start"]``; ``m, v, M, N`` = ``state["m"], state["v"], state["M"], state["N"]``; ``k`` = local step;
-``D_i`` / ``Ninv_i`` = uplink records ``"fedlocal-d"`` / ``"fedlocal-ninv"``; synced ``m, v`` = records ``"fedlocal-m"`` /
-``"fedlocal-v"``; ``α, ε_s`` = ``server_lr, server_eps``.
+``D_i`` / ``Ninv_i`` = uplink records ``"fedlocal-d"`` / ``"fedlocal-ninv"``; synced ``m, v`` = records
+``"fedlocal-m"`` / ``"fedlocal-v"``; ``α, ε_s`` = ``server_lr, server_eps``.
 
 Conventions and deviations
 --------------------------
-* Δ is descent-positive (``x_t − x_local``) everywhere (ALGORITHMS.md §0).
+* Δ is descent-positive (``x_t − x_local``) everywhere.
 * With correction the client uploads ``D_i`` on the trainable parameters only (no model: :attr:`sends_model` is
   False); non-trainable floating buffers then keep the server's value.
 * ``client_beta1``, ``server_beta1``, ``server_beta2``, ``server_initial_v``: ``None`` (run-config ``""``) = the
@@ -48,7 +48,7 @@ Conventions and deviations
   variant's step-counter continuation is our choice (not in the paper).
 * Weighting: example-weighted means by default [ref-impl]; Algorithm 1 prints a uniform mean (A2).
 
-Every ambiguity of ALGORITHMS.md §1.6 is a hyper-parameter (see :class:`FedLocalHParams` and ``docs/methods/fedlocal.md``).
+Every ambiguity of the paper is a hyper-parameter (see :class:`FedLocalHParams` and ``docs/methods/fedlocal.md``).
 """
 
 from __future__ import annotations
@@ -106,27 +106,55 @@ def resolved_initial_v(h: Mapping[str, Any]) -> float:
 class FedLocalClientHParams(HParams):
     """The client optimizer's hyper-parameters (sent every round under ``<method>.<field-with-dashes>``)."""
 
-    client_opt: str = param("adagrad", choices=CLIENT_OPTIMIZERS, client=True, help="client optimizer (state restarted every round)")
-    correction: str = param("none", choices=CORRECTIONS, client=True, help="none | local (upload Δ/N) | joint (also 1/N; server rescales)")
-    sync: bool = param(False, client=True, help="start from the server-averaged optimizer states m, v and step counter (fedlocal-sync)")
-    step_offset: float = param(0.0, lo=0.0, client=True, help="sync: steps already taken by the synced state (the server advances it by K̄ each round)")
-    client_beta1: float | None = param(None, lo=0.0, hi=1.0, client=True, help="client momentum β1 (EMA form); empty = 0.9 for sgdm/adam/yogi, 0 for sgd/adagrad (A6, A11)")
-    client_beta2: float = param(0.999, lo=0.0, hi=1.0, client=True, help="client second-moment decay β2 (adam, yogi) (A11)")
+    client_opt: str = param(
+        "adagrad", choices=CLIENT_OPTIMIZERS, client=True, help="client optimizer (state restarted every round)",
+    )
+    correction: str = param(
+        "none", choices=CORRECTIONS, client=True, help="none | local (upload Δ/N) | joint (also 1/N; server rescales)",
+    )
+    sync: bool = param(
+        False, client=True,
+        help="start from the server-averaged optimizer states m, v and step counter (fedlocal-sync)",
+    )
+    step_offset: float = param(
+        0.0, lo=0.0, client=True,
+        help="sync: steps already taken by the synced state (the server advances it by K̄ each round)",
+    )
+    client_beta1: float | None = param(
+        None, lo=0.0, hi=1.0, client=True,
+        help="client momentum β1 (EMA form); empty = 0.9 for sgdm/adam/yogi, 0 for sgd/adagrad (A6, A11)",
+    )
+    client_beta2: float = param(
+        0.999, lo=0.0, hi=1.0, client=True, help="client second-moment decay β2 (adam, yogi) (A11)",
+    )
     client_eps: float = param(1e-7, lo=0.0, client=True, help="client ε in P = 1/(√v+ε) (paper: fixed 1e-7)")
-    eps_placement: str = param("outside", choices=EPS_PLACEMENTS, client=True, help="P = 1/(√v+ε) (outside, Keras) | 1/√(v+ε) (inside) | 1/√v (none, Eq. 3) (A5)")
-    initial_accumulator: float = param(0.1, lo=0.0, client=True, help="AdaGrad initial accumulator acc0 (Keras default; A5, A11)")
+    eps_placement: str = param(
+        "outside", choices=EPS_PLACEMENTS, client=True,
+        help="P = 1/(√v+ε) (outside, Keras) | 1/√(v+ε) (inside) | 1/√v (none, Eq. 3) (A5)",
+    )
+    initial_accumulator: float = param(
+        0.1, lo=0.0, client=True, help="AdaGrad initial accumulator acc0 (Keras default; A5, A11)",
+    )
     adam_initial_v: float = param(0.0, lo=0.0, client=True, help="Adam initial second moment (A11)")
     yogi_initial_v: float = param(1.0, lo=0.0, client=True, help="Yogi initial second moment (authors' utility; A11)")
-    adam_bias_correction: bool = param(True, client=True, help="client Adam/Yogi step factor c_s = √(1−β2^s)/(1−β1^s) (A7)")
-    include_lr_in_n: bool = param(False, client=True, help="N_i = η·Σ_k M_k (Sec. 5) instead of Σ_k M_k (Algorithm 1 / code) (A1)")
-    exact_n: bool = param(False, client=True, help="N_i = Σ_k c_k·(1−β1^k)·P_k, the exact weight of the gradients in Δ_i (A3)")
+    adam_bias_correction: bool = param(
+        True, client=True, help="client Adam/Yogi step factor c_s = √(1−β2^s)/(1−β1^s) (A7)",
+    )
+    include_lr_in_n: bool = param(
+        False, client=True, help="N_i = η·Σ_k M_k (Sec. 5) instead of Σ_k M_k (Algorithm 1 / code) (A1)",
+    )
+    exact_n: bool = param(
+        False, client=True, help="N_i = Σ_k c_k·(1−β1^k)·P_k, the exact weight of the gradients in Δ_i (A3)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.client_beta1 is not None and self.client_beta1 >= 1.0:
             raise ConfigError(f"client-beta1 = {self.client_beta1} must be < 1 (empty = the optimizer's default)")
         if self.eps_placement == "none" and self.client_opt in ADAPTIVE and self.resolved_initial_v() <= 0:
-            raise ConfigError("eps-placement = none needs a positive initial second moment (P = 1/sqrt(v) with v0 = 0 is infinite)")
+            raise ConfigError(
+                "eps-placement = none needs a positive initial second moment (P = 1/sqrt(v) with v0 = 0 is infinite)"
+            )
         if self.step_offset and not self.sync:
             raise ConfigError("step-offset is the synced step counter; it must be 0 unless sync = true (fedlocal-sync)")
 
@@ -148,18 +176,27 @@ class FedLocalHParams(FedLocalClientHParams):
     """Hyper-parameters of ``fedlocal`` / ``fedlocal-sync``: the client's plus the server optimizer's."""
 
     server_opt: str = param("adagrad", choices=SERVER_OPTIMIZERS, help="server optimizer (FedOpt family)")
-    server_form: str = param("keras", choices=SERVER_FORMS, help="keras (Table 5) | fedopt (Reddi et al.) server semantics (A12)")
+    server_form: str = param(
+        "keras", choices=SERVER_FORMS, help="keras (Table 5) | fedopt (Reddi et al.) server semantics (A12)",
+    )
     server_lr: float = param(0.1, lo=0.0, help="server learning rate α")
     server_eps: float = param(1e-3, lo=0.0, help="server adaptivity ε_s (τ)")
-    server_beta1: float | None = param(None, lo=0.0, hi=1.0, help="server β1; empty = form default (keras: 0 AdaGrad, 0.9 else; fedopt: 0.9)")
-    server_beta2: float | None = param(None, lo=0.0, hi=1.0, help="server β2; empty = form default (keras 0.999, fedopt 0.99)")
-    server_initial_v: float | None = param(None, lo=0.0, help="server v₀; empty = form default (keras: 0.1 AdaGrad, 0 Adam, 1 Yogi; fedopt: ε_s²)")
+    server_beta1: float | None = param(
+        None, lo=0.0, hi=1.0, help="server β1; empty = form default (keras: 0 AdaGrad, 0.9 else; fedopt: 0.9)",
+    )
+    server_beta2: float | None = param(
+        None, lo=0.0, hi=1.0, help="server β2; empty = form default (keras 0.999, fedopt 0.99)",
+    )
+    server_initial_v: float | None = param(
+        None, lo=0.0, help="server v₀; empty = form default (keras: 0.1 AdaGrad, 0 Adam, 1 Yogi; fedopt: ε_s²)",
+    )
 
     def server_optimizer(self) -> ServerOptimizer:
-        """Map ``server_opt`` × ``server_form`` (ALGORITHMS.md §1.3, A12) onto a :class:`ServerOptimizer`.
+        """Map ``server_opt`` × ``server_form`` (A12) onto a :class:`ServerOptimizer`.
 
-        keras : SGD; SGDM heavy-ball β1 = 0.9; AdaGrad without momentum, A₀ = 0.1; Adam β1 = 0.9, β2 = 0.999, v₀ = 0,
-                bias factor √(1−β2^s)/(1−β1^s) folded into the lr (ε_s not rescaled); Yogi as Adam with v₀ = 1 [inferred].
+        keras : SGD; SGDM heavy-ball β1 = 0.9; AdaGrad without momentum, A₀ = 0.1; Adam β1 = 0.9, β2 = 0.999,
+                v₀ = 0, bias factor √(1−β2^s)/(1−β1^s) folded into the lr (ε_s not rescaled); Yogi as Adam with
+                v₀ = 1 [inferred].
         fedopt: Reddi et al.: momentum β1 = 0.9 on every adaptive server (AdaGrad included), β2 = 0.99, v₀ = ε_s²,
                 no bias correction.  In both forms τ = ε_s.
         """
@@ -184,7 +221,7 @@ class FedLocalHParams(FedLocalClientHParams):
 def pseudo_gradient(
     correction: str, current: Mapping[str, np.ndarray], aggregates: Mapping[str, NamedArrays], keys: Iterable[str]
 ) -> NamedArrays:
-    """Server input ``D̄`` of the FedOpt step, per ALGORITHMS.md §1.3, in the parameters' dtype and in the round's
+    """Server input ``D̄`` of the FedOpt step, per Algorithm 1, in the parameters' dtype and in the round's
     aggregate buffers (no model-sized allocation when they are the round's own).
 
     none : ``x_t − mean_i x_i`` (from the aggregated local models under ``"arrays"``)
@@ -212,7 +249,8 @@ def pseudo_gradient(
 
 # ------------------------------------------------------------------------------------------ client
 def safe_divide_t(num: Tensor, den: Tensor) -> Tensor:
-    """Elementwise ``num / den`` with 0 where ``den == 0`` (torch twin of :func:`flower_strategies.core.ops.safe_divide`)."""
+    """Elementwise ``num / den`` with 0 where ``den == 0`` (torch twin of
+    :func:`flower_strategies.core.ops.safe_divide`)."""
     nz = den != 0
     return torch.where(nz, num / torch.where(nz, den, torch.ones_like(den)), torch.zeros_like(num))
 
@@ -226,9 +264,10 @@ class FedLocalOptimizer(LocalOptimizer):
     """
 
     hparams_class = FedLocalClientHParams
+    hparams: FedLocalClientHParams
 
-    @property  # type: ignore[override]
-    def sends_model(self) -> bool:
+    @property
+    def sends_model(self) -> bool:  # type: ignore[override]
         """With correction the reply carries ``D_i`` (and ``Ninv_i``) instead of the local model."""
         return self.hparams.correction == "none"
 
@@ -295,7 +334,9 @@ class FedLocalOptimizer(LocalOptimizer):
         up: dict[str, Named] = {}
         if self.hparams.correction != "none":
             n = self.correction_matrix()
-            up[D_RECORD] = {name: safe_divide_t(st["round_start"] - p.detach(), n[name]) for name, p, _, st in self._states()}
+            up[D_RECORD] = {
+                name: safe_divide_t(st["round_start"] - p.detach(), n[name]) for name, p, _, st in self._states()
+            }
             if self.hparams.correction == "joint":
                 up[NINV_RECORD] = {name: safe_divide_t(torch.ones_like(t), t) for name, t in n.items()}
         for record, key in ((M_RECORD, "m"), (V_RECORD, "v")):
@@ -310,6 +351,7 @@ class FedLocal(FedAdaptStrategy):
 
     method: ClassVar[str] = "fedlocal"
     hparams_class = FedLocalHParams
+    hparams: FedLocalHParams
     local_optimizer = FedLocalOptimizer
     default_weighting: ClassVar[str] = "examples"  # [ref-impl]; Algorithm 1 prints a uniform mean (A2)
 
@@ -329,19 +371,23 @@ class FedLocal(FedAdaptStrategy):
         state: ServerState = dict(self.opt.init(params))
         if self.hparams.sync:  # round 1 sends the restart values (m = 0, v = v₀) in the model's dtypes
             restart = {M_RECORD: 0.0, V_RECORD: self.hparams.resolved_initial_v()}
-            state.update({r: {k: np.full_like(p, restart[r]) for k, p in params.items()} for r in self.hparams.sync_records()})
+            state.update({
+                r: {k: np.full_like(p, restart[r]) for k, p in params.items()} for r in self.hparams.sync_records()
+            })
             state[STEP_OFFSET] = float(self.hparams.step_offset)
         return state
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.server_state is not None
-        return {name: self.server_state[name] for name in self.hparams.sync_records()}
+        state = self.server_state or {}
+        return {name: state[name] for name in self.hparams.sync_records()}
 
     def client_config(self, server_round: int) -> dict[str, Any]:
         assert self.server_state is not None
         return {f"{self.method}.{STEP_OFFSET}": self.server_state[STEP_OFFSET]} if self.hparams.sync else {}
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         keys, current = inputs.trainable, inputs.current
         d_bar = pseudo_gradient(self.hparams.correction, current, inputs.aggregates, keys)
         sync_keys = (*self.hparams.sync_records(), STEP_OFFSET)
@@ -360,7 +406,6 @@ class FedLocalSync(FedLocal):
     """Comparison variant: clients start each round from the server-averaged optimizer states (m, v)."""
 
     method: ClassVar[str] = "fedlocal-sync"
-    variant: ClassVar[dict[str, Any]] = {"sync": True}
 
 
 _PAPER = (
@@ -371,6 +416,6 @@ register(
     summary="restarted local SGD/SGDM/AdaGrad/Adam/Yogi + none/local/joint correction + FedOpt server",
 )
 register(
-    FedLocalSync, paper=_PAPER,
+    FedLocalSync, sync=True, paper=_PAPER,
     summary="FedLocal with server-averaged client optimizer states (paper's comparison; extra communication)",
 )

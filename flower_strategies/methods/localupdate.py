@@ -2,7 +2,7 @@
 
 Zachary Charles and Jakub Konečný, *On the Outsized Importance of Learning Rates in Local Update Methods*,
 2020 (seed ``003_2dc7ddae5cbdc81f.txt``): Algorithms 1–2 (LocalUpdate), Algorithms 3–4 and §9.1
-(LocalUpdateDecay with window W, patience P, cooldown C); spec ``ALGORITHMS.md`` §4.
+(LocalUpdateDecay with window W, patience P, cooldown C).
 
 Client (Algorithm 2/4), per round, with client lr γ and weights ``Θ = (θ_1, …, θ_K)``::
 
@@ -130,7 +130,9 @@ class ThetaHParams(HParams):
         "fedavg", client=True,
         help="Θ: preset (" + "|".join(THETA_PRESETS) + ") or comma-separated weights θ_1,…,θ_K >= 0",
     )
-    theta_steps: int = param(10, lo=1, client=True, help="K of the presets: fedavg/fomaml use K steps, kmaml 2K+1, sgd 1")
+    theta_steps: int = param(
+        10, lo=1, client=True, help="K of the presets: fedavg/fomaml use K steps, kmaml 2K+1, sgd 1",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -177,9 +179,13 @@ class LocalUpdateDecayHParams(LocalUpdateHParams):
     patience: int = param(100, lo=1, help="P: decay after P consecutive rounds without progress")
     cooldown: int = param(100, lo=0, help="C: no decay in the first C rounds and the C rounds after a decay")
     plateau_rule: str = param("paper", choices=PLATEAU_RULES, help="paper (§9.1 literally) | tff (released code)")
-    window_fill: str = param("rule", choices=WINDOW_FILLS, help="early rounds: rule (paper→partial, tff→inf) | partial | inf")
+    window_fill: str = param(
+        "rule", choices=WINDOW_FILLS, help="early rounds: rule (paper→partial, tff→inf) | partial | inf",
+    )
     reset_best_on_decay: bool = param(False, help="forget the best windowed loss after a decay (paper/tff: False)")
-    loss_weighting: str = param("uniform", choices=LOSS_WEIGHTINGS, help="mean of ℓ_i: uniform (Eq. 24) | examples (ref-impl)")
+    loss_weighting: str = param(
+        "uniform", choices=LOSS_WEIGHTINGS, help="mean of ℓ_i: uniform (Eq. 24) | examples (ref-impl)",
+    )
     min_client_lr: float = param(0.0, lo=0.0, help="floor of γ")
     min_server_lr: float = param(0.0, lo=0.0, help="floor of η")
 
@@ -196,7 +202,7 @@ class PlateauController:
     """Decide, from one loss estimate per round, whether to decay the learning rates (pure: ``init``/``update``
     on a state dict of plain numbers, stored in the strategy's server state).
 
-    ``rule="paper"`` (§9.1 read literally, ALGORITHMS.md §4.3)::
+    ``rule="paper"`` (§9.1 read literally)::
 
         ℓ̂_t = mean of the last W losses
         best = min_{j<t} ℓ̂_j  (+inf if none)
@@ -313,6 +319,7 @@ class LocalUpdateOptimizer(LocalOptimizer):
         state["q"] = p.new_zeros(p.shape)
 
     def apply_step(self) -> None:
+        assert self.planned_steps is not None  # needs_planned_steps: the constructor requires it
         if self.steps_taken >= self.planned_steps:
             raise RuntimeError(f"LocalUpdate: step {self.steps_taken + 1} exceeds K(Θ) = {self.planned_steps}")
         super().apply_step()
@@ -344,6 +351,7 @@ class LocalUpdate(FedAdaptStrategy):
 
     method: ClassVar[str] = "localupdate"
     hparams_class = LocalUpdateHParams
+    hparams: LocalUpdateHParams
     local_optimizer = LocalUpdateOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
@@ -370,7 +378,9 @@ class LocalUpdate(FedAdaptStrategy):
     def client_lr_at(self, server_round: int) -> float:
         return self.client_lr if self.server_state is None else float(self.server_state["client-lr"])
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, qbar = inputs.current, inputs.aggregates[Q_RECORD]
         opt = dataclasses.replace(self.opt, lr=state["server-lr"])
         new_params, opt_state = opt.step(
@@ -392,6 +402,8 @@ class LocalUpdateDecay(LocalUpdate):
 
     method: ClassVar[str] = "localupdatedecay"
     hparams_class = LocalUpdateDecayHParams
+    needs_train_loss_before: ClassVar[bool] = True  # the plateau controller's loss ℓ_t
+    hparams: LocalUpdateDecayHParams
 
     def __init__(self, hparams: LocalUpdateDecayHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
@@ -403,9 +415,13 @@ class LocalUpdateDecay(LocalUpdate):
     @property
     def decay_trace(self) -> list[dict[str, float]]:
         """One row per round that updated the controller: ``round`` + the round metrics above."""
-        return [{"round": float(h.server_round), **h.round_metrics} for h in self.history if "decayed" in h.round_metrics]
+        return [
+            {"round": float(h.server_round), **h.round_metrics} for h in self.history if "decayed" in h.round_metrics
+        ]
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         new, state, metrics = super().server_update(inputs, state)  # model step with this round's η
         hp = self.hparams
         losses = [(float(m[R.TRAIN_LOSS_BEFORE]), float(m[R.NUM_EXAMPLES])) for m in inputs.reply_metrics

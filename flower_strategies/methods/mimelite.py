@@ -2,8 +2,7 @@
 
 Paper: Sai Praneeth Karimireddy, Martin Jaggi, Satyen Kale, Mehryar Mohri, Sashank J. Reddi, Sebastian U. Stich,
 Ananda Theertha Suresh, *Mime: Mimicking Centralized Stochastic Algorithms in Federated Learning*, ICLR 2021 —
-as compared against in Jin et al., ICML 2022 (FedDA; seed file ``001_7e69cb14711dc6c0.txt``).  Spec:
-ALGORITHMS.md §6 "MimeLite".
+as compared against in Jin et al., ICML 2022 (FedDA; seed file ``001_7e69cb14711dc6c0.txt``).
 
 Server state ``s`` = the base optimizer's statistics (``m``; ``m, v`` for Adam; ``v`` for AdaGrad), broadcast
 with the model.  Client ``i`` computes the full-batch gradient ``∇f_i(x_t)`` (uploaded as ``"full-gradient"``)
@@ -47,7 +46,7 @@ from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer, Named
 from ..core.ops import NamedArrays, apply_update, averaging_step, owned, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
 
 MOMENTUM = "momentum"
@@ -101,8 +100,10 @@ def update_statistics(
     jobs = []
     for k in keys:
         g, olds = np.asarray(g_bar[k]), [state[r][k] for r in names]
-        outs = [(g if owned(g, old) else None) if r == MOMENTUM else (old if owned(old, old) else None)
-                for r, old in zip(names, olds)] if in_place else [None] * len(names)
+        outs: list[np.ndarray | None] = [None] * len(names)
+        if in_place:
+            outs = [(g if owned(g, old) else None) if r == MOMENTUM else (old if owned(old, old) else None)
+                    for r, old in zip(names, olds)]
         jobs.append((outs, [*olds, g]))  # new arrays take the statistics' shape and dtype (ins[0])
     results = apply_update(kernel, jobs, temps=1,
                            persistent=[j for j, r in enumerate(names) if r == SECOND_MOMENT])
@@ -156,6 +157,7 @@ class MimeLite(FedAdaptStrategy):
 
     method: ClassVar[str] = "mimelite"
     hparams_class = MimeLiteHParams
+    hparams: MimeLiteHParams
     local_optimizer = MimeLiteOptimizer
     default_weighting: ClassVar[str] = "examples"
 
@@ -167,10 +169,11 @@ class MimeLite(FedAdaptStrategy):
         return {r: state_like(arrays, keys) for r in STATISTICS[self.hparams.base]}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.server_state is not None and self.current is not None
-        return {record: cast_like(s, self.current) for record, s in self.server_state.items()}
+        return dict(self.server_state or {})
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         hp = self.hparams
         mean = inputs.aggregates[R.MODEL]
         new_params, _ = averaging_step(inputs.current, mean, inputs.trainable, hp.server_lr)
@@ -182,5 +185,7 @@ class MimeLite(FedAdaptStrategy):
 register(
     MimeLite,
     paper="Karimireddy et al., Mime: Mimicking Centralized Stochastic Algorithms in Federated Learning, ICLR 2021",
-    summary="local steps with frozen server optimizer statistics; server averages models, updates stats with full gradients",
+    summary=(
+        "local steps with frozen server optimizer statistics; server averages models, updates stats with full gradients"
+    ),
 )

@@ -2,7 +2,6 @@
 
 Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, *SCAFFOLD: Stochastic Controlled Averaging for Federated
 Learning*, ICML 2020; compared against in Sun et al. (FedLADA, seed ``002_be4d0f1e88a9ebd5.txt``).
-Spec: ALGORITHMS.md §6 ("SCAFFOLD, option II").
 
 Round ``t`` (server state ``x, c``; client state ``c_i``, 0 until the client is first sampled)::
 
@@ -44,11 +43,11 @@ import torch
 from torch import Tensor
 
 from ..core import records as R
-from ..core.hparams import HParams, param
+from ..core.hparams import HParams, client_lr_decay_param, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, averaging_step, decayed_lr, owned, state_like
+from ..core.ops import NamedArrays, averaging_step, owned, state_like
 from ..core.registry import register
-from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState, cast_like
+from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
 SERVER_CONTROL = "server-control"
 CONTROL_DELTA = "control-delta"
@@ -59,10 +58,14 @@ CLIENT_CONTROL = "client-control"
 class ScaffoldHParams(HParams):
     """SCAFFOLD option II."""
 
-    weight_decay: float = param(1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)")
+    weight_decay: float = param(
+        1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)",
+    )
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    num_clients: int | None = param(None, lo=1, help="N_total in c ← c + ΣΔc_i/N_total; empty = the most nodes seen connected")
-    client_lr_decay: float = param(1.0, lo=0.0, lo_open=True, hi=1.0, help="client lr × this after every round (paper 002 setup: 0.998)")
+    num_clients: int | None = param(
+        None, lo=1, help="N_total in c ← c + ΣΔc_i/N_total; empty = the most nodes seen connected",
+    )
+    client_lr_decay: float = client_lr_decay_param(1.0, "paper 002 setup: 0.998")
 
 
 class ScaffoldOptimizer(LocalOptimizer):
@@ -76,7 +79,9 @@ class ScaffoldOptimizer(LocalOptimizer):
     def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["c"] = self.received(SERVER_CONTROL, name, p)
         if state["c"] is None:
-            raise ValueError(f"ScaffoldOptimizer: downlink record '{SERVER_CONTROL}' has no entry for parameter '{name}'")
+            raise ValueError(
+                f"ScaffoldOptimizer: downlink record '{SERVER_CONTROL}' has no entry for parameter '{name}'"
+            )
         ci = self.saved(CLIENT_CONTROL, name, p)
         state["ci"] = torch.zeros_like(p) if ci is None else ci      # c_i = 0 before the first participation
 
@@ -108,30 +113,30 @@ class Scaffold(FedAdaptStrategy):
 
     method: ClassVar[str] = "scaffold"
     hparams_class = ScaffoldHParams
+    hparams: ScaffoldHParams
     local_optimizer = ScaffoldOptimizer
     default_weighting: ClassVar[str] = "uniform"
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
         return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(CONTROL_DELTA, "sum", "params"))
 
-    def client_lr_at(self, server_round: int) -> float:
-        return decayed_lr(self.client_lr, self.hparams.client_lr_decay, server_round)
-
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return {SERVER_CONTROL: state_like(arrays, self.trainable(arrays))}
 
     def downlink(self, server_round: int) -> dict[str, NamedArrays]:
-        assert self.current is not None and self.server_state is not None
-        return {SERVER_CONTROL: cast_like(self.server_state[SERVER_CONTROL], self.current)}
+        return {SERVER_CONTROL: (self.server_state or {})[SERVER_CONTROL]}
 
-    def server_update(self, inputs: RoundInputs, state: ServerState) -> tuple[NamedArrays, ServerState, dict[str, float]]:
+    def server_update(
+        self, inputs: RoundInputs, state: ServerState
+    ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean, delta_sum = inputs.current, inputs.aggregates[R.MODEL], inputs.aggregates[CONTROL_DELTA]
         n_total = self.hparams.num_clients or inputs.nodes_seen or len(inputs.reply_metrics)
         new, _ = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)      # x − η_g·(x − mean y)
         control = {}
         for k in inputs.trainable:  # c + Σ Δc_i / N, into the round's Σ Δc_i buffers
             c, d = state[SERVER_CONTROL][k], delta_sum[k]
-            control[k] = np.add(c, np.divide(d, n_total, out=d if owned(d, c) else None), out=d if owned(d, c) else None)
+            out = d if owned(d, c) else None
+            control[k] = np.add(c, np.divide(d, n_total, out=out), out=out)
         return self.merge_buffers(new, current, mean), {SERVER_CONTROL: control}, {"num-clients-total": n_total}
 
 

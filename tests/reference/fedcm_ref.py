@@ -1,6 +1,7 @@
-"""Float64 NumPy transcription of FedCM (Xu et al. 2021, as specified in ALGORITHMS.md §6) on the synthetic task.
+"""Float64 NumPy transcription of FedCM (Xu et al. 2021, in paper 002's form) on the synthetic task.
 
-Client: ``d = α·(g + λ·x) + (1−α)·Δ_t``, ``x ← x − η_l·d`` for K steps.  Server: ``x_{t+1} = x_t − η_g·mean_i(x_t − x_{i,K})``,
+Client: ``d = α·(g + λ·x) + (1−α)·Δ_t``, ``x ← x − η_l·d`` for K steps.
+Server: ``x_{t+1} = x_t − η_g·mean_i(x_t − x_{i,K})``,
 ``Δ_{t+1} = mean_i(x_t − x_{i,K}) / (η_l^{(t)}·K̄)``, ``Δ_0 = 0``; η_l decays by ``client_lr_decay`` per round.
 Independent of torch and of the method code (data and batch order are shared with the ClientApp).
 """

@@ -1,5 +1,5 @@
 """Float64 NumPy transcription of FedDA's Algorithms 1–2 (Jin et al., ICML 2022, appendix A.2; seed
-``001_7e69cb14711dc6c0.txt``), of MimeLite (ALGORITHMS.md §6) and of the centralized SGDM/Adam/AdaGrad that
+``001_7e69cb14711dc6c0.txt``), of MimeLite (Karimireddy et al. 2020) and of the centralized SGDM/Adam/AdaGrad that
 FedDA reduces to (§2.7), on the least-squares model ``f_i(w) = ½·mean_j (a_j·w − y_j)²``.
 
 Independent of torch and of ``flower_strategies``' implementation; only ``batch_indices`` is shared so that the
@@ -136,7 +136,7 @@ def centralized(kind: str, w0: np.ndarray, data: Data, rounds: int, *, lr, beta1
 
 # ------------------------------------------------------------------------------------------ MimeLite
 def mimelite_reference(w0: np.ndarray, data: Data, sampled: Sequence[Sequence[int]], cfg: Mapping) -> list[np.ndarray]:
-    """MimeLite (ALGORITHMS.md §6) with base sgdm | adam | adagrad; returns ``[x_0, x_1, …]``."""
+    """MimeLite with base sgdm | adam | adagrad; returns ``[x_0, x_1, …]``."""
     base, eta = cfg["base"], cfg["client_lr"]
     b1, b2, eps, eta_g = cfg.get("beta1", 0.9), cfg.get("beta2", 0.99), cfg.get("eps", 1e-3), cfg.get("server_lr", 1.0)
     x = np.asarray(w0, np.float64).copy()

@@ -1,9 +1,10 @@
 """Float64 NumPy transcription of FedLADA (paper 002, Algorithm 3) on the synthetic least-squares task.
 
 Independent of torch and of ``flower_strategies``' method code: only the task's data
-(:func:`client_app.task.synthetic_client`) and the client mini-batch order (:func:`flower_strategies.core.client.batch_indices`)
+(:func:`client_app.task.synthetic_client`) and the client mini-batch order
+(:func:`flower_strategies.core.client.batch_indices`)
 are reused so that the same data meet the same batches.  Round ``t = 0, 1, …`` of the algorithm is server round
-``t + 1``.  The §3.6 flags of ALGORITHMS.md are transcribed next to the line they modify.
+``t + 1``.  The flags for the paper's ambiguities (A1…A12) are transcribed next to the line they modify.
 
 Also holds the data/gradient helpers used by the FedCM and SCAFFOLD references.
 """
@@ -67,6 +68,7 @@ class LadaConfig:
     eps: float = 1e-8
     local_updates: str = "K"               # A1: K | K-1
     offset_lr: str = "producing"           # A2: producing | consuming | initial
+    offset_steps: str = "mean"             # unequal K_i: mean (÷ K̄) | per-client (÷ K_i inside the mean)
     precondition_offset: bool = False      # A12
     weighting: str = "uniform"             # A10
     local_steps: int = 5
@@ -153,8 +155,11 @@ def run_fedlada(x0: np.ndarray, clients, schedule, cfg: LadaConfig) -> LadaTrace
             "consuming": cfg.client_lr * cfg.client_lr_decay ** (t + 1),
             "initial": cfg.client_lr,
         }[cfg.offset_lr]
-        k_bar = float(np.dot(w, ks))
-        g_a = (x - x_next) / (cfg.server_lr * lr_for_offset * k_bar)  # line 18
+        if cfg.offset_steps == "per-client":                           # line 18, each client's own K_i
+            g_a = wmean([d / (lr_for_offset * k) for d, k in zip(deltas, ks)], w)
+        else:                                                          # line 18, the mean step count K̄
+            k_bar = float(np.dot(w, ks))
+            g_a = (x - x_next) / (cfg.server_lr * lr_for_offset * k_bar)
         x = x_next
         tr.xs.append(x.copy())
         tr.vsrv.append(v.copy())

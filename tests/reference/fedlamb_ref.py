@@ -1,10 +1,10 @@
-"""Float64 NumPy transcription of paper 004's Algorithm 1 (Fed-LAMB) and of Fed-AMS (ALGORITHMS.md §5.2–5.3).
+"""Float64 NumPy transcription of paper 004's Algorithm 1 (Fed-LAMB) and of Fed-AMS.
 
 *FED-LAMB: Layer-wise and Dimension-wise Locally Adaptive Optimization* (Karimi, Li, Li, 2021), seed file
 ``004_0cb0825507252aef.txt``.  The line numbers below are those of Algorithm 1.
 
-Independence: this module imports neither torch nor ``flower_strategies.methods.fedlamb``.  Gradients are closed forms in
-NumPy for the two models the tests use:
+Independence: this module imports neither torch nor ``flower_strategies.methods.fedlamb``.  Gradients are closed
+forms in NumPy for the two models the tests use:
 
 * ``synthetic-linear``: ``L(w) = ½·mean((A wᵀ − y)²)`` → ``∇w = (A wᵀ − y)ᵀ A / B``;
 * ``digits-mlp``: ``z = W2·relu(W1 x + b1) + b2``, mean softmax cross-entropy, back-propagated by hand
@@ -173,7 +173,8 @@ def run_reference(
     theta_bar = {k: np.asarray(v, dtype=np.float64).copy() for k, v in theta_init.items()}
     v_hat = {k: np.zeros_like(v) for k, v in theta_bar.items()}                  # line 2
     v_steps = 0.0
-    res = RefResult(models=[{k: a.copy() for k, a in theta_bar.items()}], v_hats=[{k: a.copy() for k, a in v_hat.items()}])
+    res = RefResult(models=[{k: a.copy() for k, a in theta_bar.items()}],
+                    v_hats=[{k: a.copy() for k, a in v_hat.items()}])
     for r, clients in enumerate(sampled, start=1):                              # line 3
         thetas, vs, weights, steps = [], [], [], []
         for cid in clients:                                                      # line 4

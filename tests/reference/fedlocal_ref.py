@@ -1,8 +1,9 @@
-"""Float64 NumPy transcription of paper 000's Algorithm 1 (ALGORITHMS.md §1.2–1.3), for the synthetic least-squares task.
+"""Float64 NumPy transcription of paper 000's Algorithm 1, for the synthetic least-squares task.
 
 Wang, Xu, Garrett, Charles, Liu, Joshi, *Local Adaptivity in Federated Learning: Convergence and Consistency*
-(seed ``000_effec18ea8c14ed3.txt``).  Independent of torch and of ``flower_strategies.methods.fedlocal``: it re-derives the
-defaults, the client steps, the aggregation and the server optimizers (Keras and FedOpt forms) from the spec.
+(seed ``000_effec18ea8c14ed3.txt``).  Independent of torch and of ``flower_strategies.methods.fedlocal``: it
+re-derives the defaults, the client steps, the aggregation and the server optimizers (Keras and FedOpt forms) from
+the paper.
 Only the data (``client_app.task.synthetic_client``) and the mini-batch order (``batch_indices``) are shared.
 
 Settings are a plain dict with the ``FedLocalHParams`` field names (missing ones take the spec defaults).
@@ -70,7 +71,7 @@ def initial_client_state(st: dict, d: int) -> dict:
 
 
 def client_round(st, x_t, grad, batches, lr, start=None, step_offset=0.0):
-    """One client's round (ALGORITHMS.md §1.2).  ``grad(x, idx)`` is the mini-batch gradient.
+    """One client's round.  ``grad(x, idx)`` is the mini-batch gradient.
 
     Returns ``dict(x, delta, N, upload, ninv, m, v)``; ``upload`` is Δ (none) or Δ/N (local/joint).
     """
@@ -120,7 +121,7 @@ def client_round(st, x_t, grad, batches, lr, start=None, step_offset=0.0):
 # ------------------------------------------------------------------------------------------ server
 @dataclass
 class ServerRef:
-    """SERVEROPT of Algorithm 1 in the Keras (default) or FedOpt form (ALGORITHMS.md §1.3, A12)."""
+    """SERVEROPT of Algorithm 1 in the Keras (default) or FedOpt form (A12)."""
 
     st: dict
     m: np.ndarray | None = None

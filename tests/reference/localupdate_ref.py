@@ -3,7 +3,7 @@
 Charles & Konečný, *On the Outsized Importance of Learning Rates in Local Update Methods*, 2020
 (seed ``003_2dc7ddae5cbdc81f.txt``): Algorithm 1 (OuterLoop), Algorithm 2 (InnerLoop), Algorithm 3
 (LocalUpdateDecay OuterLoop), Algorithm 4 (InnerLoop with the loss before training) and the §9.1 refinements
-(window W, patience P, cooldown C) as written in ``ALGORITHMS.md`` §4.3 — both the ``paper`` and the ``tff``
+(window W, patience P, cooldown C) as we read §9.1 — both the ``paper`` and the ``tff``
 plateau pseudo-code, transcribed line by line.
 
 Independent of torch and of ``flower_strategies.methods.localupdate``: it only borrows ``batch_indices`` (to replay the
@@ -47,7 +47,7 @@ def inner_loop(x, a, y, gamma, theta, batches):
 
 
 class PaperPlateau:
-    """ALGORITHMS.md §4.3 ``paper`` pseudo-code, verbatim."""
+    """The ``paper`` rule (§9.1 read literally)."""
 
     def __init__(self, W, P, C, delta):
         self.W, self.P, self.C, self.delta = W, P, C, delta
@@ -74,7 +74,7 @@ class PaperPlateau:
 
 
 class TffPlateau:
-    """ALGORITHMS.md §4.3 ``tff`` pseudo-code, verbatim."""
+    """The ``tff`` rule (the released code's controller)."""
 
     def __init__(self, W, P, C, delta):
         self.P, self.C, self.delta = P, C, delta
@@ -122,7 +122,8 @@ def outer_loop(
     v = np.zeros_like(w)  # Yogi: initial accumulator 0 (§8.4)
     ctl = None
     if decay is not None:
-        ctl = (PaperPlateau if decay["rule"] == "paper" else TffPlateau)(decay["W"], decay["P"], decay["C"], decay["delta"])
+        ctl = (PaperPlateau if decay["rule"] == "paper" else TffPlateau)(decay["W"], decay["P"], decay["C"],
+                                                                         decay["delta"])
     for t, pids in enumerate(pids_per_round, start=1):
         qs, ells, ns = [], [], []
         for pid in pids:

@@ -1,4 +1,4 @@
-"""Float64 NumPy transcription of SCAFFOLD option II (Karimireddy et al. 2020; ALGORITHMS.md §6) on the synthetic task.
+"""Float64 NumPy transcription of SCAFFOLD option II (Karimireddy et al. 2020) on the synthetic task.
 
 Server state ``x, c``; client state ``c_i`` (0 before the client is first sampled, kept across rounds).
 Client: ``y ← y − η_l·(g(y) + λ·y − c_i + c)`` for K_i steps; ``c_i⁺ = c_i − c + (x − y)/(K_i·η_l)``.
