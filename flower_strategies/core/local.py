@@ -129,7 +129,7 @@ class LocalOptimizer(torch.optim.Optimizer):
         if self.needs_full_gradient and self.full_gradient is None:
             raise ValueError(
                 f"{type(self).__name__} needs full_gradient= (the gradient of the mean loss over all local data at the "
-                "received model; flower_strategies.full_gradient computes it)"
+                "received model; flower_strategies.full_gradient_from computes it)"
             )
         if planned_steps is not None and (not isinstance(planned_steps, int) or planned_steps < 1):
             raise ValueError(f"{type(self).__name__}: planned_steps must be a positive int, got {planned_steps!r}")
