@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from functools import lru_cache
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from flwr.clientapp import ClientApp
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors, train_reply
 from .client_state import BASE, KEEP, KEY, STATUS, store_for
+from .config import AppConfig
 from .config import parse as app_config
 
 from .node_data import NODE_DATA_KEY, load_node_data
@@ -45,17 +47,28 @@ def client_key(context: Context) -> int:
     return int(context.node_id)
 
 
-@lru_cache(maxsize=16)
-def _app_config(items: tuple[tuple[str, Any], ...]):
-    return app_config(dict(items))
+#: ``run id -> (run-config, its AppConfig)`` of the runs this process served last (a few: runs are few per process).
+_runs: dict[int, tuple[Mapping[str, Any], AppConfig]] = {}
+_runs_lock = threading.Lock()
+_MAX_RUNS = 8
 
 
-def run_settings(context: Context):
-    """The run's :class:`~client_app.config.AppConfig`, parsed once per run-config and process (it is frozen)."""
-    try:
-        return _app_config(tuple(sorted(context.run_config.items())))
-    except TypeError:  # an unhashable value: parse without the cache
-        return app_config(context.run_config)
+def run_settings(context: Context) -> AppConfig:
+    """The run's :class:`~client_app.config.AppConfig`, parsed once per run and process (it is frozen): later
+    messages of the run find it by run id.  A copy of the run-config it was parsed from is kept and compared (a
+    dict comparison, no parse), so that an in-process engine reusing a run id with another run-config gets that
+    config's settings."""
+    run_config = context.run_config
+    hit = _runs.get(context.run_id)
+    if hit is not None and hit[0] == run_config:
+        return hit[1]
+    fed = app_config(run_config)
+    with _runs_lock:
+        _runs.pop(context.run_id, None)
+        if len(_runs) >= _MAX_RUNS:
+            _runs.pop(next(iter(_runs)))
+        _runs[context.run_id] = (dict(run_config), fed)
+    return fed
 
 
 @lru_cache(maxsize=256)
@@ -155,7 +168,9 @@ def query(msg: Message, context: Context) -> Message:
 
     A node with node-local data and no ``partition-id`` reports none (the server then orders it by node id)."""
     if context.node_config.get(NODE_DATA_KEY):  # own data: partition-id optional, num-partitions unused
-        own = {"partition-id": int(context.node_config["partition-id"])} if "partition-id" in context.node_config else {}
+        has_pid = "partition-id" in context.node_config
+        own = {"partition-id": int(context.node_config["partition-id"])} if has_pid else {}
         return Message(content=RecordDict({R.METRICS: MetricRecord(own)}), reply_to=msg)
     pid, n = node_partition(context)
-    return Message(content=RecordDict({R.METRICS: MetricRecord({"partition-id": pid, "num-partitions": n})}), reply_to=msg)
+    metrics = MetricRecord({"partition-id": pid, "num-partitions": n})
+    return Message(content=RecordDict({R.METRICS: metrics}), reply_to=msg)

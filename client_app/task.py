@@ -223,7 +223,8 @@ def hub_data(task: str, num_partitions: int, partitioner: str, seed: int, alpha:
 
     name = HUB_TASKS[task][0]
     kind = "natural" if name == "femnist" else partitioner
-    return HubData(name, num_partitions, partitioner=kind, seed=seed, alpha=alpha, classes_per_client=classes_per_client,
+    return HubData(name, num_partitions, partitioner=kind, seed=seed, alpha=alpha,
+                   classes_per_client=classes_per_client,
                    source=_HUB_SOURCES.get(name))
 
 

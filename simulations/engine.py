@@ -81,8 +81,8 @@ class LoopbackGrid(Grid):
             try:
                 reply = self._app(msg, ctx)
             except Exception as err:  # as in Ray and on a SuperNode: a ClientApp exception is an error reply
-                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"),
-                                reply_to=msg)
+                error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}")
+                reply = Message(error, reply_to=msg)
             if self.intercept is not None:
                 reply = self.intercept(msg, reply, int(ctx.node_config["partition-id"]))
             self._inbox[mid] = reply

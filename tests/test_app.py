@@ -196,7 +196,8 @@ def test_loss_before_is_over_all_examples_by_default_and_over_a_seeded_sample_wh
     idx = loss_before_sample(len(x), cfg, seed=0, client_key=1)
     assert len(idx) == 10 == len(set(idx.tolist())) and list(idx) == sorted(idx)
     sub = torch.from_numpy(idx)
-    assert capped["train-loss-before"] == pytest.approx(mean_loss(model, TensorPartition(x[sub], y[sub]), loss_fn), rel=1e-6)
+    want = mean_loss(model, TensorPartition(x[sub], y[sub]), loss_fn)
+    assert capped["train-loss-before"] == pytest.approx(want, rel=1e-6)
     assert capped["train-loss-before"] != pytest.approx(m["train-loss-before"], rel=1e-6)
     # the sample changes with the round, and a cap ≥ n means all examples
     assert not np.array_equal(idx, loss_before_sample(len(x), {**cfg, "server-round": 3}, 0, 1))

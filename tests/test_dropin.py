@@ -64,7 +64,8 @@ CLIENT_HALF = sorted(name for name, spec in fs.METHODS.items() if spec.build().n
 
 
 def test_client_half_methods_are_the_expected_ones():
-    assert {"fedprox", "fedcm", "fedlada", "scaffold", "fedlamb", "fedda", "localupdate", "mimelite"} <= set(CLIENT_HALF)
+    client_half = {"fedprox", "fedcm", "fedlada", "scaffold", "fedlamb", "fedda", "localupdate", "mimelite"}
+    assert client_half <= set(CLIENT_HALF)
     assert not {"fedavg", "fedadam", "fedyogi", "fedadagrad", "fedavgm", "adpfed"} & set(CLIENT_HALF)
 
 
@@ -92,7 +93,8 @@ def _linear_round(extra: dict | None = None):
     from flwr.app import ConfigRecord
 
     gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(40, 3, generator=gen, dtype=torch.float64), torch.randn(40, 1, generator=gen, dtype=torch.float64)
+    x = torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    y = torch.randn(40, 1, generator=gen, dtype=torch.float64)
     model = torch.nn.Linear(3, 1, bias=False).double()
     config = {"server-round": 2, "method": "fedavg", "client-lr": 0.1, "local-steps": 0, "local-epochs": 1,
               "batch-size": 8, **(extra or {})}

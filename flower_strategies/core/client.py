@@ -52,7 +52,8 @@ def num_local_steps(n: int, config: Mapping[str, Any]) -> int:
     return int(config.get(R.LOCAL_EPOCHS, 1)) * math.ceil(n / int(config.get(R.BATCH_SIZE, 32)))
 
 
-def batch_indices(n: int, batch_size: int, steps: int, seed: int, server_round: int, client_key: int) -> list[np.ndarray]:
+def batch_indices(n: int, batch_size: int, steps: int, seed: int, server_round: int,
+                  client_key: int) -> list[np.ndarray]:
     """Mini-batch index arrays for ``steps`` local steps: a fresh permutation per epoch, seeded by
     ``(seed, server_round, client_key)``; the last batch of an epoch may be smaller."""
     rng = np.random.default_rng([seed, server_round, client_key])

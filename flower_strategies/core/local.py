@@ -110,7 +110,9 @@ class LocalOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{type(self).__name__}: lr must be a finite number >= 0, got {lr!r}")
         hp = self.hparams_class() if hparams is None else hparams
         if not isinstance(hp, self.hparams_class):
-            raise TypeError(f"{type(self).__name__} needs {self.hparams_class.__name__} hparams, got {type(hp).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs {self.hparams_class.__name__} hparams, got {type(hp).__name__}"
+            )
         unknown = sorted(set(hyper) - set(hp.client_fields()))
         if unknown:
             raise TypeError(
