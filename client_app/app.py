@@ -86,11 +86,10 @@ def client_data(context: Context):
         x, y = load_node_data(str(path), classification=TASK_SPECS[fed.task].classification, precision=fed.precision)
         return fed, client_key(context), x, y
     pid, n = node_partition(context)
-    settings = dict(partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
-                    classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
-                    synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir)
     load = load_client_data if fed.task in HUB_TASKS else _partition
-    x, y = load(fed.task, pid, n, **settings)
+    x, y = load(fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
+                classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
+                synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir)
     return fed, pid, x, y
 
 
@@ -132,8 +131,7 @@ def train(msg: Message, context: Context) -> Message:
     (:mod:`client_app.client_state`), so that a resumed run continues it exactly."""
     fed, pid, x, y = client_data(context)
     model = model_for(fed, device_of(context, fed.device))
-    config = msg.content.get(R.CONFIG)
-    config = config if isinstance(config, ConfigRecord) else {}
+    config: Mapping[str, Any] = R.get(msg.content, R.CONFIG, ConfigRecord) or {}
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
     held = _holds_state(context)
@@ -143,11 +141,13 @@ def train(msg: Message, context: Context) -> Message:
         model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
         state=context.state, seed=fed.seed, client_key=pid, loss_before=fed.train_loss_before,
     )
-    content[R.METRICS]["partition-id"] = pid
+    metrics, info = R.get(content, R.METRICS, MetricRecord), R.get(content, R.REPLY_INFO, ConfigRecord)
+    assert metrics is not None and info is not None  # train_reply writes both
+    metrics["partition-id"] = pid
     if config.get(KEY) and _holds_state(context):  # stateful
         if store is not None:
             store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id, base)
-        content[R.REPLY_INFO][STATUS] = status
+        info[STATUS] = status
     return Message(content=content, reply_to=msg)
 
 
@@ -157,9 +157,12 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     fed, _, x, y = client_data(context)
     device = device_of(context, fed.device)
     model = model_for(fed, device)
-    model.load_state_dict(record_tensors(msg.content[R.MODEL], copy=False))
-    metrics = evaluate(model, x.to(device), y.to(device), fed.task)
-    return Message(content=RecordDict({R.METRICS: MetricRecord({**metrics, R.NUM_EXAMPLES: len(x)})}), reply_to=msg)
+    received = R.get(msg.content, R.MODEL, ArrayRecord)
+    if received is None:
+        raise ValueError(f"the evaluate message has no '{R.MODEL}' ArrayRecord (the global model)")
+    model.load_state_dict(record_tensors(received, copy=False))
+    metrics: dict[str, Any] = {**evaluate(model, x.to(device), y.to(device), fed.task), R.NUM_EXAMPLES: len(x)}
+    return Message(content=RecordDict({R.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
 @app.query()
@@ -169,8 +172,8 @@ def query(msg: Message, context: Context) -> Message:
     A node with node-local data and no ``partition-id`` reports none (the server then orders it by node id)."""
     if context.node_config.get(NODE_DATA_KEY):  # own data: partition-id optional, num-partitions unused
         has_pid = "partition-id" in context.node_config
-        own = {"partition-id": int(context.node_config["partition-id"])} if has_pid else {}
+        own: dict[str, Any] = {"partition-id": int(context.node_config["partition-id"])} if has_pid else {}
         return Message(content=RecordDict({R.METRICS: MetricRecord(own)}), reply_to=msg)
     pid, n = node_partition(context)
-    metrics = MetricRecord({"partition-id": pid, "num-partitions": n})
-    return Message(content=RecordDict({R.METRICS: metrics}), reply_to=msg)
+    ids: dict[str, Any] = {"partition-id": pid, "num-partitions": n}
+    return Message(content=RecordDict({R.METRICS: MetricRecord(ids)}), reply_to=msg)

@@ -59,10 +59,10 @@ class LoopbackGrid(Grid):
         self._run = run
 
     @property
-    def run(self) -> Run:  # type: ignore[override]
+    def run(self) -> Run:
         return self._run  # type: ignore[return-value]
 
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # type: ignore[override]
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
         return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:

@@ -240,7 +240,10 @@ class ClientRound:
     # ----------------------------------------------------------------- model, optimizer, reply
     def load_model(self, model: nn.Module) -> None:
         """Load the global model x_t into ``model`` (on whatever device it lives)."""
-        model.load_state_dict(record_tensors(self.content[R.MODEL], copy=False), strict=True)
+        received = R.get(self.content, R.MODEL, ArrayRecord)
+        if received is None:
+            raise ValueError(f"the train message has no '{R.MODEL}' ArrayRecord (the global model x_t)")
+        model.load_state_dict(record_tensors(received, copy=False), strict=True)
 
     def optimizer(
         self, model: nn.Module, *, num_examples: int | None = None, full_gradient: Mapping[str, Tensor] | None = None
@@ -287,7 +290,7 @@ class ClientRound:
             reply[R.MODEL] = tensor_record(model.state_dict())
         for name, arrays in uplink.items():
             reply[name] = tensor_record({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
-        out: dict[str, float] = dict(metrics or {})
+        out: dict[str, Any] = dict(metrics or {})
         out[R.NUM_EXAMPLES] = int(num_examples)
         out[R.NUM_STEPS] = float(optimizer.steps_taken)
         if train_loss is not None:

@@ -147,7 +147,7 @@ class LocalOptimizer(torch.optim.Optimizer):
                 f"{type(self).__name__} needs the downlink record(s) {missing} that the server sends with the model "
                 f"(pass downlink={{name: arrays}} from the train message); got {sorted(self.downlink) or 'none'}"
             )
-        self.state[ROUND] = {"steps": 0}
+        self.state[ROUND] = {"steps": 0}  # type: ignore[index]  # torch keys state by tensor; one str entry
 
     # -------------------------------------------------------------- declaration hooks
     def downlink_records(self) -> tuple[str, ...]:
@@ -208,7 +208,7 @@ class LocalOptimizer(torch.optim.Optimizer):
     @property
     def steps_taken(self) -> int:
         """Local steps taken so far this round."""
-        return int(self.state[ROUND]["steps"])
+        return int(self.state[ROUND]["steps"])  # type: ignore[index]
 
     def _all_states(self) -> Iterable[tuple[str, Tensor, dict[str, Any]]]:
         if self.steps_taken == 0:
@@ -220,7 +220,7 @@ class LocalOptimizer(torch.optim.Optimizer):
 
     # -------------------------------------------------------------- torch API + reply
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None):
         """torch's step contract (optional closure re-evaluating the loss), then :meth:`apply_step`."""
         loss = None
         if closure is not None:
