@@ -81,7 +81,7 @@ def config(**kv) -> ConfigRecord:
     return ConfigRecord(kv)
 
 
-# ------------------------------------------------------------------ paper-002 harness (FedLADA, FedCM, SCAFFOLD tests)
+# ------------------------------------------------------------ paper-002 harness (FedLADA / FedCM / SCAFFOLD tests)
 SYNTH_DIM = 5
 SYNTH_NODES = 10
 SYNTH_RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": SYNTH_DIM}

@@ -16,10 +16,11 @@ Your own loop (your DataLoader, device, augmentation) with :class:`ClientRound`:
             opt.step()
         return Message(rnd.reply(model, opt, num_examples=len(trainloader.dataset)), reply_to=msg)
 
-or the one-call convenience :func:`train_reply` (whole-partition tensors with seeded batches — what the fedadapt
-ClientApp and the exactness tests use — or any iterable of ``(x, y)`` batches).  The round's ConfigRecord names
-the method; the matching local optimizer comes from the registry and is built from the server-owned
-hyper-parameters in the same ConfigRecord.
+or the one-call convenience :func:`train_reply` on any iterable of ``(x, y)`` batches or on whole-partition tensors
+(a :class:`TensorPartition`: seeded mini-batches — what the fedadapt ClientApp and the exactness tests use); both
+go through the same loop (:meth:`ClientRound.batches`, :meth:`ClientRound.loss_before`, :func:`full_gradient_from`).
+The round's ConfigRecord names the method; the matching local optimizer comes from the registry and is built from
+the server-owned hyper-parameters in the same ConfigRecord.
 """
 
 from __future__ import annotations
