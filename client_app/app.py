@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from functools import lru_cache
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from flwr.clientapp import ClientApp
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors, train_reply
 from .client_state import BASE, KEEP, KEY, STATUS, store_for
+from .config import AppConfig
 from .config import parse as app_config
 
 from .node_data import NODE_DATA_KEY, load_node_data
@@ -45,17 +47,28 @@ def client_key(context: Context) -> int:
     return int(context.node_id)
 
 
-@lru_cache(maxsize=16)
-def _app_config(items: tuple[tuple[str, Any], ...]):
-    return app_config(dict(items))
+#: ``run id -> (run-config, its AppConfig)`` of the runs this process served last (a few: runs are few per process).
+_runs: dict[int, tuple[Mapping[str, Any], AppConfig]] = {}
+_runs_lock = threading.Lock()
+_MAX_RUNS = 8
 
 
-def run_settings(context: Context):
-    """The run's :class:`~client_app.config.AppConfig`, parsed once per run-config and process (it is frozen)."""
-    try:
-        return _app_config(tuple(sorted(context.run_config.items())))
-    except TypeError:  # an unhashable value: parse without the cache
-        return app_config(context.run_config)
+def run_settings(context: Context) -> AppConfig:
+    """The run's :class:`~client_app.config.AppConfig`, parsed once per run and process (it is frozen): later
+    messages of the run find it by run id.  A copy of the run-config it was parsed from is kept and compared (a
+    dict comparison, no parse), so that an in-process engine reusing a run id with another run-config gets that
+    config's settings."""
+    run_config = context.run_config
+    hit = _runs.get(context.run_id)
+    if hit is not None and hit[0] == run_config:
+        return hit[1]
+    fed = app_config(run_config)
+    with _runs_lock:
+        _runs.pop(context.run_id, None)
+        if len(_runs) >= _MAX_RUNS:
+            _runs.pop(next(iter(_runs)))
+        _runs[context.run_id] = (dict(run_config), fed)
+    return fed
 
 
 @lru_cache(maxsize=256)
@@ -73,11 +86,10 @@ def client_data(context: Context):
         x, y = load_node_data(str(path), classification=TASK_SPECS[fed.task].classification, precision=fed.precision)
         return fed, client_key(context), x, y
     pid, n = node_partition(context)
-    settings = dict(partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
-                    classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
-                    synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir)
     load = load_client_data if fed.task in HUB_TASKS else _partition
-    x, y = load(fed.task, pid, n, **settings)
+    x, y = load(fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
+                classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
+                synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir)
     return fed, pid, x, y
 
 
@@ -119,8 +131,7 @@ def train(msg: Message, context: Context) -> Message:
     (:mod:`client_app.client_state`), so that a resumed run continues it exactly."""
     fed, pid, x, y = client_data(context)
     model = model_for(fed, device_of(context, fed.device))
-    config = msg.content.get(R.CONFIG)
-    config = config if isinstance(config, ConfigRecord) else {}
+    config: Mapping[str, Any] = R.get(msg.content, R.CONFIG, ConfigRecord) or {}
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
     held = _holds_state(context)
@@ -130,11 +141,13 @@ def train(msg: Message, context: Context) -> Message:
         model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
         state=context.state, seed=fed.seed, client_key=pid, loss_before=fed.train_loss_before,
     )
-    content[R.METRICS]["partition-id"] = pid
+    metrics, info = R.get(content, R.METRICS, MetricRecord), R.get(content, R.REPLY_INFO, ConfigRecord)
+    assert metrics is not None and info is not None  # train_reply writes both
+    metrics["partition-id"] = pid
     if config.get(KEY) and _holds_state(context):  # stateful
         if store is not None:
             store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id, base)
-        content[R.REPLY_INFO][STATUS] = status
+        info[STATUS] = status
     return Message(content=content, reply_to=msg)
 
 
@@ -144,9 +157,12 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     fed, _, x, y = client_data(context)
     device = device_of(context, fed.device)
     model = model_for(fed, device)
-    model.load_state_dict(record_tensors(msg.content[R.MODEL], copy=False))
-    metrics = evaluate(model, x.to(device), y.to(device), fed.task)
-    return Message(content=RecordDict({R.METRICS: MetricRecord({**metrics, R.NUM_EXAMPLES: len(x)})}), reply_to=msg)
+    received = R.get(msg.content, R.MODEL, ArrayRecord)
+    if received is None:
+        raise ValueError(f"the evaluate message has no '{R.MODEL}' ArrayRecord (the global model)")
+    model.load_state_dict(record_tensors(received, copy=False))
+    metrics: dict[str, Any] = {**evaluate(model, x.to(device), y.to(device), fed.task), R.NUM_EXAMPLES: len(x)}
+    return Message(content=RecordDict({R.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
 @app.query()
@@ -155,7 +171,9 @@ def query(msg: Message, context: Context) -> Message:
 
     A node with node-local data and no ``partition-id`` reports none (the server then orders it by node id)."""
     if context.node_config.get(NODE_DATA_KEY):  # own data: partition-id optional, num-partitions unused
-        own = {"partition-id": int(context.node_config["partition-id"])} if "partition-id" in context.node_config else {}
+        has_pid = "partition-id" in context.node_config
+        own: dict[str, Any] = {"partition-id": int(context.node_config["partition-id"])} if has_pid else {}
         return Message(content=RecordDict({R.METRICS: MetricRecord(own)}), reply_to=msg)
     pid, n = node_partition(context)
-    return Message(content=RecordDict({R.METRICS: MetricRecord({"partition-id": pid, "num-partitions": n})}), reply_to=msg)
+    ids: dict[str, Any] = {"partition-id": pid, "num-partitions": n}
+    return Message(content=RecordDict({R.METRICS: MetricRecord(ids)}), reply_to=msg)

@@ -130,7 +130,7 @@ class ClientStateStore:
         import io
 
         members: dict[str, np.ndarray] = {}
-        entries = []
+        entries: list[list[str]] = []
         for name, rec in records.items():
             for key, arr in R.to_numpy(rec).items():
                 members[str(len(entries))] = arr
@@ -139,7 +139,7 @@ class ClientStateStore:
                 "entries": entries}
         members["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
         buf = io.BytesIO()
-        np.savez(buf, **members)
+        np.savez(buf, **members)  # type: ignore[arg-type]  # numpy stubs type **kwds as its bool flag
         return buf.getvalue()
 
     def read(self, path: Path) -> dict[str, dict[str, np.ndarray]]:

@@ -12,8 +12,8 @@ from typing import Any
 
 from flower_strategies.core.hparams import StrategyConfig, param
 
-TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm",
-         "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")  # last five: hub data
+TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm",  # then five on hub data:
+         "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")
 PARTITIONERS = ("iid", "dirichlet", "classes")
 
 
@@ -43,20 +43,39 @@ class AppConfig(StrategyConfig):
     synthetic_clients: int = param(10, lo=1, help="clients of the synthetic task (partitions)")
     synthetic_dim: int = param(10, lo=1, help="dimension of the synthetic least-squares task")
     synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")
-    precision: str = param("float32", choices=("float32", "float64"), help="model/data dtype (float64 for exactness checks)")
+    precision: str = param("float32", choices=("float32", "float64"),
+        help="model/data dtype (float64 for exactness checks)")
     round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")
-    data_dir: str = param(".cache/fedadapt", help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
-    checkpoint_every: int = param(0, lo=0, help="write <output-dir>/<run-name>/checkpoint.npz (data only: arrays + JSON) every N rounds, at the end and on SIGINT/SIGTERM; 0 = off")
-    resume: str = param("", help="path of a checkpoint.npz to continue from (next round on; validated, never unpickled); empty = fresh run")
-    device: str = param("auto", choices=("auto", "cpu", "cuda"), help="where ClientApps train: auto = cuda when available (a SuperNode's node-config `device` overrides it; with Ray give clients GPUs via client-resources-num-gpus)")
-    max_idle_rounds: int = param(3, lo=0, help="end the run as failed after this many consecutive rounds without a model update (every reply rejected or missing); 0 = never. A run in which no round updated the model always fails")
-    test_max_examples: int = param(0, lo=0, help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all 360; shakespeare-lstm: 2,000)")
-    train_loss_before: bool = param(True, help="clients report train-loss-before, the received model's loss on their data (one extra forward pass over it per round; localupdatedecay's controller needs it); false = skip it")
-    learning_curve: bool = param(True, help="write learning_curve.png (matplotlib, ~0.3 s) at the end of the run; false = skip it")
-    grid_pull_interval: float = param(0.05, lo=0.0, help="seconds between the ServerApp's polls for replies (Flower's own grids wait 3 s per poll in a deployment, 0.1 s in a simulation); 0 = the grid's own")
-    presets: bool = param(True, help="apply the task's tuned per-method learning rates (server_app/presets.py) to the keys left at their defaults; false = the declared defaults")
+    data_dir: str = param(".cache/fedadapt",
+        help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
+    checkpoint_every: int = param(0, lo=0,
+        help="write <output-dir>/<run-name>/checkpoint.npz (data only: arrays + JSON) every N rounds, at the end and "
+             "on SIGINT/SIGTERM; 0 = off")
+    resume: str = param("",
+        help="path of a checkpoint.npz to continue from (next round on; validated, never unpickled); empty = fresh run")
+    device: str = param("auto", choices=("auto", "cpu", "cuda"),
+        help="where ClientApps train: auto = cuda when available (a SuperNode's node-config `device` overrides it; "
+             "with Ray give clients GPUs via client-resources-num-gpus)")
+    max_idle_rounds: int = param(3, lo=0,
+        help="end the run as failed after this many consecutive rounds without a model update (every reply rejected or"
+             " missing); 0 = never. A run in which no round updated the model always fails")
+    test_max_examples: int = param(0, lo=0,
+        help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all "
+             "360; shakespeare-lstm: 2,000)")
+    train_loss_before: bool = param(True,
+        help="clients report train-loss-before, the received model's loss on their data (one extra forward pass over "
+             "it per round; localupdatedecay's controller needs it); false = skip it")
+    learning_curve: bool = param(True,
+        help="write learning_curve.png (matplotlib, ~0.3 s) at the end of the run; false = skip it")
+    grid_pull_interval: float = param(0.05, lo=0.0,
+        help="seconds between the ServerApp's polls for replies (Flower's own grids wait 3 s per poll in a deployment,"
+             " 0.1 s in a simulation); 0 = the grid's own")
+    presets: bool = param(True,
+        help="apply the task's tuned per-method learning rates (server_app/presets.py) to the keys left at their "
+             "defaults; false = the declared defaults")
 
 
 def parse(run_config: Mapping[str, Any]) -> AppConfig:
     """The app settings of ``run_config`` (method keys are ignored here; the registry validates them)."""
-    return AppConfig.from_run_config({k: v for k, v in run_config.items() if k in AppConfig.keys(None)}, None)
+    keys = AppConfig.keys(None)
+    return AppConfig.from_run_config({k: v for k, v in run_config.items() if k in keys}, None)

@@ -2,14 +2,14 @@
 
 | name | hub dataset | image column | label column | classes | test split | clients |
 |---|---|---|---|---|---|---|
-| ``cifar10`` | ``uoft-cs/cifar10`` | ``img`` (32×32 RGB) | ``label`` | 10 | ``test`` | partitioner |
-| ``cifar100`` | ``uoft-cs/cifar100`` | ``img`` (32×32 RGB) | ``fine_label`` | 100 | ``test`` | partitioner |
-| ``mnist`` | ``ylecun/mnist`` | ``image`` (28×28 L) | ``label`` | 10 | ``test`` | partitioner |
-| ``fashion-mnist`` | ``zalando-datasets/fashion_mnist`` | ``image`` (28×28 L) | ``label`` | 10 | ``test`` | partitioner |
-| ``femnist`` | ``flwrlabs/femnist`` | ``image`` (28×28 L) | ``character`` | 62 | none: per-writer 90/10 split | ``writer_id`` (natural) |
+| ``cifar10`` | ``uoft-cs/cifar10`` | ``img`` 32×32 RGB | ``label`` | 10 | ``test`` | partitioner |
+| ``cifar100`` | ``uoft-cs/cifar100`` | ``img`` 32×32 RGB | ``fine_label`` | 100 | ``test`` | partitioner |
+| ``mnist`` | ``ylecun/mnist`` | ``image`` 28×28 L | ``label`` | 10 | ``test`` | partitioner |
+| ``fashion-mnist`` | ``zalando-datasets/fashion_mnist`` | ``image`` 28×28 L | ``label`` | 10 | ``test`` | partitioner |
+| ``femnist`` | ``flwrlabs/femnist`` | ``image`` 28×28 L | ``character`` | 62 | per-writer 90/10 | ``writer_id`` |
 
-Partitioners (flwr-datasets): ``iid``, ``dirichlet`` (label skew α, as the digits task), ``classes`` (k labels per client)
-and ``natural`` (``NaturalIdPartitioner`` on the dataset's natural id; FEMNIST's writers).  The hub is used by
+Partitioners (flwr-datasets): ``iid``, ``dirichlet`` (label skew α, as the digits task), ``classes`` (k labels per
+client) and ``natural`` (``NaturalIdPartitioner`` on the dataset's natural id; FEMNIST's writers).  The hub is used by
 :func:`federated` (a ``flwr_datasets.FederatedDataset``); tests and offline users pass ``source=`` a local
 ``datasets.DatasetDict`` with the same columns, which goes through the very same partitioners and tensor conversion.
 
@@ -95,7 +95,8 @@ class HubData:
         if source is None:  # pragma: no cover - needs the hub
             from flwr_datasets import FederatedDataset
 
-            self._fds = FederatedDataset(dataset=self.spec.hub_name, partitioners={"train": self.partitioner}, seed=seed)
+            self._fds = FederatedDataset(dataset=self.spec.hub_name, partitioners={"train": self.partitioner},
+                                         seed=seed)
             self._test = None
         else:
             self._fds = None
@@ -134,7 +135,8 @@ class HubData:
                 ds = self._fds.load_split(self.spec.test_split)
             x, y = to_tensors(ds, self.spec)
         if max_examples is not None and len(x) > max_examples:
-            idx = torch.from_numpy(np.sort(np.random.default_rng([self.seed, 11]).choice(len(x), max_examples, replace=False)))
+            rng = np.random.default_rng([self.seed, 11])
+            idx = torch.from_numpy(np.sort(rng.choice(len(x), max_examples, replace=False)))
             x, y = x[idx], y[idx]
         return x, y
 

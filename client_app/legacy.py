@@ -1,7 +1,7 @@
 """The same client as ``client_app.app`` for the legacy API: ``ClientApp(client_fn=…)`` returning a NumPyClient.
 
-Every fedadapt method works through it (with :class:`flower_strategies.compat.legacy.LegacyStrategy` on the server); the local
-optimizer and the round driver are the same code as in the Message-API ClientApp.
+Every fedadapt method works through it (with :class:`flower_strategies.compat.legacy.LegacyStrategy` on the server);
+the local optimizer and the round driver are the same code as in the Message-API ClientApp.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ def seeded_subset(x: Tensor, y: Tensor, max_examples: int, seed: int) -> tuple[T
     """At most ``max_examples`` rows of ``(x, y)``: a sorted sample without replacement seeded by ``(seed, 7)``;
     all rows when ``max_examples <= 0`` or there are not more rows than that."""
     if 0 < max_examples < len(x):
-        idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 7]).choice(len(x), size=max_examples, replace=False)))
+        rng = np.random.default_rng([seed, 7])
+        idx = torch.from_numpy(np.sort(rng.choice(len(x), size=max_examples, replace=False)))
         x, y = x[idx], y[idx]
     return x, y

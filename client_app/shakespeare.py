@@ -9,20 +9,23 @@ Source: the public-domain Project Gutenberg plays shipped in the PyPI sdist ``sh
 Preparation (once, deterministic for a seed):
 
 * a play is split into speeches: a *speaker line* (``NAME.`` alone on a line after a blank line, e.g. ``PROSPERO.``,
-  ``Ham.``, ``First Senator.``, or a name in capitals without the period, ``THESEUS``) followed by the speech's lines up to the next blank line; stage directions in ``[...]``
-  are dropped.  Poems (sonnets, …) have no speakers and yield no clients.
+  ``Ham.``, ``First Senator.``, or a name in capitals without the period, ``THESEUS``) followed by the speech's lines
+  up to the next blank line; stage directions in ``[...]`` are dropped.  Poems (sonnets, …) have no speakers and yield
+  no clients.
 * one client per (play, speaking role) with at least ``min_lines`` spoken lines (LEAF's users are play–role pairs).
 * per client the speeches are shuffled with ``numpy.random.default_rng([seed, client index])``; the first
   ``1 − test_fraction`` of them (in play order) form the training text, the others the test text.  A speech's lines
-  are joined by a space, speeches by a newline.  Clients whose train or test text is shorter than one window + 1 are dropped.
+  are joined by a space, speeches by a newline.  Clients whose train or test text is shorter than one window + 1 are
+  dropped.
 * the result is ``clients.jsonl`` (one ``{"client_id": "play/ROLE", "train": …, "test": …}`` per line, sorted by
   client id) plus ``manifest.json`` with its SHA-256 (the documented checksum is in ``docs/reproduce.md``).
 
 Training examples are LEAF's: every 80-character window of a client's text (stride 1) predicts the next character;
 characters are indexed in LEAF's 80-symbol alphabet :data:`LETTERS`, any other character maps to one extra
 out-of-vocabulary index (vocabulary size 81).  Clients are partitions of a ``datasets.Dataset`` with one row per client,
-read through flwr-datasets' ``NaturalIdPartitioner(partition_by="client_id")`` — partition ``i`` is the ``i``-th client id.
-The model is LEAF's / FedOpt's character LSTM: 8-dim embedding, 2 LSTM layers of 256 units, a dense layer to the vocabulary.
+read through flwr-datasets' ``NaturalIdPartitioner(partition_by="client_id")`` — partition ``i`` is the ``i``-th client
+id.  The model is LEAF's / FedOpt's character LSTM: 8-dim embedding, 2 LSTM layers of 256 units, a dense layer to the
+vocabulary.
 """
 
 from __future__ import annotations
@@ -193,13 +196,15 @@ def client_text(partition_id: int, data_dir: str | Path = DEFAULT_DATA_DIR) -> d
     return {"client_id": row["client_id"], "train": row["train"], "test": row["test"]}
 
 
-def load_client(partition_id: int, data_dir: str | Path = DEFAULT_DATA_DIR, split: str = "train") -> tuple[Tensor, Tensor]:
+def load_client(partition_id: int, data_dir: str | Path = DEFAULT_DATA_DIR,
+                split: str = "train") -> tuple[Tensor, Tensor]:
     return windows(client_text(partition_id, data_dir)[split])
 
 
 def load_test(data_dir: str | Path = DEFAULT_DATA_DIR, *, seed: int = 0, num_clients_used: int | None = None,
               max_examples: int = 2000) -> tuple[Tensor, Tensor]:
-    """Central test set: the test windows of the first ``num_clients_used`` clients, a seeded sample of ``max_examples``."""
+    """Central test set: the test windows of the first ``num_clients_used`` clients, a seeded sample of
+    ``max_examples``."""
     n = num_clients(data_dir)
     k = n if num_clients_used is None else min(n, num_clients_used)
     xs, ys = zip(*(load_client(i, data_dir, "test") for i in range(k)))

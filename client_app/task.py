@@ -223,7 +223,8 @@ def hub_data(task: str, num_partitions: int, partitioner: str, seed: int, alpha:
 
     name = HUB_TASKS[task][0]
     kind = "natural" if name == "femnist" else partitioner
-    return HubData(name, num_partitions, partitioner=kind, seed=seed, alpha=alpha, classes_per_client=classes_per_client,
+    return HubData(name, num_partitions, partitioner=kind, seed=seed, alpha=alpha,
+                   classes_per_client=classes_per_client,
                    source=_HUB_SOURCES.get(name))
 
 
@@ -249,7 +250,8 @@ def load_client_data(
         return load_client(partition_id, data_dir)
     if task in HUB_TASKS:
         hub = hub_data(task, num_partitions, partitioner, seed, alpha, classes_per_client)
-        return _cast(*hub.partition(partition_id), precision)
+        x, y = hub.partition(partition_id)
+        return _cast(x, y, precision)
     if task.startswith("digits"):
         x, y = digits_partition(
             partition_id, num_partitions, partitioner=partitioner, seed=seed, alpha=alpha,
@@ -280,7 +282,8 @@ def _full_test_data(task: str, *, seed: int, num_clients: int, synthetic_dim: in
                     precision: str) -> tuple[Tensor, Tensor]:
     if task in HUB_TASKS:  # the hub's test split (FEMNIST: the test parts of the first clients)
         hub = hub_data(task, num_clients, "iid", seed, 0.3, 2)
-        return _cast(*hub.test(num_clients=num_clients), precision)
+        x, y = hub.test(num_clients=num_clients)
+        return _cast(x, y, precision)
     if task.startswith("digits"):
         _, _, x_te, y_te = digits_split(seed)
         return _cast(torch.from_numpy(x_te), torch.from_numpy(y_te), precision)

@@ -6,7 +6,7 @@ the layout (``core`` / ``methods`` / ``compat`` / ``analysis``).
 """
 
 # Core: strategy base, client optimizer base, hyper-parameters, registry, client API.
-from .core.client import ClientRound, full_gradient_from, local_train, train_reply
+from .core.client import ClientRound, TensorPartition, full_gradient_from, train_reply
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer
 from .core.registry import (
@@ -40,7 +40,7 @@ __all__ = [
     # core
     "METHODS", "ClientHalfMissing", "ClientRound", "ConfigError", "FedAdaptStrategy", "HParams", "LocalOptimizer",
     "MethodSpec", "RecordSpec", "RoundInputs", "RoundLog", "SGDHParams", "SGDOptimizer", "ServerOptimizer",
-    "StrategyConfig", "build_strategy", "full_gradient_from", "get_method", "local_train", "parse_run_config",
+    "StrategyConfig", "TensorPartition", "build_strategy", "full_gradient_from", "get_method", "parse_run_config",
     "register", "run_config_defaults", "strategy_from_run_config", "train_reply",
     # methods
     "AdpFed", "FedAMS", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedCM", "FedCMHParams", "FedCMOptimizer",

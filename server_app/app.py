@@ -33,13 +33,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import client_state
 from client_app.config import AppConfig
-from client_app.config import parse as app_config
 from client_app.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
-from flower_strategies.core.registry import build_strategy, run_config_defaults
+from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
 from . import plots, presets
@@ -138,10 +137,10 @@ def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, wri
 # ------------------------------------------------------------------------------------------ the run, in steps
 def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, FedAdaptStrategy]:
     """Validate the whole run-config (one clear error before anything is sent) and build model + strategy."""
-    probe = app_config(run_config)
-    model = build_model(probe.task, probe.seed, probe.synthetic_dim, probe.precision)
+    fed, spec, hp = parse_run_config(run_config, AppConfig)  # the run's one parse of its run-config
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     trainable = [name for name, _ in model.named_parameters()]
-    strategy, fed = build_strategy(run_config, trainable_keys=trainable, settings=AppConfig)
+    strategy = spec.build(hp, trainable_keys=trainable, **fed.strategy_kwargs())
     assert isinstance(fed, AppConfig)
     if not fed.train_loss_before and strategy.needs_train_loss_before:
         raise ConfigError(f"train-loss-before = false: {fed.method} needs the clients' train-loss-before (e.g. a "

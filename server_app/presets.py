@@ -26,7 +26,6 @@ from typing import Any
 from flwr.common import log
 
 from client_app.config import AppConfig
-from client_app.config import parse as app_config
 from flower_strategies.core.registry import run_config_defaults
 
 # task → method → run-config values.  Comments: final test accuracy of the default job (seed 0, 10 rounds) with the
@@ -64,14 +63,18 @@ def preset(task: str, method: str) -> dict[str, Any]:
     return dict(PRESETS.get(task, {}).get(method, {}))
 
 
+#: The run-config keys :func:`apply` reads.
+_READS = ("task", "method", "presets")
+
+
 def apply(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """``run_config`` with the task's preset values for its method on every key left at its declared default.
 
-    Invalid app keys raise the same :class:`~flower_strategies.core.hparams.ConfigError` as the ServerApp's
-    validation; an unknown method gets no preset (the registry's validation names the valid ones next).
+    Reads (and checks) only the keys it needs (``task``, ``method``, ``presets``): the ServerApp validates the whole
+    run-config once, after this; an unknown method gets no preset (that validation names the valid ones).
     """
     config = dict(run_config)
-    fed = app_config(config)
+    fed = AppConfig.from_run_config({k: config[k] for k in _READS if k in config}, None)
     values = preset(fed.task, fed.method)
     if not fed.presets or not values:
         return config

@@ -59,10 +59,10 @@ class LoopbackGrid(Grid):
         self._run = run
 
     @property
-    def run(self) -> Run:  # type: ignore[override]
+    def run(self) -> Run:
         return self._run  # type: ignore[return-value]
 
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # type: ignore[override]
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
         return Message(content=content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:
@@ -81,8 +81,8 @@ class LoopbackGrid(Grid):
             try:
                 reply = self._app(msg, ctx)
             except Exception as err:  # as in Ray and on a SuperNode: a ClientApp exception is an error reply
-                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"),
-                                reply_to=msg)
+                error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}")
+                reply = Message(error, reply_to=msg)
             if self.intercept is not None:
                 reply = self.intercept(msg, reply, int(ctx.node_config["partition-id"]))
             self._inbox[mid] = reply

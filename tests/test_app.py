@@ -185,18 +185,19 @@ def _loss_before_reply(extra_config, partition=1, server_round=2):
 
 
 def test_loss_before_is_over_all_examples_by_default_and_over_a_seeded_sample_when_capped():
-    from flower_strategies.core.client import loss_before_sample, mean_loss
+    from flower_strategies.core.client import TensorPartition, loss_before_sample, mean_loss
 
     loss_fn = torch.nn.functional.cross_entropy
     model, x, y, m = _loss_before_reply({})
-    assert m["train-loss-before"] == pytest.approx(mean_loss(model, x, y, loss_fn), rel=1e-6)
+    assert m["train-loss-before"] == pytest.approx(mean_loss(model, TensorPartition(x, y), loss_fn), rel=1e-6)
     # capped: exactly the loss on the documented sample (10 distinct examples), not on all of them
     _, _, _, capped = _loss_before_reply({"loss-before-max-examples": 10})
     cfg = {"loss-before-max-examples": 10, "server-round": 2}
     idx = loss_before_sample(len(x), cfg, seed=0, client_key=1)
     assert len(idx) == 10 == len(set(idx.tolist())) and list(idx) == sorted(idx)
     sub = torch.from_numpy(idx)
-    assert capped["train-loss-before"] == pytest.approx(mean_loss(model, x[sub], y[sub], loss_fn), rel=1e-6)
+    want = mean_loss(model, TensorPartition(x[sub], y[sub]), loss_fn)
+    assert capped["train-loss-before"] == pytest.approx(want, rel=1e-6)
     assert capped["train-loss-before"] != pytest.approx(m["train-loss-before"], rel=1e-6)
     # the sample changes with the round, and a cap ≥ n means all examples
     assert not np.array_equal(idx, loss_before_sample(len(x), {**cfg, "server-round": 3}, 0, 1))

@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 import flower_strategies as fs
 from client_app.config import AppConfig
 from client_app.task import build_model
-from flower_strategies.core.client import full_gradient, num_local_steps
+from flower_strategies.core.client import full_gradient_from, num_local_steps
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, run_config_defaults
 from simulations import configgen
@@ -118,7 +118,7 @@ def test_every_method_builds_from_defaults_and_its_optimizer_steps(name):
     opt = opt_cls(
         model.named_parameters(), lr=cfg["client-lr"],
         downlink={n: r.to_torch_state_dict() for n, r in content.array_records.items() if n != "arrays"},
-        full_gradient=full_gradient(model, x, y, F.cross_entropy) if opt_cls.needs_full_gradient else None,
+        full_gradient=full_gradient_from(model, [(x, y)], F.cross_entropy) if opt_cls.needs_full_gradient else None,
         planned_steps=num_local_steps(len(x), cfg),
         **spec.hparams.client_kwargs_from_wire(cfg, name),
     )

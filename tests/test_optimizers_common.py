@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 import flower_strategies as fs
 from flower_strategies.core import records as R
-from flower_strategies.core.client import ClientRound, batch_indices, full_gradient
+from flower_strategies.core.client import ClientRound, batch_indices, full_gradient_from
 from flower_strategies.methods.localupdate import ThetaHParams, parse_theta
 
 NAMES = sorted(fs.METHODS)
@@ -50,7 +50,7 @@ def _plain_loop(name: str, content: RecordDict, stop_after: int | None = None):
     model = _model()
     rnd = ClientRound(content, state=RecordDict())
     rnd.load_model(model)
-    grad = full_gradient(model, x, y, F.cross_entropy) if rnd.needs_full_gradient else None
+    grad = full_gradient_from(model, [(x, y)], F.cross_entropy) if rnd.needs_full_gradient else None
     opt = rnd.optimizer(model, num_examples=N, full_gradient=grad)
     steps = rnd.num_steps(N)
     bs = N if rnd.full_batch else int(rnd.config[R.BATCH_SIZE])
@@ -119,7 +119,7 @@ def test_misuse_is_a_clear_error(name):
     rnd = ClientRound(content, state=RecordDict())
     model = _model()
     x, y = _data()
-    grad = full_gradient(model, x, y, F.cross_entropy) if rnd.needs_full_gradient else None
+    grad = full_gradient_from(model, [(x, y)], F.cross_entropy) if rnd.needs_full_gradient else None
     opt = rnd.optimizer(model, num_examples=N, full_gradient=grad)
     with pytest.raises(RuntimeError, match="no local step was taken"):
         opt.uplink()

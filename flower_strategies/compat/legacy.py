@@ -116,9 +116,9 @@ class FedAdaptNumPyClient(NumPyClient):
         keys = list(self.model.state_dict())
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, parameters)})
         if self.evaluate_fn is None:
-            from ..core.client import mean_loss
+            from ..core.client import TensorPartition, mean_loss
 
-            return mean_loss(self.model, self.x, self.y, self.loss_fn), len(self.x), {}
+            return mean_loss(self.model, TensorPartition(self.x, self.y), self.loss_fn), len(self.x), {}
         return self.evaluate_fn(self.model)
 
 

@@ -16,14 +16,16 @@ Your own loop (your DataLoader, device, augmentation) with :class:`ClientRound`:
             opt.step()
         return Message(rnd.reply(model, opt, num_examples=len(trainloader.dataset)), reply_to=msg)
 
-or the one-call convenience :func:`train_reply` (whole-partition tensors with seeded batches — what the fedadapt
-ClientApp and the exactness tests use — or any iterable of ``(x, y)`` batches).  The round's ConfigRecord names
-the method; the matching local optimizer comes from the registry and is built from the server-owned
-hyper-parameters in the same ConfigRecord.
+or the one-call convenience :func:`train_reply` on any iterable of ``(x, y)`` batches or on whole-partition tensors
+(a :class:`TensorPartition`: seeded mini-batches — what the fedadapt ClientApp and the exactness tests use); both
+go through the same loop (:meth:`ClientRound.batches`, :meth:`ClientRound.loss_before`, :func:`full_gradient_from`).
+The round's ConfigRecord names the method; the matching local optimizer comes from the registry and is built from
+the server-owned hyper-parameters in the same ConfigRecord.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -51,7 +53,8 @@ def num_local_steps(n: int, config: Mapping[str, Any]) -> int:
     return int(config.get(R.LOCAL_EPOCHS, 1)) * math.ceil(n / int(config.get(R.BATCH_SIZE, 32)))
 
 
-def batch_indices(n: int, batch_size: int, steps: int, seed: int, server_round: int, client_key: int) -> list[np.ndarray]:
+def batch_indices(n: int, batch_size: int, steps: int, seed: int, server_round: int,
+                  client_key: int) -> list[np.ndarray]:
     """Mini-batch index arrays for ``steps`` local steps: a fresh permutation per epoch, seeded by
     ``(seed, server_round, client_key)``; the last batch of an epoch may be smaller."""
     rng = np.random.default_rng([seed, server_round, client_key])
@@ -65,20 +68,10 @@ def batch_indices(n: int, batch_size: int, steps: int, seed: int, server_round: 
     return out
 
 
-@torch.no_grad()
-def mean_loss(model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn, batch_size: int = 1024) -> float:
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    for s in range(0, len(x), batch_size):
-        total += float(loss_fn(model(x[s : s + batch_size]), y[s : s + batch_size])) * len(x[s : s + batch_size])
-    model.train(was_training)
-    return total / max(len(x), 1)
-
-
 def loss_before_sample(n: int, config: Mapping[str, Any], seed: int, client_key: int) -> np.ndarray | None:
-    """Indices of the examples ``train-loss-before`` is computed on: ``None`` = all ``n`` (the default), else a
-    sorted sample of ``loss-before-max-examples`` drawn without replacement, seeded by ``(seed, round, client_key)``."""
+    """Positions of the examples ``train-loss-before`` is computed on: ``None`` = all ``n`` (the default), else a
+    sorted sample of ``loss-before-max-examples`` drawn without replacement, seeded by ``(seed, round, client_key)``
+    (positions in the order one pass over the data yields its examples)."""
     k = int(config.get(R.LOSS_BEFORE_MAX, 0) or 0)
     if k <= 0 or k >= n:
         return None
@@ -86,43 +79,28 @@ def loss_before_sample(n: int, config: Mapping[str, Any], seed: int, client_key:
     return np.sort(rng.choice(n, size=k, replace=False))
 
 
-def full_gradient(model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn) -> dict[str, Tensor]:
-    """Gradient of the mean loss over all of ``(x, y)`` at the model's current parameters."""
-    model.zero_grad(set_to_none=True)
-    loss_fn(model(x), y).backward()
-    grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return grads
+class TensorPartition:
+    """A client's whole partition as two tensors, used as data by :func:`train_reply` and :meth:`ClientRound.batches`.
 
+    Iterating it yields the whole partition as one ``(x, y)`` batch (the evaluation passes: ``train-loss-before``,
+    the full gradient); :meth:`ClientRound.batches` draws the round's training mini-batches from it by index, with a
+    permutation per epoch seeded by ``(seed, round, client_key)`` (:func:`batch_indices`)."""
 
-def local_train(
-    model: nn.Module,
-    optimizer,
-    x: Tensor,
-    y: Tensor,
-    loss_fn: LossFn,
-    config: Mapping[str, Any],
-    *,
-    seed: int = 0,
-    client_key: int = 0,
-) -> dict[str, float]:
-    """Run the round's local steps with ``optimizer``; return metrics (steps counted by the optimizer)."""
-    n = len(x)
-    steps = num_local_steps(n, config)
-    full = bool(config.get(R.FULL_BATCH, False))
-    bs = n if full else int(config.get(R.BATCH_SIZE, 32))
-    server_round = int(config.get(R.SERVER_ROUND, 0))
-    model.train()
-    total = 0.0
-    for idx in batch_indices(n, bs, steps, seed, server_round, client_key):
-        idx_t = torch.from_numpy(idx).to(x.device)
-        optimizer.zero_grad(set_to_none=False)
-        loss = loss_fn(model(x[idx_t]), y[idx_t])
-        loss.backward()
-        optimizer.step()
-        total += float(loss.detach())
-    taken = optimizer.steps_taken
-    return {R.NUM_STEPS: float(taken), R.TRAIN_LOSS: total / max(steps, 1)}
+    def __init__(self, x: Tensor, y: Tensor) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"x and y differ in length ({len(x)} != {len(y)})")
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __iter__(self) -> Iterator[Batch]:
+        yield self.x, self.y
+
+    def take(self, idx: np.ndarray) -> Batch:
+        """The examples at positions ``idx``."""
+        idx_t = torch.from_numpy(idx).to(self.x.device)
+        return self.x[idx_t], self.y[idx_t]
 
 
 # ------------------------------------------------------------------ ArrayRecord ⇄ torch without np.load/np.save
@@ -174,9 +152,13 @@ class ClientRound:
     state
         The node's ``Context.state`` (persistent client state of methods such as SCAFFOLD and Fed-LAMB is read from
         it and written back by :meth:`reply`); ``None`` for methods without one.
+    seed, client_key
+        Seed the mini-batch order of a :class:`TensorPartition` and the ``loss-before-max-examples`` sample
+        (with the round number).
     """
 
-    def __init__(self, content: RecordDict, state: RecordDict | None = None) -> None:
+    def __init__(self, content: RecordDict, state: RecordDict | None = None, *, seed: int = 0,
+                 client_key: int = 0) -> None:
         from .registry import get_method  # local import: the registry imports the strategy base
 
         config = content.get(R.CONFIG)
@@ -189,6 +171,7 @@ class ClientRound:
         self.state = state
         self.config: dict[str, Any] = dict(config)
         self.spec = get_method(str(self.config[R.METHOD]))
+        self.seed, self.client_key = int(seed), int(client_key)
 
     # ----------------------------------------------------------------- the round's plan
     @property
@@ -218,14 +201,21 @@ class ClientRound:
         """Yield exactly the round's planned number of ``(x, y)`` batches from ``loader``, re-iterating it (epochs)
         as needed; in the full-batch phase yield one batch holding every example.
 
+        A :class:`TensorPartition` yields seeded mini-batches (a permutation per epoch, :func:`batch_indices`).
         ``num_examples`` defaults to ``len(loader.dataset)``; ``batch_fn`` maps a loader item to ``(x, y)``
         (e.g. ``lambda b: (b["img"], b["label"])`` for a Hugging Face/flwr-datasets loader)."""
+        if isinstance(loader, TensorPartition):
+            n = len(loader)
+            size = n if self.full_batch else int(self.config.get(R.BATCH_SIZE, 32))
+            for idx in batch_indices(n, size, self.num_steps(n), self.seed, self.server_round, self.client_key):
+                yield loader.take(idx)
+            return
         to_xy = batch_fn or _as_xy
         if self.full_batch:
             xs, ys = zip(*(to_xy(b) for b in loader))
             yield torch.cat(xs), torch.cat(ys)
             return
-        n = num_examples if num_examples is not None else _dataset_len(loader)
+        n = num_examples if num_examples is not None else num_examples_of(loader)
         remaining = self.num_steps(n)
         while remaining > 0:
             produced = 0
@@ -238,10 +228,23 @@ class ClientRound:
             if produced == 0:
                 raise ValueError("the loader yielded no batch")
 
+    def loss_before(self, model: nn.Module, loader: Iterable[Any], loss_fn: LossFn, num_examples: int | None = None,
+                    batch_fn: Callable[[Any], Batch] | None = None) -> float:
+        """``train-loss-before``: the mean loss of ``model`` (call it before training: the received model) over one
+        pass of ``loader`` — or, when the round's config sets ``loss-before-max-examples = m > 0`` (and m < n), over
+        a sample of m of the pass's example positions seeded by ``(seed, round, client_key)``
+        (:func:`loss_before_sample`); the pass then stops after the last sampled position."""
+        n = num_examples if num_examples is not None else num_examples_of(loader)
+        sample = loss_before_sample(n, self.config, self.seed, self.client_key)
+        return mean_loss(model, loader, loss_fn, batch_fn, sample=sample)
+
     # ----------------------------------------------------------------- model, optimizer, reply
     def load_model(self, model: nn.Module) -> None:
         """Load the global model x_t into ``model`` (on whatever device it lives)."""
-        model.load_state_dict(record_tensors(self.content[R.MODEL], copy=False), strict=True)
+        received = R.get(self.content, R.MODEL, ArrayRecord)
+        if received is None:
+            raise ValueError(f"the train message has no '{R.MODEL}' ArrayRecord (the global model x_t)")
+        model.load_state_dict(record_tensors(received, copy=False), strict=True)
 
     def optimizer(
         self, model: nn.Module, *, num_examples: int | None = None, full_gradient: Mapping[str, Tensor] | None = None
@@ -288,7 +291,7 @@ class ClientRound:
             reply[R.MODEL] = tensor_record(model.state_dict())
         for name, arrays in uplink.items():
             reply[name] = tensor_record({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
-        out: dict[str, float] = dict(metrics or {})
+        out: dict[str, Any] = dict(metrics or {})
         out[R.NUM_EXAMPLES] = int(num_examples)
         out[R.NUM_STEPS] = float(optimizer.steps_taken)
         if train_loss is not None:
@@ -307,27 +310,83 @@ def _as_xy(item: Any) -> Batch:
     return x, y
 
 
-def _dataset_len(loader: Iterable[Any]) -> int:
-    dataset = getattr(loader, "dataset", None)
+def num_examples_of(data: Iterable[Any]) -> int:
+    """The number of examples of a :class:`TensorPartition` or of a loader with a ``.dataset``."""
+    if isinstance(data, TensorPartition):
+        return len(data)
+    dataset = getattr(data, "dataset", None)
     if dataset is None:
         raise ValueError("pass num_examples= (the loader has no .dataset to count)")
     return len(dataset)
 
 
+def _on_device(data: Iterable[Any], batch_fn: Callable[[Any], Batch] | None, device: torch.device) -> Iterator[Batch]:
+    """The ``(x, y)`` batches of one pass over ``data``, on ``device``."""
+    to_xy = _as_xy if isinstance(data, TensorPartition) else batch_fn or _as_xy
+    for item in data:
+        x, y = to_xy(item)
+        yield x.to(device), y.to(device)
+
+
+#: Examples per forward pass of :func:`mean_loss` (bounds its memory; larger batches are split).
+EVAL_CHUNK = 1024
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, data: Iterable[Any], loss_fn: LossFn, batch_fn: Callable[[Any], Batch] | None = None,
+              *, sample: np.ndarray | None = None) -> float:
+    """The mean loss of ``model`` over one pass of ``data`` (a :class:`TensorPartition` or any iterable of batches;
+    batch losses weighted by batch size, ``loss_fn`` must average over its batch), in eval mode, forward passes of
+    at most :data:`EVAL_CHUNK` examples.  ``sample``: sorted positions (in the pass's order) to average over
+    instead of all examples."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count, offset = 0.0, 0, 0
+    for x, y in _on_device(data, batch_fn, device):
+        size = len(x)
+        if sample is not None:
+            lo, hi = np.searchsorted(sample, [offset, offset + size])
+            offset += size
+            if lo == hi:
+                if lo == len(sample):
+                    break
+                continue
+            idx_t = torch.from_numpy(sample[lo:hi] - (offset - size)).to(device)
+            x, y = x[idx_t], y[idx_t]
+        for s in range(0, len(x), EVAL_CHUNK):
+            xs, ys = x[s : s + EVAL_CHUNK], y[s : s + EVAL_CHUNK]
+            total += float(loss_fn(model(xs), ys)) * len(xs)
+            count += len(xs)
+        if sample is not None and offset > sample[-1]:
+            break
+    model.train(was_training)
+    return total / max(count, 1)
+
+
 def full_gradient_from(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
                        batch_fn: Callable[[Any], Batch] | None = None) -> dict[str, Tensor]:
-    """Gradient of the mean loss over every example of ``loader`` at the model's current parameters
-    (batch gradients weighted by batch size; ``loss_fn`` must average over its batch)."""
-    to_xy = batch_fn or _as_xy
+    """Gradient of the mean loss over every example of ``loader`` (a :class:`TensorPartition` or any iterable of
+    batches) at the model's current parameters: batch gradients weighted by batch size (``loss_fn`` must average
+    over its batch); a single batch's gradient as it is."""
     device = next(model.parameters()).device
+    batches = _on_device(loader, batch_fn, device)
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("the loader yielded no batch")
+    second = next(batches, None)
     model.zero_grad(set_to_none=True)
-    total = 0
-    for item in loader:
-        x, y = to_xy(item)
-        x, y = x.to(device), y.to(device)
-        (loss_fn(model(x), y) * len(x)).backward()
-        total += len(x)
-    grads = {n: (p.grad.detach() / total if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+    if second is None:
+        loss_fn(model(first[0]), first[1]).backward()
+        grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+                 for n, p in model.named_parameters()}
+    else:
+        total = 0
+        for x, y in itertools.chain((first, second), batches):
+            (loss_fn(model(x), y) * len(x)).backward()
+            total += len(x)
+        grads = {n: (p.grad.detach() / total if p.grad is not None else torch.zeros_like(p))
+                 for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return grads
 
@@ -345,23 +404,26 @@ def train_reply(
 ) -> RecordDict:
     """Do one fedadapt training round and return the reply ``RecordDict``.
 
-    ``train_reply(model, content, x, y, loss_fn)``: whole-partition tensors; mini-batches are drawn with a
-    permutation seeded by ``(seed, round, client_key)`` (bit-reproducible; what the exactness tests use).
-    ``train_reply(model, content, loader, loss_fn)``: any iterable of ``(x, y)`` batches (e.g. a DataLoader with
-    your transforms), re-iterated for the round's planned steps; ``batch_fn`` maps a loader item to ``(x, y)``.
-    Batches are moved to the model's device.  ``state`` is the node's ``Context.state`` (persistent client
-    state, records ``fedadapt.<name>``).  ``loss_before=False`` skips ``train-loss-before`` (the received model's
-    mean loss over all local data: one forward pass over them) — for methods whose server does not read it.
+    ``train_reply(model, content, x, y, loss_fn)``: whole-partition tensors (a :class:`TensorPartition`);
+    mini-batches are drawn with a permutation seeded by ``(seed, round, client_key)`` (bit-reproducible; what the
+    exactness tests use).  ``train_reply(model, content, loader, loss_fn)``: any iterable of ``(x, y)`` batches
+    (e.g. a DataLoader with your transforms), re-iterated for the round's planned steps; ``batch_fn`` maps a loader
+    item to ``(x, y)``.  Both run the same loop (:meth:`ClientRound.batches`, :meth:`ClientRound.loss_before`,
+    :func:`full_gradient_from`); batches are moved to the model's device.  ``state`` is the node's
+    ``Context.state`` (persistent client state, records ``fedadapt.<name>``).  ``loss_before=False`` skips
+    ``train-loss-before`` (the received model's mean loss over the local data, or over a seeded sample of at most
+    ``loss-before-max-examples`` of them: one forward pass) — for methods whose server does not read it.
     """
-    rnd = ClientRound(content, state)
+    rnd = ClientRound(content, state, seed=seed, client_key=client_key)
     rnd.load_model(model)
     device = next(model.parameters()).device
     if isinstance(data, Tensor):
         x, (y, loss_fn) = data, args
-        return _train_tensors(rnd, model, x.to(device), y.to(device), loss_fn, seed, client_key, loss_before)
-    (loss_fn,) = args
-    n = _dataset_len(data)
-    before = mean_loss_loader(model, data, loss_fn, batch_fn) if loss_before else None
+        data = TensorPartition(x.to(device), y.to(device))
+    else:
+        (loss_fn,) = args
+    n = num_examples_of(data)
+    before = rnd.loss_before(model, data, loss_fn, n, batch_fn) if loss_before else None
     grad = full_gradient_from(model, data, loss_fn, batch_fn) if rnd.needs_full_gradient else None
     optimizer = rnd.optimizer(model, num_examples=n, full_gradient=grad)
     model.train()
@@ -373,35 +435,3 @@ def train_reply(
         optimizer.step()
         total, steps = total + float(loss.detach()), steps + 1
     return rnd.reply(model, optimizer, num_examples=n, train_loss=total / max(steps, 1), train_loss_before=before)
-
-
-@torch.no_grad()
-def mean_loss_loader(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
-                     batch_fn: Callable[[Any], Batch] | None = None) -> float:
-    to_xy = batch_fn or _as_xy
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    total, n = 0.0, 0
-    for item in loader:
-        x, y = to_xy(item)
-        total += float(loss_fn(model(x.to(device)), y.to(device))) * len(x)
-        n += len(x)
-    model.train(was_training)
-    return total / max(n, 1)
-
-
-def _train_tensors(rnd: ClientRound, model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn,
-                   seed: int, client_key: int, with_loss_before: bool = True) -> RecordDict:
-    sample = loss_before_sample(len(x), rnd.config, seed, client_key)
-    if not with_loss_before:
-        loss_before = None
-    elif sample is None:
-        loss_before = mean_loss(model, x, y, loss_fn)
-    else:
-        idx = torch.from_numpy(sample).to(x.device)
-        loss_before = mean_loss(model, x[idx], y[idx], loss_fn)
-    grad = full_gradient(model, x, y, loss_fn) if rnd.needs_full_gradient else None
-    optimizer = rnd.optimizer(model, num_examples=len(x), full_gradient=grad)
-    metrics = local_train(model, optimizer, x, y, loss_fn, rnd.config, seed=seed, client_key=client_key)
-    return rnd.reply(model, optimizer, num_examples=len(x), train_loss=metrics[R.TRAIN_LOSS], train_loss_before=loss_before)

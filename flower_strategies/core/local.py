@@ -110,7 +110,9 @@ class LocalOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{type(self).__name__}: lr must be a finite number >= 0, got {lr!r}")
         hp = self.hparams_class() if hparams is None else hparams
         if not isinstance(hp, self.hparams_class):
-            raise TypeError(f"{type(self).__name__} needs {self.hparams_class.__name__} hparams, got {type(hp).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs {self.hparams_class.__name__} hparams, got {type(hp).__name__}"
+            )
         unknown = sorted(set(hyper) - set(hp.client_fields()))
         if unknown:
             raise TypeError(
@@ -129,7 +131,7 @@ class LocalOptimizer(torch.optim.Optimizer):
         if self.needs_full_gradient and self.full_gradient is None:
             raise ValueError(
                 f"{type(self).__name__} needs full_gradient= (the gradient of the mean loss over all local data at the "
-                "received model; flower_strategies.full_gradient computes it)"
+                "received model; flower_strategies.full_gradient_from computes it)"
             )
         if planned_steps is not None and (not isinstance(planned_steps, int) or planned_steps < 1):
             raise ValueError(f"{type(self).__name__}: planned_steps must be a positive int, got {planned_steps!r}")
@@ -145,7 +147,7 @@ class LocalOptimizer(torch.optim.Optimizer):
                 f"{type(self).__name__} needs the downlink record(s) {missing} that the server sends with the model "
                 f"(pass downlink={{name: arrays}} from the train message); got {sorted(self.downlink) or 'none'}"
             )
-        self.state[ROUND] = {"steps": 0}
+        self.state[ROUND] = {"steps": 0}  # type: ignore[index]  # torch keys state by tensor; one str entry
 
     # -------------------------------------------------------------- declaration hooks
     def downlink_records(self) -> tuple[str, ...]:
@@ -206,7 +208,7 @@ class LocalOptimizer(torch.optim.Optimizer):
     @property
     def steps_taken(self) -> int:
         """Local steps taken so far this round."""
-        return int(self.state[ROUND]["steps"])
+        return int(self.state[ROUND]["steps"])  # type: ignore[index]
 
     def _all_states(self) -> Iterable[tuple[str, Tensor, dict[str, Any]]]:
         if self.steps_taken == 0:
@@ -218,7 +220,7 @@ class LocalOptimizer(torch.optim.Optimizer):
 
     # -------------------------------------------------------------- torch API + reply
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None):
         """torch's step contract (optional closure re-evaluating the loss), then :meth:`apply_step`."""
         loss = None
         if closure is not None:

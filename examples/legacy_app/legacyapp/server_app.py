@@ -1,4 +1,5 @@
-"""The user's legacy ServerApp: the fedadapt strategy is wrapped in LegacyStrategy (switch methods on the marked line)."""
+"""The user's legacy ServerApp: the fedadapt strategy is wrapped in LegacyStrategy (switch methods on the marked
+line)."""
 
 import json
 
@@ -13,7 +14,8 @@ from .task import new_model
 def server_fn(context: Context) -> ServerAppComponents:
     net = new_model()
     trainable = [n for n, _ in net.named_parameters()]
-    method = str(context.run_config["method"])  # the one line that picks the method: any name in flower_strategies.METHODS
+    # the one line that picks the method: any name in flower_strategies.METHODS
+    method = str(context.run_config["method"])
     inner = get_method(method).build(client_lr=0.1, local_epochs=1, batch_size=32, seed=0, trainable_keys=trainable)
     out = str(context.run_config.get("output", ""))
 
@@ -25,7 +27,8 @@ def server_fn(context: Context) -> ServerAppComponents:
         return None
 
     rounds = int(context.run_config["num-server-rounds"])
-    strategy = LegacyStrategy(inner, {k: v.numpy() for k, v in net.state_dict().items()}, evaluate_fn=record, num_rounds=rounds)
+    initial = {k: v.numpy() for k, v in net.state_dict().items()}
+    strategy = LegacyStrategy(inner, initial, evaluate_fn=record, num_rounds=rounds)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
 
 

@@ -1,7 +1,7 @@
 """The user's ClientApp."""
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flower_strategies import ClientRound
 
