@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from ..core import records as R
 from ..core.client import LossFn, train_reply
 from ..core.ops import NamedArrays
+from ..core.rounds import mean_reply_metrics
 from ..core.strategy import FedAdaptStrategy
 
 LAYOUT = "fedadapt.layout"
@@ -163,14 +164,15 @@ class LegacyStrategy(LegacyBase):
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         s = self.inner
-        need = max(s.min_available_nodes, s.min_train_nodes)
+        cfg = s.settings
+        need = max(cfg.min_available_nodes, cfg.min_train_nodes)
         # num_available() first, as Flower's own strategies do: under start_grid it refreshes the node list (the
         # wrapped method), so wait_for() returns at once instead of idling until the 5 s background refresh.
         if client_manager.num_available() < need:
-            client_manager.wait_for(need, timeout=int(s.wait_for_nodes_s))
+            client_manager.wait_for(need, timeout=int(cfg.wait_for_nodes))
         proxies = client_manager.all()
         by_node = {_node_id(p): p for p in proxies.values()}
-        picked = s.pick(list(by_node), s.fraction_train, s.min_train_nodes)
+        picked = s.sampler.pick(list(by_node), cfg.fraction_train, cfg.min_train_nodes)
         content = s.prepare_round(server_round, R.to_record(self._arrays(parameters)), ConfigRecord(), len(picked))
         arrays, layout = pack({name: R.to_numpy(rec) for name, rec in content.array_records.items()})
         config: dict[str, Scalar] = _scalars(content.config_records[R.CONFIG])
@@ -194,10 +196,10 @@ class LegacyStrategy(LegacyBase):
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Client-side evaluation with the wrapped strategy's ``fraction_evaluate`` / ``min_evaluate_nodes`` and RNG."""
         s = self.inner
-        if s.fraction_evaluate <= 0.0:
+        if s.settings.fraction_evaluate <= 0.0:
             return []
         by_node = {_node_id(p): p for p in client_manager.all().values()}
-        picked = s.pick(list(by_node), s.fraction_evaluate, s.min_evaluate_nodes)
+        picked = s.sampler.pick(list(by_node), s.settings.fraction_evaluate, s.min_evaluate_nodes)
         ins = EvaluateIns(parameters, {R.SERVER_ROUND: server_round})
         return [(by_node[n], ins) for n in picked]
 
@@ -209,7 +211,7 @@ class LegacyStrategy(LegacyBase):
                 for _, res in results if res.num_examples > 0]
         if not rows:
             return None, {}
-        mean = self.inner.mean_reply_metrics(rows)
+        mean = mean_reply_metrics(rows)
         return mean.pop("loss", None), mean
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:

@@ -216,7 +216,11 @@ def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class StrategyConfig(HParams):
-    """Run-wide strategy settings (keys without a method prefix); an app may extend it with its own keys."""
+    """Run-wide strategy settings (keys without a method prefix); an app may extend it with its own keys.
+
+    It is also the settings object of :class:`~flower_strategies.core.strategy.FedAdaptStrategy` (validated here,
+    once, whether built from a run-config or by keyword arguments).  ``method`` and ``num_server_rounds`` are read
+    by the registry (which strategy to build, and its ``num_rounds``); the strategy itself does not read them."""
 
     method: str = param("fedavg", help="registry name of the method (see `methods` table)")
     num_server_rounds: int = param(10, lo=1, help="number of federated rounds")
@@ -241,14 +245,10 @@ class StrategyConfig(HParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        hints = _hints(type(self))
+        for f in dataclasses.fields(self):  # an int given for a float field is stored as that float
+            value = getattr(self, f.name)
+            if hints[f.name] is float and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
         if self.local_steps == 0 and self.local_epochs == 0:
             raise ConfigError("local-steps and local-epochs are both 0: clients would not train")
-
-    def strategy_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`~flower_strategies.core.strategy.FedAdaptStrategy` (all but hparams)."""
-        names = {f.name for f in dataclasses.fields(StrategyConfig)} - {"method", "num_server_rounds", "weighting"}
-        kwargs = {name: getattr(self, name) for name in names}
-        kwargs["wait_for_nodes_s"] = kwargs.pop("wait_for_nodes")
-        kwargs["weighting"] = None if self.weighting == "default" else self.weighting
-        kwargs["num_rounds"] = self.num_server_rounds
-        return kwargs
