@@ -92,8 +92,8 @@ def fold(
         flat_acc = None if acc is None else acc.reshape(-1)
         width = min(CHUNK, stop - start)
         dtype = flats[0].dtype
-        diff = np.empty(width, dtype) if ref is not None else None
-        scaled = np.empty(width, acc.dtype) if acc is not None and rule == "wmean" else None
+        diff = np.empty(width if ref is not None else 0, dtype)  # scratch of the norms' differences
+        scaled = np.empty(width if acc is not None and rule == "wmean" else 0, dtype if acc is None else acc.dtype)
         with np.errstate(over="ignore", invalid="ignore"):
             for lo in range(start, stop, CHUNK):
                 hi = min(lo + CHUNK, stop)
@@ -203,7 +203,7 @@ def chunked(kernel, outs: Sequence[np.ndarray], ins: Sequence[np.ndarray], *, te
     width = max(1, min(CHUNK, size))
     scratch = [np.empty(width, dtype) for _ in range(temps)]
     trial = [np.empty(width, o.dtype) for o in outs] if check_only else None
-    flat_out = None if check_only else [o.reshape(-1) for o in outs]
+    flat_out = [] if check_only else [o.reshape(-1) for o in outs]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for lo in range(0, size, CHUNK):
             hi = min(lo + CHUNK, size)

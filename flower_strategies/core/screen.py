@@ -37,6 +37,11 @@ CLIENT_HALF_REASON = "reply was not produced by the client half of fedadapt meth
 Parsed = tuple[Message, dict[str, NamedArrays]]
 
 
+def _metrics(msg: Message) -> Any:
+    """The ``metrics`` MetricRecord of a reply :func:`.validation.parse_reply` accepted."""
+    return R.get(msg.content, R.METRICS, MetricRecord)
+
+
 class ClientHalfMissing(RuntimeError):
     """Every reply of a round came from a client without the method's client half: the run cannot train."""
 
@@ -85,11 +90,11 @@ class Screened:
     rejections: list[str] = field(default_factory=list)
 
     def reply_metrics(self) -> tuple[list[dict[str, Any]], int]:
-        """``(each kept reply's metrics, with its weight as num-examples and its node-id; number of clipped weights)``."""
+        """``(each kept reply's metrics with its weight as num-examples and its node-id, weights clipped)``."""
         out: list[dict[str, Any]] = []
         clipped = 0
         for (msg, _), weight in zip(self.kept, self.weights):
-            metrics = dict(R.get(msg.content, R.METRICS, MetricRecord))
+            metrics: dict[str, Any] = dict(_metrics(msg))
             clipped += weight < float(metrics[R.NUM_EXAMPLES])
             out.append({**metrics, R.NUM_EXAMPLES: weight, "node-id": msg.metadata.src_node_id})
         return out, clipped
@@ -179,7 +184,7 @@ class ReplyScreen:
     ) -> tuple[list[float], dict[str, NamedArrays], list[list[float]]]:
         """``(weights, {record: aggregate}, norms[spec][reply])`` of the streaming-rule records (robust rules: norms
         only, the aggregate comes after screening)."""
-        reported = [float(R.get(msg.content, R.METRICS, MetricRecord)[R.NUM_EXAMPLES]) for msg, _ in kept]
+        reported = [float(_metrics(msg)[R.NUM_EXAMPLES]) for msg, _ in kept]
         weights = self.policy.weights(reported)
         aggregates: dict[str, NamedArrays] = {}
         norms: list[list[float]] = []

@@ -63,11 +63,9 @@ class FedAdaptStrategy(Strategy):
     hparams
         The method's frozen hyper-parameter dataclass (paper defaults when omitted).
     settings
-        The run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig`, or an app's extension of
-        it): client training plan, sampling, ``min-replies``, weighting, seed, screening (``max-update-norm``,
-        ``update-norm-ratio``, ``max-weight-ratio``), ``aggregator``; their docs are the run-config key table.
-        Every field reads as an attribute of the strategy (``self.client_lr``); assigning one (``s.max_update_norm
-        = 5.0``) replaces the settings with a validated copy.
+        The run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig` or an app's extension of it,
+        documented as the run-config keys).  Every field reads as an attribute of the strategy (``self.client_lr``);
+        assigning one (``s.max_update_norm = 5.0``) replaces the settings with a validated copy.
     overrides
         Settings fields by name, applied to ``settings`` (default: ``StrategyConfig()``) with one validation
         (``weighting=None`` = the method's paper default).
@@ -154,7 +152,6 @@ class FedAdaptStrategy(Strategy):
     rng = property(lambda self: self.sampler.rng)
     node_order = property(lambda self: self.sampler.node_order)
     nodes_seen = property(lambda self: self.sampler.nodes_seen)
-    silent_since = property(lambda self: self.sampler.silent_since)
     history = property(lambda self: self.rounds.history)
     num_updates = property(lambda self: self.rounds.num_updates)
 
@@ -198,13 +195,8 @@ class FedAdaptStrategy(Strategy):
     def round_config(self, server_round: int) -> dict[str, Any]:
         """The round's ConfigRecord entries: plan + declared client hyper-parameters + :meth:`client_config`."""
         s = self.settings
-        cfg: dict[str, Any] = {
-            R.METHOD: self.method,
-            R.CLIENT_LR: self.client_lr_at(server_round),
-            R.LOCAL_EPOCHS: s.local_epochs,
-            R.LOCAL_STEPS: s.local_steps,
-            R.BATCH_SIZE: s.batch_size,
-        }
+        cfg: dict[str, Any] = {R.METHOD: self.method, R.CLIENT_LR: self.client_lr_at(server_round),
+                               R.LOCAL_EPOCHS: s.local_epochs, R.LOCAL_STEPS: s.local_steps, R.BATCH_SIZE: s.batch_size}
         if s.loss_before_max_examples > 0:
             cfg[R.LOSS_BEFORE_MAX] = s.loss_before_max_examples
         cfg.update(self.hparams.to_wire(self.method))
@@ -240,7 +232,7 @@ class FedAdaptStrategy(Strategy):
         log(INFO, "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
             s.client_lr, self.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,  # type: ignore[override]
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start``; records ``num_rounds`` for round-dependent schedules."""
         self.num_rounds = int(num_rounds)
@@ -294,7 +286,7 @@ class FedAdaptStrategy(Strategy):
         rlog.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
         rlog.replies_used = len(reply_metrics)
-        metrics_out = mean_reply_metrics(reply_metrics)
+        metrics_out: dict[str, Any] = mean_reply_metrics(reply_metrics)
         metrics_out.update({"replies-used": rlog.replies_used, "replies-rejected": rlog.replies_rejected,
                             "weights-clipped": clipped})
         new_arrays: ArrayRecord | None = None
@@ -353,6 +345,6 @@ class FedAdaptStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         found = (R.get(m.content, R.METRICS, MetricRecord) for m in replies if not m.has_error())
-        usable = [dict(rec) for rec in found if rec is not None]
+        usable: list[dict[str, Any]] = [dict(rec) for rec in found if rec is not None]
         usable = [m for m in usable if isinstance(m.get(R.NUM_EXAMPLES), (int, float)) and m[R.NUM_EXAMPLES] > 0]
-        return MetricRecord(mean_reply_metrics(usable)) if usable else None
+        return MetricRecord({**mean_reply_metrics(usable)}) if usable else None
