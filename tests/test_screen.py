@@ -96,7 +96,8 @@ def test_client_half():
 
 def test_params_records_have_the_trainable_layout():
     specs = (*MODEL, RecordSpec("v", "max", "params"))
-    ok = reply(1, {R.MODEL: {"w": np.ones(4, np.float32), "n": np.array(1, np.int64)}, "v": {"w": np.ones(4, np.float32)}})
+    ok = reply(1, {R.MODEL: {"w": np.ones(4, np.float32), "n": np.array(1, np.int64)},
+                   "v": {"w": np.ones(4, np.float32)}})
     with_int = reply(2, {R.MODEL: {"w": np.ones(4, np.float32), "n": np.array(1, np.int64)},
                          "v": {"w": np.full(4, 3.0, np.float32), "n": np.array(1, np.int64)}})
     out = screen(specs=specs).run(1, [ok, with_int])
