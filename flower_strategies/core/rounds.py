@@ -133,7 +133,7 @@ class RoundBook:
         self._open: RoundLog | None = None
         self._t0 = 0.0
 
-    def open(self, server_round: int, sampled: int, bytes_down: int) -> RoundLog:
+    def open(self, server_round: int, sampled: int = 0, bytes_down: int = 0) -> RoundLog:
         """Start the clock of ``server_round`` and its log."""
         self._t0 = time.monotonic()
         self._open = RoundLog(server_round, sampled=sampled, bytes_down=bytes_down)

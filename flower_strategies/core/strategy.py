@@ -251,6 +251,7 @@ class FedAdaptStrategy(Strategy):
                       ) -> RecordDict:
         """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord
         (transport-agnostic; the legacy adapter uses it too)."""
+        rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
         self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:
             self.server_state = self.init_server_state(self.current)
@@ -263,8 +264,7 @@ class FedAdaptStrategy(Strategy):
         if clash:
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
-        per_msg = nbytes(self.current) + sum(nbytes(v) for v in extras.values())
-        self.rounds.open(server_round, num_sampled, per_msg * num_sampled)
+        rlog.bytes_down = (nbytes(self.current) + sum(nbytes(v) for v in extras.values())) * num_sampled
         return content
 
     def reply_screen(self) -> ReplyScreen:
