@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, TypeVar
@@ -52,16 +52,19 @@ def to_key(name: str) -> str:
     return name.replace("_", "-")
 
 
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    """``typing.get_type_hints(cls)``, once per class (it re-evaluates every annotation string on each call, and
-    every local optimizer and hyper-parameter object of every client round needs it)."""
+def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-@cache
-def _client_fields(cls: type) -> tuple[str, ...]:
+def _client_field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("client"))
+
+
+#: ``typing.get_type_hints(cls)``, once per class (it re-evaluates every annotation string on each call, and every
+#: local optimizer and hyper-parameter object of every client round needs it).  (Typed as plain callables: mypy does
+#: not see a dataclass type as Hashable.)
+_hints: Callable[[type], dict[str, Any]] = cache(_type_hints)
+_client_fields: Callable[[type], tuple[str, ...]] = cache(_client_field_names)
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,8 @@ def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
         lo, hi = meta.get("lo"), meta.get("hi")
         if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
             op = ">" if meta.get("lo_open") else ">="
-            raise ConfigError(f"{name} = {value!r} is out of range; must be {op} {lo}" + (f" and <= {hi}" if hi is not None else ""))
+            upper = f" and <= {hi}" if hi is not None else ""
+            raise ConfigError(f"{name} = {value!r} is out of range; must be {op} {lo}{upper}")
         if hi is not None and value > hi:
             raise ConfigError(f"{name} = {value!r} is out of range; must be <= {hi}")
 
