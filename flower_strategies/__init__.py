@@ -5,7 +5,8 @@ local optimizer and hyper-parameters.  See the README for the list of methods an
 the layout (``core`` / ``methods`` / ``compat`` / ``analysis``).
 """
 
-# Core: strategy base, client optimizer base, hyper-parameters, registry, client API.
+# Core: strategy base and its parts (sampler, reply screen, round book), client optimizer base, hyper-parameters,
+# registry, client API.
 from .core.client import ClientRound, TensorPartition, full_gradient_from, train_reply
 from .core.hparams import ConfigError, HParams, StrategyConfig
 from .core.local import LocalOptimizer, SGDHParams, SGDOptimizer
@@ -13,6 +14,9 @@ from .core.registry import (
     METHODS, MethodSpec, build_strategy, get_method, parse_run_config, register, run_config_defaults,
     strategy_from_run_config,
 )
+from .core.rounds import RoundBook
+from .core.sampler import NodeSampler
+from .core.screen import ReplyScreen, ScreenPolicy, Screened
 from .core.server_opt import ServerOptimizer
 from .core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundInputs, RoundLog
 from .core.validation import RecordSpec
@@ -39,8 +43,9 @@ from .compat.legacy import FedAdaptNumPyClient, LegacyStrategy
 __all__ = [
     # core
     "METHODS", "ClientHalfMissing", "ClientRound", "ConfigError", "FedAdaptStrategy", "HParams", "LocalOptimizer",
-    "MethodSpec", "RecordSpec", "RoundInputs", "RoundLog", "SGDHParams", "SGDOptimizer", "ServerOptimizer",
-    "StrategyConfig", "TensorPartition", "build_strategy", "full_gradient_from", "get_method", "parse_run_config",
+    "MethodSpec", "NodeSampler", "RecordSpec", "ReplyScreen", "RoundBook", "RoundInputs", "RoundLog", "SGDHParams",
+    "SGDOptimizer", "ScreenPolicy", "Screened", "ServerOptimizer", "StrategyConfig", "TensorPartition",
+    "build_strategy", "full_gradient_from", "get_method", "parse_run_config",
     "register", "run_config_defaults", "strategy_from_run_config", "train_reply",
     # methods
     "AdpFed", "FedAMS", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedCM", "FedCMHParams", "FedCMOptimizer",

@@ -1,12 +1,13 @@
 """Legacy Flower API (``NumPyClient`` + ``flwr.server.strategy.Strategy``) for every fedadapt method.
 
-No update rule is implemented twice: :class:`LegacyStrategy` wraps a Message-API :class:`FedAdaptStrategy` and calls its
-``prepare_round`` / ``aggregate_train``; :class:`FedAdaptNumPyClient` calls the same :func:`train_reply` as our ClientApp.
+No update rule is implemented twice: :class:`LegacyStrategy` wraps a Message-API :class:`FedAdaptStrategy` and calls
+its ``prepare_round`` / ``aggregate_train`` (sampling with its :class:`~flower_strategies.core.sampler.NodeSampler`);
+:class:`FedAdaptNumPyClient` calls the same :func:`train_reply` as our ClientApp.
 
 Wire layout
 -----------
-The legacy protocol carries one flat list of NumPy arrays per direction.  Every fedadapt message therefore also carries a
-self-describing layout under the key ``"fedadapt.layout"`` (in ``FitIns.config`` down, ``FitRes.metrics`` up): a JSON
+The legacy protocol carries one flat list of NumPy arrays per direction.  Every fedadapt message therefore also carries
+a self-describing layout under the key ``"fedadapt.layout"`` (in ``FitIns.config`` down, ``FitRes.metrics`` up): a JSON
 list with one ``[record, key]`` pair per array, in list order, e.g.
 ``[["arrays", "fc1.weight"], ["arrays", "fc1.bias"], ["momentum", "fc1.weight"], …]``.  The receiver rebuilds the named
 records from it (and checks the count); nothing is inferred from position alone.  All other config entries are the
@@ -20,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from torch import Tensor, nn
 from ..core import records as R
 from ..core.client import LossFn, train_reply
 from ..core.ops import NamedArrays
+from ..core.rounds import mean_reply_metrics
 from ..core.strategy import FedAdaptStrategy
 
 LAYOUT = "fedadapt.layout"
@@ -97,7 +99,8 @@ class FedAdaptNumPyClient(NumPyClient):
     def get_parameters(self, config: dict[str, Scalar]) -> list[np.ndarray]:
         return [v.detach().cpu().numpy() for v in self.model.state_dict().values()]
 
-    def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar],
+            ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
         if LAYOUT not in config:
             raise ValueError(f"FitIns.config lacks '{LAYOUT}': the server is not a fedadapt LegacyStrategy")
         records = unpack(parameters, str(config[LAYOUT]))
@@ -123,6 +126,10 @@ class FedAdaptNumPyClient(NumPyClient):
 
 
 # ------------------------------------------------------------------------------------------ server
+#: Central evaluation ``(server_round, {key: ndarray}) -> (loss, metrics)`` or ``None``.
+EvaluateFn = Callable[[int, dict[str, np.ndarray]], tuple[float, dict[str, Scalar]] | None]
+
+
 class LegacyStrategy(LegacyBase):
     """Run a fedadapt Message-API strategy under the legacy ``ServerApp(server_fn=…)`` / ``start_grid`` API.
 
@@ -140,7 +147,7 @@ class LegacyStrategy(LegacyBase):
     """
 
     def __init__(self, strategy: FedAdaptStrategy, initial_arrays: dict[str, np.ndarray],
-                 evaluate_fn: Callable[[int, dict[str, np.ndarray]], tuple[float, dict[str, Scalar]] | None] | None = None,
+                 evaluate_fn: EvaluateFn | None = None,
                  num_rounds: int | None = None) -> None:
         self.inner = strategy
         if num_rounds is not None:
@@ -161,16 +168,18 @@ class LegacyStrategy(LegacyBase):
             raise ValueError(f"expected {len(self.keys)} global arrays, got {len(nds)}")
         return dict(zip(self.keys, nds))
 
-    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager,
+                      ) -> list[tuple[ClientProxy, FitIns]]:
         s = self.inner
-        need = max(s.min_available_nodes, s.min_train_nodes)
+        cfg = s.settings
+        need = max(cfg.min_available_nodes, cfg.min_train_nodes)
         # num_available() first, as Flower's own strategies do: under start_grid it refreshes the node list (the
         # wrapped method), so wait_for() returns at once instead of idling until the 5 s background refresh.
         if client_manager.num_available() < need:
-            client_manager.wait_for(need, timeout=int(s.wait_for_nodes_s))
+            client_manager.wait_for(need, timeout=int(cfg.wait_for_nodes))
         proxies = client_manager.all()
         by_node = {_node_id(p): p for p in proxies.values()}
-        picked = s.pick(list(by_node), s.fraction_train, s.min_train_nodes)
+        picked = s.sampler.pick(list(by_node), cfg.fraction_train, cfg.min_train_nodes)
         content = s.prepare_round(server_round, R.to_record(self._arrays(parameters)), ConfigRecord(), len(picked))
         arrays, layout = pack({name: R.to_numpy(rec) for name, rec in content.array_records.items()})
         config: dict[str, Scalar] = _scalars(content.config_records[R.CONFIG])
@@ -180,24 +189,26 @@ class LegacyStrategy(LegacyBase):
         return [(by_node[n], fit_ins) for n in picked]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
-                      failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None, dict[str, Scalar]]:
+                      failures: list[tuple[ClientProxy, FitRes] | BaseException],
+                      ) -> tuple[Parameters | None, dict[str, Scalar]]:
         messages = [_fitres_to_message(proxy, res) for proxy, res in results]
         for i, fail in enumerate(failures):
             if isinstance(fail, BaseException):
-                messages.append(Message(error=Error(code=0, reason=repr(fail)), metadata=_md(-(i + 1))))
+                messages.append(_reply(-(i + 1), error=Error(code=0, reason=repr(fail))))
             else:
                 messages.append(_fitres_to_message(*fail))
         arrays, metrics = self.inner.aggregate_train(server_round, messages)
         out = None if arrays is None else ndarrays_to_parameters([arrays[k].numpy() for k in self.keys])
-        return out, dict(metrics) if metrics is not None else {}
+        return out, dict(cast(Any, metrics)) if metrics is not None else {}
 
-    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager,
+                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Client-side evaluation with the wrapped strategy's ``fraction_evaluate`` / ``min_evaluate_nodes`` and RNG."""
         s = self.inner
-        if s.fraction_evaluate <= 0.0:
+        if s.settings.fraction_evaluate <= 0.0:
             return []
         by_node = {_node_id(p): p for p in client_manager.all().values()}
-        picked = s.pick(list(by_node), s.fraction_evaluate, s.min_evaluate_nodes)
+        picked = s.sampler.pick(list(by_node), s.settings.fraction_evaluate, s.min_evaluate_nodes)
         ins = EvaluateIns(parameters, {R.SERVER_ROUND: server_round})
         return [(by_node[n], ins) for n in picked]
 
@@ -209,7 +220,7 @@ class LegacyStrategy(LegacyBase):
                 for _, res in results if res.num_examples > 0]
         if not rows:
             return None, {}
-        mean = self.inner.mean_reply_metrics(rows)
+        mean: dict[str, Any] = mean_reply_metrics(rows)
         return mean.pop("loss", None), mean
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
@@ -228,6 +239,13 @@ def _md(src: int) -> Metadata:
                     group_id="", created_at=time.time(), ttl=0.0, message_type=MessageType.TRAIN)
 
 
+def _reply(src: int, *, content: RecordDict | None = None, error: Error | None = None) -> Message:
+    """A reply from node ``src`` (Flower's runtime-side constructor, with metadata; its typed overloads lack it)."""
+    if error is not None:
+        return Message(error=error, metadata=_md(src))  # type: ignore[call-overload]
+    return Message(content=content, metadata=_md(src))  # type: ignore[call-overload]
+
+
 def _fitres_to_message(proxy: ClientProxy, res: FitRes) -> Message:
     """A FitRes as the reply Message the Message-API strategy validates and aggregates."""
     src = _node_id(proxy)
@@ -235,16 +253,18 @@ def _fitres_to_message(proxy: ClientProxy, res: FitRes) -> Message:
     layout = metrics.pop(LAYOUT, None)
     if layout is None:
         log(WARNING, "FitRes from client %s has no '%s'; rejecting it", proxy.cid, LAYOUT)
-        return Message(error=Error(code=0, reason=f"reply without '{LAYOUT}' (not a fedadapt client?)"), metadata=_md(src))
+        reason = f"reply without '{LAYOUT}' (not a fedadapt client?)"
+        return _reply(src, error=Error(code=0, reason=reason))
     try:
         records = unpack(parameters_to_ndarrays(res.parameters), str(layout))
     except (ValueError, TypeError) as err:
-        return Message(error=Error(code=0, reason=f"bad layout: {err}"), metadata=_md(src))
+        return _reply(src, error=Error(code=0, reason=f"bad layout: {err}"))
     content = RecordDict({name: R.to_record(a) for name, a in records.items()})
     method = metrics.pop(METHOD_KEY, None)
     if method is not None:
         content[R.REPLY_INFO] = ConfigRecord({R.METHOD: str(method)})
-    numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numeric: dict[str, Any] = {
+        k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     numeric.setdefault(R.NUM_EXAMPLES, res.num_examples)
     content[R.METRICS] = MetricRecord(numeric)
-    return Message(content=content, metadata=_md(src))
+    return _reply(src, content=content)

@@ -227,39 +227,77 @@ def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class StrategyConfig(HParams):
-    """Run-wide strategy settings (keys without a method prefix); an app may extend it with its own keys."""
+    """Run-wide strategy settings (keys without a method prefix); an app may extend it with its own keys.
+
+    It is also the settings object of :class:`~flower_strategies.core.strategy.FedAdaptStrategy` (validated here,
+    once, whether built from a run-config or by keyword arguments).  ``method`` and ``num_server_rounds`` are read
+    by the registry (which strategy to build, and its ``num_rounds``); the strategy itself does not read them."""
 
     method: str = param("fedavg", help="registry name of the method (see `methods` table)")
     num_server_rounds: int = param(10, lo=1, help="number of federated rounds")
     seed: int = param(0, lo=0, help="seeds model init, data partitioning, client sampling and batch order")
-    client_lr: float = param(0.1, lo=0.0, lo_open=True, help="client (local) learning rate η_l, sent by the server each round")
+    client_lr: float = param(  # 0 is LocalUpdate's γ = 0 (every step's gradient taken at the round's start)
+        0.1, lo=0.0,
+        help="client (local) learning rate η_l, sent by the server each round",
+    )
     local_epochs: int = param(1, lo=0, help="local epochs E (used when local-steps = 0)")
     local_steps: int = param(0, lo=0, help="local optimizer steps K per round; 0 = E·ceil(n_i/B)")
     batch_size: int = param(32, lo=1, help="local mini-batch size B")
-    fraction_train: float = param(1.0, lo=0.0, hi=1.0, lo_open=True, help="fraction of available nodes sampled per round")
+    fraction_train: float = param(
+        1.0, lo=0.0, hi=1.0, lo_open=True,
+        help="fraction of available nodes sampled per round",
+    )
     min_train_nodes: int = param(2, lo=1, help="minimum nodes sampled per round")
-    min_available_nodes: int = param(2, lo=1, help="wait until this many live nodes are connected (rounds go on with the nodes that remain, down to this many)")
-    wait_for_nodes: float = param(600.0, lo=0.0, help="seconds a round waits for min-available-nodes live nodes before the run fails")
+    min_available_nodes: int = param(
+        2, lo=1,
+        help="wait until this many live nodes are connected (rounds go on with the nodes that remain, down to this"
+             " many)",
+    )
+    wait_for_nodes: float = param(
+        600.0, lo=0.0,
+        help="seconds a round waits for min-available-nodes live nodes before the run fails",
+    )
     min_replies: int = param(1, lo=1, help="rounds with fewer valid replies keep the previous model")
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
-    weighting: str = param("default", choices=("default", "examples", "uniform"), help="client weights of means; default = the method's paper")
-    max_update_norm: float = param(0.0, lo=0.0, help="reject replies whose update norm exceeds this absolute bound (0 = off)")
-    update_norm_ratio: float = param(100.0, lo=0.0, help="reject replies whose update norm exceeds this multiple of the round's median (0 = off; honest training stays far below 100)")
-    max_weight_ratio: float = param(1.5, lo=0.0, help="clip each reply's num-examples weight at this multiple of the round's median count (0 = off; a 1-of-5 liar then weighs at most 1.5 honest clients, see docs/robustness.md)")
-    aggregator: str = param("mean", choices=("mean", "median", "trimmed-mean"), help="mean = the method's own rule; median / trimmed-mean = robust coordinate-wise aggregation of every mean-rule record (O(N·model) memory)")
-    trim_fraction: float = param(0.1, lo=0.0, hi=0.49, help="fraction of the largest and of the smallest values dropped per coordinate by aggregator = trimmed-mean")
-    loss_before_max_examples: int = param(0, lo=0, help="clients compute train-loss-before (metrics, LocalUpdateDecay's controller) on a seeded sample of at most this many of their examples; 0 = all")
+    weighting: str = param(
+        "default", choices=("default", "examples", "uniform"),
+        help="client weights of means; default = the method's paper",
+    )
+    max_update_norm: float = param(
+        0.0, lo=0.0,
+        help="reject replies whose update norm exceeds this absolute bound (0 = off)",
+    )
+    update_norm_ratio: float = param(
+        100.0, lo=0.0,
+        help="reject replies whose update norm exceeds this multiple of the round's median (0 = off; honest "
+             "training stays far below 100)",
+    )
+    max_weight_ratio: float = param(
+        1.5, lo=0.0,
+        help="clip each reply's num-examples weight at this multiple of the round's median count (0 = off; a "
+             "1-of-5 liar then weighs at most 1.5 honest clients, see docs/robustness.md)",
+    )
+    aggregator: str = param(
+        "mean", choices=("mean", "median", "trimmed-mean"),
+        help="mean = the method's own rule; median / trimmed-mean = robust coordinate-wise aggregation of every "
+             "mean-rule record (O(N·model) memory)",
+    )
+    trim_fraction: float = param(
+        0.1, lo=0.0, hi=0.49,
+        help="fraction of the largest and of the smallest values dropped per coordinate by aggregator = trimmed-"
+             "mean",
+    )
+    loss_before_max_examples: int = param(
+        0, lo=0,
+        help="clients compute train-loss-before (metrics, LocalUpdateDecay's controller) on a seeded sample of at "
+             "most this many of their examples; 0 = all",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for f in dataclasses.fields(self):  # an int given for a float field is stored as that float
+            value = getattr(self, f.name)
+            if f.type in (float, "float") and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
         if self.local_steps == 0 and self.local_epochs == 0:
             raise ConfigError("local-steps and local-epochs are both 0: clients would not train")
-
-    def strategy_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`~flower_strategies.core.strategy.FedAdaptStrategy` (all but hparams)."""
-        names = {f.name for f in dataclasses.fields(StrategyConfig)} - {"method", "num_server_rounds", "weighting"}
-        kwargs = {name: getattr(self, name) for name in names}
-        kwargs["wait_for_nodes_s"] = kwargs.pop("wait_for_nodes")
-        kwargs["weighting"] = None if self.weighting == "default" else self.weighting
-        kwargs["num_rounds"] = self.num_server_rounds
-        return kwargs

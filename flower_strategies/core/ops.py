@@ -92,8 +92,8 @@ def fold(
         flat_acc = None if acc is None else acc.reshape(-1)
         width = min(CHUNK, stop - start)
         dtype = flats[0].dtype
-        diff = np.empty(width, dtype) if ref is not None else None
-        scaled = np.empty(width, acc.dtype) if acc is not None and rule == "wmean" else None
+        diff = np.empty(width if ref is not None else 0, dtype)  # scratch of the norms' differences
+        scaled = np.empty(width if acc is not None and rule == "wmean" else 0, dtype if acc is None else acc.dtype)
         with np.errstate(over="ignore", invalid="ignore"):
             for lo in range(start, stop, CHUNK):
                 hi = min(lo + CHUNK, stop)
@@ -149,10 +149,24 @@ def safe_divide(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return out
 
 
-def tree_map(fn, *trees: Mapping[str, np.ndarray]) -> NamedArrays:
-    """Apply ``fn`` key by key over one or more named-array dicts with identical keys."""
-    first = trees[0]
-    return {k: fn(*(t[k] for t in trees)) for k in first}
+def cast_like(arrays: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray]) -> NamedArrays:
+    """``arrays`` cast to the dtypes of the same keys in ``like`` (keys ``like`` lacks are left as they are)."""
+    return {k: np.asarray(v).astype(np.asarray(like[k]).dtype, copy=False) if k in like else v
+            for k, v in arrays.items()}
+
+
+def merge_buffers(new_params: NamedArrays, current: NamedArrays, averaged: NamedArrays | None) -> NamedArrays:
+    """Complete ``new_params`` (trainable keys) with the non-trainable arrays of ``current``: floating buffers take
+    the clients' average ``averaged`` when available; integer arrays keep the server's value."""
+    out: NamedArrays = {}
+    for k, x in current.items():
+        if k in new_params:
+            out[k] = new_params[k]
+        elif averaged is not None and k in averaged and is_float(np.asarray(x)):
+            out[k] = averaged[k]
+        else:
+            out[k] = x
+    return out
 
 
 def all_finite(arrays: Mapping[str, np.ndarray]) -> str | None:
@@ -189,7 +203,7 @@ def chunked(kernel, outs: Sequence[np.ndarray], ins: Sequence[np.ndarray], *, te
     width = max(1, min(CHUNK, size))
     scratch = [np.empty(width, dtype) for _ in range(temps)]
     trial = [np.empty(width, o.dtype) for o in outs] if check_only else None
-    flat_out = None if check_only else [o.reshape(-1) for o in outs]
+    flat_out = [] if check_only else [o.reshape(-1) for o in outs]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for lo in range(0, size, CHUNK):
             hi = min(lo + CHUNK, size)

@@ -147,7 +147,7 @@ def build_strategy(
 ) -> tuple[FedAdaptStrategy, StrategyConfig]:
     """Build the configured strategy from a run-config (validated by :func:`parse_run_config`)."""
     fed, spec, hp = parse_run_config(run_config, settings, ignore_unknown=ignore_unknown)
-    return spec.build(hp, trainable_keys=trainable_keys, **fed.strategy_kwargs()), fed
+    return spec.build(hp, settings=fed, trainable_keys=trainable_keys, num_rounds=fed.num_server_rounds), fed
 
 
 def strategy_from_run_config(
@@ -181,10 +181,10 @@ def strategy_from_run_config(
     spec = get_method(name)
     config = {k: v for k, v in config.items() if "." not in k or k.startswith(name + ".")}
     fed, spec, hp = parse_run_config(config)
-    kwargs = fed.strategy_kwargs()
     if "fraction-evaluate" not in config:
-        kwargs["fraction_evaluate"] = 1.0  # Flower's default for its own strategies
-    return spec.build(hp, trainable_keys=trainable_keys, **{**kwargs, **overrides})
+        fed = fed.replace(fraction_evaluate=1.0)  # Flower's default for its own strategies
+    overrides = {"num_rounds": fed.num_server_rounds, **overrides}
+    return spec.build(hp, settings=fed, trainable_keys=trainable_keys, **overrides)
 
 
 def config_lines(method: str) -> str:

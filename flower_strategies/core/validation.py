@@ -37,7 +37,8 @@ class RecordSpec:
 
 def layout(arrays: Mapping[str, np.ndarray], keys: Sequence[str] | None = None) -> Layout:
     """The ``(shape, dtype)`` of ``keys`` (default: all) of ``arrays``."""
-    return {k: (tuple(np.shape(arrays[k])), np.asarray(arrays[k]).dtype) for k in (keys if keys is not None else arrays)}
+    names = keys if keys is not None else arrays
+    return {k: (tuple(np.shape(arrays[k])), np.asarray(arrays[k]).dtype) for k in names}
 
 
 def check_num_examples(value: object) -> str | None:
@@ -107,7 +108,8 @@ def check_update_norms(
     for i, spec in enumerate(specs):
         if spec.name not in parsed:
             continue
-        norm = norms[i] if norms is not None else update_norm(parsed[spec.name], current if spec.keys == "model" else None)
+        reference = current if spec.keys == "model" else None
+        norm = norms[i] if norms is not None else update_norm(parsed[spec.name], reference)
         if not np.isfinite(norm) or norm > bound:
             what = "update norm" if spec.keys == "model" else "norm"
             return f"record '{spec.name}' {what} {norm:.4g} exceeds max-update-norm {bound:g}"

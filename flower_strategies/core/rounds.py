@@ -1,0 +1,169 @@
+"""The round commit: round accounting (:class:`RoundLog`, history, update counter), the finite check before a new
+model and server state are committed, and the means of the replies' metrics (outliers left out).
+
+:class:`RoundBook` holds everything here that lives across rounds; it knows nothing of sampling, Flower messages or
+the method's math.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import log
+
+from . import records as R
+from .ops import NamedArrays, all_finite
+
+#: A reply metric above this multiple of max(1, the round's lower-median magnitude) is left out of its mean.
+METRIC_OUTLIER_RATIO = 1e3
+
+#: Reply metrics that are identifiers or weights, not quantities to average.
+NOT_AVERAGED = frozenset({R.NUM_EXAMPLES, "partition-id", "num-partitions", "node-id"})
+
+#: Server state: named arrays (``{key: ndarray}``) or JSON-able scalars/lists, by name.
+ServerState = dict[str, Any]
+
+
+@dataclass
+class RoundLog:
+    """What happened in one training round (read by the ServerApp's metrics writer)."""
+
+    server_round: int
+    sampled: int = 0
+    replies_used: int = 0
+    replies_rejected: int = 0
+    rejections: list[str] = field(default_factory=list)
+    bytes_down: int = 0
+    bytes_up: int = 0
+    updated: bool = False
+    seconds: float = 0.0
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    #: The method's own per-round values returned by ``server_update`` (e.g. decayed learning rates).
+    round_metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """Everything :meth:`FedAdaptStrategy.server_update` may use (explicit; no attributes set elsewhere)."""
+
+    server_round: int
+    current: NamedArrays
+    #: The round's aggregated uplink records: fresh buffers owned by this round, which ``server_update`` may reuse
+    #: (e.g. :func:`.ops.pseudo_gradient` writes ``D̄`` into the mean model's arrays).
+    aggregates: Mapping[str, NamedArrays]
+    #: Metrics of each valid reply (``num-examples``, ``num-steps``, ``train-loss-before``, …, ``node-id``).
+    reply_metrics: tuple[Mapping[str, Any], ...]
+    #: K̄: mean of the replies' ``num-steps`` with the strategy's weighting.
+    mean_steps: float
+    #: Trainable floating-point keys of ``current`` (what server optimizers act on).
+    trainable: tuple[str, ...]
+    #: Number of server updates before this one (server optimizer step counter).
+    num_updates: int
+    #: Most nodes ever seen available when sampling (SCAFFOLD's N).
+    nodes_seen: int
+
+
+#: What :meth:`FedAdaptStrategy.server_update` returns: ``(new global arrays, new server state, round metrics)``.
+ServerUpdate = tuple[NamedArrays, ServerState, dict[str, float]]
+
+
+def weighted_mean(values: Sequence[tuple[float, float]], weighting: str) -> float:
+    """Mean of ``(value, num_examples)`` pairs, example-weighted or uniform; NaN when empty."""
+    if not values:
+        return float("nan")
+    if weighting == "uniform":
+        return float(sum(v for v, _ in values) / len(values))
+    total = sum(n for _, n in values)
+    return float(sum(v * n for v, n in values) / total)
+
+
+def mean_reply_metrics(reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Example-weighted means of the replies' numeric metrics, plus the total ``num-examples``.
+
+    One reply cannot poison a metric: NaN/Inf values are left out, and with 3 or more values so is any value
+    above ``METRIC_OUTLIER_RATIO`` × max(1, the lower median of the values' magnitudes) (e.g. a train-loss of
+    1e300)."""
+    values: dict[str, list[tuple[float, float]]] = {}
+    for m in reply_metrics:
+        n = float(m[R.NUM_EXAMPLES])
+        for key, value in m.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in NOT_AVERAGED \
+                    and np.isfinite(value):
+                values.setdefault(key, []).append((float(value), n))
+    out: dict[str, float] = {}
+    for key, pairs in values.items():
+        if len(pairs) >= 3:
+            scale = max(1.0, float(np.quantile([abs(v) for v, _ in pairs], 0.5, method="lower")))
+            pairs = [(v, n) for v, n in pairs if abs(v) <= METRIC_OUTLIER_RATIO * scale]
+        total = sum(n for _, n in pairs)
+        if total > 0:
+            out[key] = sum(v * n for v, n in pairs) / total
+    out[R.NUM_EXAMPLES] = float(sum(float(m[R.NUM_EXAMPLES]) for m in reply_metrics))
+    return out
+
+
+def nonfinite_state(state: Mapping[str, Any]) -> str | None:
+    """The first name (``record/key`` for arrays) of ``state`` holding NaN/Inf, or ``None``."""
+    for name, value in state.items():
+        if isinstance(value, Mapping):
+            bad = all_finite(value)
+            if bad is not None:
+                return f"{name}/{bad}"
+        elif isinstance(value, float) and not np.isfinite(value):
+            return name
+    return None
+
+
+class RoundBook:
+    """Round accounting across a run: the open round's :class:`RoundLog`, the history and the update counter.
+
+    ``open`` (when the round's train messages are built) → ``take`` (when its replies arrive) → ``commit`` (finite
+    check of the server update) → ``close`` (the log joins :attr:`history`)."""
+
+    def __init__(self) -> None:
+        self.history: list[RoundLog] = []
+        #: Server updates committed so far (the server optimizer's step counter).
+        self.num_updates = 0
+        self._open: RoundLog | None = None
+        self._t0 = 0.0
+
+    def open(self, server_round: int, sampled: int = 0, bytes_down: int = 0) -> RoundLog:
+        """Start the clock of ``server_round`` and its log."""
+        self._t0 = time.monotonic()
+        self._open = RoundLog(server_round, sampled=sampled, bytes_down=bytes_down)
+        return self._open
+
+    def take(self, server_round: int) -> RoundLog:
+        """The open round's log (a fresh one when no round was opened, e.g. replies without a configure step)."""
+        rlog = self._open or RoundLog(server_round)
+        self._open = None
+        return rlog
+
+    def commit(self, server_round: int, new: NamedArrays, state: Mapping[str, Any]) -> bool:
+        """Whether the server update's ``new`` arrays and ``state`` are all finite (then it counts as an update);
+        a corrupted model is never published nor a corrupted state kept."""
+        bad = all_finite(new) or nonfinite_state(state)
+        if bad is not None:
+            log(WARNING, "Round %d: server update produced NaN/Inf in '%s'; keeping the previous model and state",
+                server_round, bad)
+            return False
+        self.num_updates += 1
+        return True
+
+    def close(self, rlog: RoundLog, train_metrics: dict[str, float]) -> None:
+        rlog.train_metrics = train_metrics
+        rlog.seconds = time.monotonic() - self._t0
+        self.history.append(rlog)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"num_updates": self.num_updates, "history": [dataclasses.asdict(h) for h in self.history]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.num_updates = int(state["num_updates"])
+        self.history = [RoundLog(**h) for h in state["history"]]

@@ -1,0 +1,216 @@
+"""The reply screen: from a round's train replies to the usable ones, their weights and the round's aggregates.
+
+Every defence of the server sits here, in this order:
+
+1. **client half** — a reply naming another method, or (for methods with a client half) naming none, is rejected;
+   if every reply of the round lacks it the run cannot train (:class:`ClientHalfMissing`);
+2. **structure** — :func:`.validation.parse_reply` (metrics, ``num-examples``, keys/shapes/dtypes);
+3. **weight clipping** — ``num-examples`` clipped at ``max_weight_ratio`` × the round's median
+   (:meth:`ScreenPolicy.weights`);
+4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured in
+   the same chunk-major pass that folds the replies into the aggregates (:func:`.ops.fold`);
+5. **robust aggregation** — ``aggregator`` = median / trimmed-mean replaces the mean of every ``"mean"``-rule record.
+
+:class:`ReplyScreen` is built per round from the round's model, the method's uplink specs and a
+:class:`ScreenPolicy`; :meth:`ReplyScreen.run` returns a :class:`Screened`.  No strategy state is read or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MetricRecord
+from flwr.common import log
+
+from . import records as R
+from .ops import ROBUST_RULES, NamedArrays, fold, robust_aggregate
+from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
+
+CLIENT_HALF_REASON = "reply was not produced by the client half of fedadapt method"
+
+#: A usable reply: the message and its parsed records (zero-copy views of the payload).
+Parsed = tuple[Message, dict[str, NamedArrays]]
+
+
+def _metrics(msg: Message) -> Any:
+    """The ``metrics`` MetricRecord of a reply :func:`.validation.parse_reply` accepted."""
+    return R.get(msg.content, R.METRICS, MetricRecord)
+
+
+class ClientHalfMissing(RuntimeError):
+    """Every reply of a round came from a client without the method's client half: the run cannot train."""
+
+
+@dataclass(frozen=True)
+class ScreenPolicy:
+    """The screening and aggregation settings (the run-config keys of the same names)."""
+
+    weighting: str = "examples"
+    aggregator: str = "mean"
+    trim_fraction: float = 0.1
+    max_update_norm: float = 0.0
+    update_norm_ratio: float = 100.0
+    max_weight_ratio: float = 1.5
+
+    @classmethod
+    def from_settings(cls, settings: Any, weighting: str) -> ScreenPolicy:
+        """The policy of a :class:`~flower_strategies.core.hparams.StrategyConfig` (``weighting`` resolved)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "weighting"]
+        return cls(weighting=weighting, **{name: getattr(settings, name) for name in names})
+
+    def rule(self, spec: RecordSpec) -> str:
+        """The aggregation rule of ``spec`` under this policy."""
+        if spec.rule == "mean":
+            if self.aggregator != "mean":
+                return self.aggregator
+            return "wmean" if self.weighting == "examples" else "umean"
+        return spec.rule
+
+    def weights(self, reported: Sequence[float]) -> list[float]:
+        """The replies' weights: reported ``num-examples`` clipped at ``max_weight_ratio`` × their median."""
+        if self.max_weight_ratio <= 0 or not reported:
+            return list(reported)
+        cap = self.max_weight_ratio * float(np.median(reported))
+        return [min(n, cap) for n in reported]
+
+
+@dataclass
+class Screened:
+    """What :meth:`ReplyScreen.run` kept: usable replies, their (clipped) weights, ``{record: aggregate}`` and the
+    rejections (``"node <id>: <reason>"``, in the order they were decided)."""
+
+    kept: list[Parsed]
+    weights: list[float]
+    aggregates: dict[str, NamedArrays]
+    rejections: list[str] = field(default_factory=list)
+
+    def reply_metrics(self) -> tuple[list[dict[str, Any]], int]:
+        """``(each kept reply's metrics with its weight as num-examples and its node-id, weights clipped)``."""
+        out: list[dict[str, Any]] = []
+        clipped = 0
+        for (msg, _), weight in zip(self.kept, self.weights):
+            metrics: dict[str, Any] = dict(_metrics(msg))
+            clipped += weight < float(metrics[R.NUM_EXAMPLES])
+            out.append({**metrics, R.NUM_EXAMPLES: weight, "node-id": msg.metadata.src_node_id})
+        return out, clipped
+
+
+@dataclass(frozen=True)
+class ReplyScreen:
+    """One round's screen: the global arrays ``current`` the replies answer, the method's uplink ``specs``, its
+    ``trainable`` keys (layout of ``keys="params"`` records), the :class:`ScreenPolicy`, and the method's client half
+    (registry name, and whether a reply naming no method is suspect)."""
+
+    current: NamedArrays
+    specs: tuple[RecordSpec, ...]
+    trainable: Sequence[str]
+    policy: ScreenPolicy = ScreenPolicy()
+    method: str = ""
+    needs_client_half: bool = False
+
+    def run(self, server_round: int, replies: Sequence[Message]) -> Screened:
+        """Validate the replies, screen their update norms and aggregate the usable ones.
+
+        One chunk-major pass (:func:`.ops.fold`) both measures every reply's norms and folds the replies into the
+        aggregates; a finite norm proves the record finite.  Only when the norms reject a reply (NaN/Inf,
+        ``max-update-norm``, more than ``update-norm-ratio`` × the round's median) are the survivors folded again —
+        the same operations in the same order as if the rejected replies had never arrived."""
+        out = Screened([], [], {})
+        expected = {s.name: layout(self.current, self.trainable if s.keys == "params" else None) for s in self.specs}
+        kept: list[Parsed] = []
+        missing_half = 0
+        for msg in replies:
+            reason = self.client_half_reason(msg)
+            parsed: dict[str, NamedArrays] = {}
+            if reason is None:
+                reason, parsed = parse_reply(msg, expected)
+            if reason is not None:
+                missing_half += reason.startswith(CLIENT_HALF_REASON) or (
+                    self.needs_client_half and reason.startswith("missing ArrayRecord"))
+                self._reject(out, server_round, msg, reason)
+                continue
+            kept.append((msg, parsed))
+        if replies and missing_half == len(replies):
+            raise ClientHalfMissing(
+                f"every reply of round {server_round} lacks the client half of method '{self.method}' "
+                f"(e.g. the ClientApp trains with its own optimizer). Fix: build the reply with "
+                f"flower_strategies.train_reply(...) or flower_strategies.ClientRound(...) in @app.train() "
+                f"(legacy apps: FedAdaptNumPyClient); see the README section 'Use a method in your own Flower app'."
+            )
+        weights, aggregates, norms = self._fold(kept, measure=True)
+        survivors = [j for j in range(len(kept)) if self._norm_ok(out, server_round, kept[j], [n[j] for n in norms])]
+        ratio = self.policy.update_norm_ratio
+        if ratio > 0 and len(survivors) > 2:
+            for i, spec in enumerate(self.specs):
+                median = float(np.quantile([norms[i][j] for j in survivors], 0.5, method="lower"))
+                bound = ratio * median
+                for j in [j for j in survivors if not norms[i][j] <= bound]:
+                    survivors.remove(j)
+                    self._reject(out, server_round, kept[j][0], f"record '{spec.name}' norm {norms[i][j]:.4g} exceeds "
+                                 f"update-norm-ratio {ratio:g} × the round's median {median:.4g}")
+        if len(survivors) < len(kept):
+            kept = [kept[j] for j in survivors]
+            weights, aggregates, _ = self._fold(kept, measure=False)
+        for spec in self.specs:
+            rule = self.policy.rule(spec)
+            if rule in ROBUST_RULES and kept:
+                aggregates[spec.name] = robust_aggregate([p[spec.name] for _, p in kept], rule,
+                                                         self.policy.trim_fraction)
+        out.kept, out.weights, out.aggregates = kept, weights, aggregates
+        return out
+
+    def client_half_reason(self, msg: Message) -> str | None:
+        """A reply naming another method is rejected; a reply naming none is rejected when nothing else shows the
+        method's client half ran (its declared uplink is only the model)."""
+        if msg.has_error():
+            return None
+        info = R.get(msg.content, R.REPLY_INFO, ConfigRecord)
+        produced_by = None if info is None else info.get(R.METHOD)
+        if produced_by is None:
+            model_only = all(s.name == R.MODEL for s in self.specs)
+            if not (self.needs_client_half and model_only):
+                return None
+        elif produced_by == self.method:
+            return None
+        return f"{CLIENT_HALF_REASON} '{self.method}' (its '{R.REPLY_INFO}' ConfigRecord names {produced_by!r})"
+
+    def _fold(
+        self, kept: Sequence[Parsed], measure: bool
+    ) -> tuple[list[float], dict[str, NamedArrays], list[list[float]]]:
+        """``(weights, {record: aggregate}, norms[spec][reply])`` of the streaming-rule records (robust rules: norms
+        only, the aggregate comes after screening)."""
+        reported = [float(_metrics(msg)[R.NUM_EXAMPLES]) for msg, _ in kept]
+        weights = self.policy.weights(reported)
+        aggregates: dict[str, NamedArrays] = {}
+        norms: list[list[float]] = []
+        for spec in self.specs:
+            rule: str | None = self.policy.rule(spec)
+            rule = None if rule in ROBUST_RULES or not kept else rule
+            if rule is None and not measure:
+                continue
+            items = [parsed[spec.name] for _, parsed in kept]
+            agg, n = fold(items, weights, rule, self.current if spec.keys == "model" else None, norms=measure)
+            if rule is not None:
+                aggregates[spec.name] = agg
+            norms.append(n)
+        return weights, aggregates, norms
+
+    def _norm_ok(self, out: Screened, server_round: int, item: Parsed, norms: list[float]) -> bool:
+        """Reject (and say why) a reply whose records hold NaN/Inf or exceed ``max-update-norm``."""
+        msg, parsed = item
+        reason = nonfinite_reason(parsed, norms, [s.name for s in self.specs])
+        if reason is None and self.policy.max_update_norm > 0:
+            reason = check_update_norms(parsed, self.specs, self.current, self.policy.max_update_norm, norms)
+        if reason is not None:
+            self._reject(out, server_round, msg, reason)
+        return reason is None
+
+    @staticmethod
+    def _reject(out: Screened, server_round: int, msg: Message, reason: str) -> None:
+        out.rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
+        log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id, reason)

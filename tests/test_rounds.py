@@ -1,0 +1,67 @@
+"""RoundBook and the metric means on their own: round logs, the finite commit, the update counter, outliers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flower_strategies.core.rounds import (
+    METRIC_OUTLIER_RATIO, RoundBook, RoundLog, mean_reply_metrics, nonfinite_state, weighted_mean,
+)
+
+
+def test_open_take_close_builds_the_history():
+    book = RoundBook()
+    opened = book.open(3, sampled=4, bytes_down=400)
+    rlog = book.take(3)
+    assert rlog is opened and (rlog.server_round, rlog.sampled, rlog.bytes_down) == (3, 4, 400)
+    assert book.take(4) == RoundLog(4)  # taken once: a later take starts a fresh log
+    book.close(rlog, {"train-loss": 0.5})
+    assert book.history == [rlog] and rlog.train_metrics == {"train-loss": 0.5} and rlog.seconds >= 0.0
+
+
+def test_commit_only_finite_and_counts_updates():
+    book = RoundBook()
+    good = {"w": np.ones(3, np.float32)}
+    assert book.commit(1, good, {"m": {"w": np.zeros(3)}, "lr": 0.1}) and book.num_updates == 1
+    assert not book.commit(2, {"w": np.array([1.0, np.nan])}, {})
+    assert not book.commit(2, good, {"m": {"w": np.array([np.inf])}})
+    assert not book.commit(2, good, {"lr": float("nan")})
+    assert book.num_updates == 1
+
+
+def test_nonfinite_state_names_the_culprit():
+    assert nonfinite_state({"m": {"a": np.zeros(2), "b": np.array([np.nan])}}) == "m/b"
+    assert nonfinite_state({"lr": float("inf")}) == "lr"
+    assert nonfinite_state({"steps": 3, "names": ["x"], "m": {"a": np.zeros(1)}}) is None
+
+
+def test_state_dict_round_trip():
+    book = RoundBook()
+    book.commit(1, {"w": np.zeros(1)}, {})
+    rlog = book.take(1)
+    rlog.rejections.append("node 3: boom")
+    book.close(rlog, {"train-loss": 1.0})
+    state = book.state_dict()
+    assert set(state) == {"num_updates", "history"} and state["history"][0]["rejections"] == ["node 3: boom"]
+    fresh = RoundBook()
+    fresh.load_state_dict(state)
+    assert fresh.num_updates == 1 and fresh.history == book.history
+
+
+def test_mean_reply_metrics_weights_and_filters():
+    rows = [{"num-examples": 10.0, "loss": 1.0, "node-id": 5, "flag": True},
+            {"num-examples": 30.0, "loss": 3.0, "node-id": 6, "acc": float("nan")}]
+    out = mean_reply_metrics(rows)
+    assert out == {"loss": (10 * 1.0 + 30 * 3.0) / 40, "num-examples": 40.0}  # ids, bools and NaN left out
+    poisoned = [{"num-examples": 1.0, "loss": v} for v in (1.0, 2.0, 3.0, 1e300)]
+    assert mean_reply_metrics(poisoned)["loss"] == pytest.approx(2.0)  # outlier above 1e3 × median dropped
+    two = [{"num-examples": 1.0, "loss": v} for v in (1.0, 1e300)]
+    assert mean_reply_metrics(two)["loss"] == pytest.approx(5e299)  # fewer than 3 values: no outlier test
+    assert METRIC_OUTLIER_RATIO == 1e3
+
+
+def test_weighted_mean():
+    pairs = [(2.0, 1.0), (5.0, 3.0)]
+    assert weighted_mean(pairs, "uniform") == 3.5 and weighted_mean(pairs, "examples") == 4.25
+    assert np.isnan(weighted_mean([], "examples"))

@@ -1,0 +1,105 @@
+"""ReplyScreen on its own: client half, structure, weight clipping, norm screening, refold, robust aggregation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flower_strategies.core import records as R
+from flower_strategies.core.screen import CLIENT_HALF_REASON, ClientHalfMissing, ReplyScreen, ScreenPolicy
+from flower_strategies.core.validation import RecordSpec
+from tests.helpers import error_reply, reply
+
+CURRENT = {"w": np.zeros(4, np.float32), "n": np.array(3, np.int64)}
+MODEL = (RecordSpec(R.MODEL, "mean", "model"),)
+
+
+def model_reply(src, value, n=10, **kw):
+    return reply(src, {R.MODEL: {"w": np.full(4, value, np.float32), "n": np.array(7, np.int64)}}, num_examples=n, **kw)
+
+
+def screen(policy=ScreenPolicy(), specs=MODEL, **kw):
+    return ReplyScreen(CURRENT, specs, ["w"], policy, method="fedavg", **kw)
+
+
+def test_mean_of_valid_replies_and_structural_rejections():
+    bad_shape = reply(5, {R.MODEL: {"w": np.zeros(3, np.float32), "n": np.array(1, np.int64)}})
+    out = screen().run(1, [model_reply(1, 1.0, n=10), error_reply(4), bad_shape, model_reply(2, 4.0, n=30)])
+    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2]
+    assert out.weights == [10.0, 30.0]
+    np.testing.assert_array_equal(out.aggregates[R.MODEL]["w"], np.full(4, (10 * 1.0 + 30 * 4.0) / 40, np.float32))
+    assert out.aggregates[R.MODEL]["n"].dtype == np.int64
+    assert len(out.rejections) == 2
+    assert out.rejections[0].startswith("node 4: client error") and "shape" in out.rejections[1]
+
+
+def test_policy_rules_and_weights():
+    spec = RecordSpec("x", "mean")
+    assert ScreenPolicy().rule(spec) == "wmean"
+    assert ScreenPolicy(weighting="uniform").rule(spec) == "umean"
+    assert ScreenPolicy(aggregator="median").rule(spec) == "median"
+    assert ScreenPolicy(aggregator="median").rule(RecordSpec("x", "sum")) == "sum"  # only mean-rule records
+    assert ScreenPolicy(max_weight_ratio=1.5).weights([10, 10, 1e12]) == [10, 10, 15.0]
+    assert ScreenPolicy(max_weight_ratio=0).weights([10, 10, 1e12]) == [10, 10, 1e12]
+
+
+def test_weight_clipping_bounds_a_liar_and_is_counted():
+    replies = [model_reply(1, 1.0), model_reply(2, 1.0), model_reply(3, 100.0, n=1e12)]
+    out = screen(ScreenPolicy(max_weight_ratio=1.5, update_norm_ratio=0)).run(1, replies)
+    assert out.weights == [10, 10, 15.0]
+    metrics, clipped = out.reply_metrics()
+    assert clipped == 1 and [m[R.NUM_EXAMPLES] for m in metrics] == [10, 10, 15.0]
+    assert [m["node-id"] for m in metrics] == [1, 2, 3]
+    np.testing.assert_allclose(out.aggregates[R.MODEL]["w"], (10 + 10 + 15 * 100.0) / 35, rtol=1e-6)
+
+
+def test_norm_screens_refold_exactly_as_if_the_rejected_never_came():
+    honest = [model_reply(i, 0.1 * i, n=5 + i) for i in range(1, 5)]
+    nan = reply(8, {R.MODEL: {"w": np.full(4, np.nan, np.float32), "n": np.array(1, np.int64)}})
+    huge = model_reply(9, 1e30)
+    out = screen(ScreenPolicy(update_norm_ratio=100.0)).run(2, [*honest[:2], nan, huge, *honest[2:]])
+    clean = screen().run(2, honest)
+    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
+    assert out.aggregates[R.MODEL]["w"].tobytes() == clean.aggregates[R.MODEL]["w"].tobytes()  # bit for bit
+    assert "NaN/Inf" in out.rejections[0] and "update-norm-ratio 100" in out.rejections[1]
+
+
+def test_max_update_norm_measures_the_update_not_the_model():
+    current_far = dict(CURRENT, w=np.full(4, 50.0, np.float32))
+    s = ReplyScreen(current_far, MODEL, ["w"], ScreenPolicy(max_update_norm=5.0, update_norm_ratio=0))
+    out = s.run(1, [model_reply(1, 51.0), model_reply(2, 40.0)])  # ‖1‖·2 = 2 ok; ‖10‖·2 = 20 > 5
+    assert [m.metadata.src_node_id for m, _ in out.kept] == [1]
+    assert "update norm 20 exceeds max-update-norm 5" in out.rejections[0]
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
+def test_robust_aggregation_ignores_one_outlier(rule):
+    replies = [model_reply(1, 1.0), model_reply(2, 2.0), model_reply(3, 3.0), model_reply(4, 1e6)]
+    out = screen(ScreenPolicy(aggregator=rule, trim_fraction=0.25, update_norm_ratio=0)).run(1, replies)
+    assert len(out.kept) == 4
+    # median of 4 = mean of the middle two; trimmed-mean(0.25) drops floor(0.25·4) = 1 value at each end
+    np.testing.assert_array_equal(out.aggregates[R.MODEL]["w"], np.full(4, 2.5, np.float32))
+    assert out.aggregates[R.MODEL]["n"].dtype == np.int64
+
+
+def test_client_half():
+    s = screen(needs_client_half=True)
+    assert CLIENT_HALF_REASON in (s.client_half_reason(model_reply(1, 1.0)) or "")  # names no method, model only
+    assert s.client_half_reason(model_reply(1, 1.0, method="fedavg")) is None
+    assert "names 'fedlada'" in (s.client_half_reason(model_reply(1, 1.0, method="fedlada")) or "")
+    assert screen().client_half_reason(model_reply(1, 1.0)) is None  # plain SGD methods accept any client
+    with pytest.raises(ClientHalfMissing, match="every reply of round 3 lacks the client half of method 'fedavg'"):
+        s.run(3, [model_reply(1, 1.0), model_reply(2, 1.0)])
+    out = s.run(3, [model_reply(1, 1.0), model_reply(2, 2.0, method="fedavg")])  # one good reply: the round goes on
+    assert len(out.kept) == 1 and len(out.rejections) == 1
+
+
+def test_params_records_have_the_trainable_layout():
+    specs = (*MODEL, RecordSpec("v", "max", "params"))
+    ok = reply(1, {R.MODEL: {"w": np.ones(4, np.float32), "n": np.array(1, np.int64)},
+                   "v": {"w": np.ones(4, np.float32)}})
+    with_int = reply(2, {R.MODEL: {"w": np.ones(4, np.float32), "n": np.array(1, np.int64)},
+                         "v": {"w": np.full(4, 3.0, np.float32), "n": np.array(1, np.int64)}})
+    out = screen(specs=specs).run(1, [ok, with_int])
+    assert len(out.kept) == 1 and "wrong keys" in out.rejections[0]
+    np.testing.assert_array_equal(out.aggregates["v"]["w"], np.ones(4, np.float32))
