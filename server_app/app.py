@@ -140,7 +140,7 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     fed, spec, hp = parse_run_config(run_config, AppConfig)  # the run's one parse of its run-config
     model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     trainable = [name for name, _ in model.named_parameters()]
-    strategy = spec.build(hp, trainable_keys=trainable, **fed.strategy_kwargs())
+    strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
     if not fed.train_loss_before and strategy.needs_train_loss_before:
         raise ConfigError(f"train-loss-before = false: {fed.method} needs the clients' train-loss-before (e.g. a "

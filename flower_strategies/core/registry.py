@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .hparams import ConfigError, HParams, StrategyConfig
@@ -84,14 +85,9 @@ def register(
     spec = MethodSpec(name, strategy, paper, summary, dict(overrides))
     spec.default_hparams()  # validates the overrides now, not at the first run
     METHODS[name] = spec
+    if name == strategy.method:  # the class's own name: FedAdam() takes these defaults too (a subclass inherits them)
+        strategy.registered_defaults = MappingProxyType(dict(overrides))
     return spec
-
-
-def class_overrides(strategy: type[FedAdaptStrategy]) -> Mapping[str, Any]:
-    """The field defaults registered for ``strategy``'s own registry name (its ``method``; a subclass inherits
-    them), ``{}`` when that name is not registered for this class."""
-    spec = METHODS.get(strategy.method)
-    return spec.overrides if spec is not None and issubclass(strategy, spec.strategy) else {}
 
 
 def get_method(name: str) -> MethodSpec:

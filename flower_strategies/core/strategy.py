@@ -15,10 +15,8 @@ The base wires three parts around them, each usable and tested on its own:
   aggregates (:func:`.ops.fold`) and robust aggregation;
 * :class:`.rounds.RoundBook` — round logs and history, the finite check before a commit, the update counter.
 
-Memory: one accumulator per uplink record, in the model's dtype, whatever the number of replies; a method may
-write its results into those accumulators (they belong to the round) and update its state arrays in place through
-:func:`.ops.apply_update`, which writes nothing unless every new value is finite.  Everything a resumed run needs is
-in :meth:`~FedAdaptStrategy.state_dict` (data only: arrays, numbers, strings).
+Memory and the in-place update contract: see :meth:`~FedAdaptStrategy.server_update`.  Everything a resumed run
+needs is in :meth:`~FedAdaptStrategy.state_dict` (data only: arrays, numbers, strings).
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -90,14 +89,14 @@ class FedAdaptStrategy(Strategy):
     default_weighting: ClassVar[str] = "examples"
     #: Whether :meth:`server_update` reads the clients' ``train-loss-before`` metric (the app then asks clients for it).
     needs_train_loss_before: ClassVar[bool] = False
+    #: The field defaults given to :func:`.registry.register` for this class's own registry name (set there only).
+    registered_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
-        """This class's hyper-parameters: the defaults of its registry name :attr:`method` (the declaration's,
-        with the field defaults given to :func:`.registry.register`), then ``changes``."""
-        from .registry import class_overrides
-
-        return cls.hparams_class(**{**class_overrides(cls), **changes})
+        """This class's hyper-parameters: the declaration's defaults, those registered for :attr:`method`, then
+        ``changes``."""
+        return cls.hparams_class(**{**cls.registered_defaults, **changes})
 
     def __init__(
         self,
@@ -242,17 +241,16 @@ class FedAdaptStrategy(Strategy):
         self.num_rounds = int(num_rounds)
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
         node_ids = self.sample(grid, self.settings.fraction_train, self.settings.min_train_nodes)
         content = self.prepare_round(server_round, arrays, config, len(node_ids))
         self.sampler.expect(node_ids)
         log(INFO, "configure_train: sampled %d of %d nodes", len(node_ids), len(list(grid.get_node_ids())))
         return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in node_ids]
 
-    def prepare_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, num_sampled: int,
-                      ) -> RecordDict:
+    def prepare_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                      num_sampled: int) -> RecordDict:
         """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord
         (transport-agnostic; the legacy adapter uses it too)."""
         rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
@@ -316,7 +314,6 @@ class FedAdaptStrategy(Strategy):
             trainable=tuple(self.trainable(self.current)), num_updates=self.num_updates, nodes_seen=self.nodes_seen,
         )
         new, state, round_metrics = self.server_update(inputs, self.server_state)
-        del inputs
         aggregates.clear()  # the round's buffers live on only where the update kept them (e.g. as the new model)
         if not self.rounds.commit(server_round, new, state):
             return None, {}
@@ -335,10 +332,9 @@ class FedAdaptStrategy(Strategy):
         self.server_state = None if state["server_state"] is None else dict(state["server_state"])
         self.rounds.load_state_dict(state)
 
-    # ------------------------------------------------------------------ client-side evaluation
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    # ------------------------------------------------------------------ client-side evaluation (off by default)
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
         if self.settings.fraction_evaluate <= 0.0:
             return []
         node_ids = self.sample(grid, self.settings.fraction_evaluate, self.min_evaluate_nodes)

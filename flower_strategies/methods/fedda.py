@@ -69,7 +69,7 @@ from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import LocalOptimizer
 from ..core.ops import NamedArrays, apply_update, owned, state_like
-from ..core.registry import class_overrides, register
+from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
 #: Record names (downlink: MOMENTUM; uplink: MOMENTUM_SUM and MOMENTUM).
@@ -297,7 +297,7 @@ class FedDA(FedAdaptStrategy):
 
     def __init__(self, hparams: FedDAHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        fixed = class_overrides(type(self)).get("variant")  # fedda-sgdm, -adam, -adagrad fix the server optimizer
+        fixed = self.registered_defaults.get("variant")  # fedda-sgdm, -adam, -adagrad fix the server optimizer
         if fixed is not None and self.hparams.variant != fixed:
             raise ConfigError(
                 f"{type(self).__name__} is FedDA with variant {fixed!r}, but its hparams say {self.hparams.variant!r}; "

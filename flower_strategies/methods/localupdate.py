@@ -358,9 +358,10 @@ class LocalUpdate(FedAdaptStrategy):
     def __init__(self, hparams: LocalUpdateHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
         self.theta: tuple[float, ...] = self.hparams.weights
-        if self.local_steps not in (0, len(self.theta)):
-            log(INFO, "%s: local-steps %d overridden by K(Θ) = %d", self.method, self.local_steps, len(self.theta))
-        self.local_steps = len(self.theta)  # K(Θ) overrides the common local-steps / local-epochs
+        if self.settings.local_steps not in (0, len(self.theta)):
+            log(INFO, "%s: local-steps %d overridden by K(Θ) = %d", self.method, self.settings.local_steps,
+                len(self.theta))
+        self.settings = self.settings.replace(local_steps=len(self.theta))  # K(Θ) overrides local-steps / -epochs
         self.opt = self.hparams.server_optimizer()
 
     def log_settings(self) -> list[str]:
