@@ -81,7 +81,7 @@ def config(**kv) -> ConfigRecord:
     return ConfigRecord(kv)
 
 
-# ------------------------------------------------------------------ paper-002 harness (FedLADA / FedCM / SCAFFOLD tests)
+# ------------------------------------------------------------ paper-002 harness (FedLADA / FedCM / SCAFFOLD tests)
 SYNTH_DIM = 5
 SYNTH_NODES = 10
 SYNTH_RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": SYNTH_DIM}
@@ -123,8 +123,8 @@ def recorded_run(cls, hp, rounds, capture, *, fraction=0.5, client_lr=0.05, loca
             captured.append(capture(out[1]))
             return out
 
-    strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs, batch_size=batch_size,
-                      fraction_train=fraction, weighting=weighting, seed=0, **kwargs)
+    strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs,
+                      batch_size=batch_size, fraction_train=fraction, weighting=weighting, seed=0, **kwargs)
     snaps, grid = simulate(strat, synthetic_initial_arrays(), rounds, SYNTH_NODES, SYNTH_RC)
     return [s["w.weight"] for s in snaps], schedule, captured, strat, grid
 
@@ -223,7 +223,8 @@ def mlp_task(n=13, seed=0):
 
 
 def named_randn(model, seed, positive=False):
-    """``{param name: float64 array}`` of random values shaped like ``model``'s parameters (``positive``: |·| + 0.01)."""
+    """``{param name: float64 array}`` of random values shaped like ``model``'s parameters
+    (``positive``: |·| + 0.01)."""
     rng = np.random.default_rng(seed)
     out = {k: rng.normal(size=tuple(p.shape)) for k, p in model.named_parameters()}
     return {k: np.abs(v) + 0.01 for k, v in out.items()} if positive else out

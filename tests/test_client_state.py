@@ -36,7 +36,8 @@ def test_resume_with_fresh_contexts_continues_the_saved_client_state_exactly(tmp
     # the server dies in round 4 after its first client trained: that client's round-4 state is on its disk
     # (written by the interrupted run after the checkpoint) and must not be used by the resumed run
     with pytest.raises(Crash):
-        run(grid_with_state_dirs(tmp_path / "disks", cfg, intercept=crash_in_round(4)), {**cfg, **out, "run-name": "ck"})
+        run(grid_with_state_dirs(tmp_path / "disks", cfg, intercept=crash_in_round(4)),
+            {**cfg, **out, "run-name": "ck"})
     path = tmp_path / "ck" / "checkpoint.npz"
     token = ckpt.load(path)["app"]["run-token"]
     assert any(p.name.startswith("round-4.") for p in (tmp_path / "disks").rglob(f"{token}/*/*"))
