@@ -124,7 +124,8 @@ def test_a_run_that_stops_training_fails_after_max_idle_rounds(tmp_path):
 def test_every_client_failing_stops_the_run_with_their_error(tmp_path):
     cfg = {**BASE, "output-dir": str(tmp_path), "run-name": "p", "task": "digits-mlp", "partitioner": "dirichlet",
            "num-server-rounds": 3}
-    with pytest.raises(RunFailed, match="cannot split 1437 training examples into 100 'dirichlet' partitions.*dirichlet-alpha"):
+    with pytest.raises(RunFailed,
+                       match="cannot split 1437 training examples into 100 'dirichlet' partitions.*dirichlet-alpha"):
         run_inprocess(cfg, 100)
 
 
@@ -180,7 +181,8 @@ def _loss_before_reply(extra_config, partition=1, server_round=2):
                   run_config={})
     reply = client_app(_train_message(content), ctx)
     assert not reply.has_error()
-    x, y = load_client_data("digits-mlp", partition, 4, partitioner="dirichlet", seed=0, alpha=0.3, classes_per_client=2)
+    x, y = load_client_data("digits-mlp", partition, 4, partitioner="dirichlet", seed=0, alpha=0.3,
+                            classes_per_client=2)
     return model, x, y, reply.content["metrics"]
 
 
@@ -255,14 +257,16 @@ def test_lean_settings_skip_only_loss_before_and_the_plot(tmp_path):
            [{k: v for k, v in r.items() if k not in drop} for r in full]
     a, b = torch.load(tmp_path / "full" / "model.pt"), torch.load(tmp_path / "lean" / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert (tmp_path / "full" / "learning_curve.png").is_file() and not (tmp_path / "lean" / "learning_curve.png").exists()
+    assert (tmp_path / "full" / "learning_curve.png").is_file()
+    assert not (tmp_path / "lean" / "learning_curve.png").exists()
 
 
 def test_skipping_loss_before_is_refused_for_the_method_that_needs_it(tmp_path):
     from flower_strategies.core.hparams import ConfigError
 
     with pytest.raises(ConfigError, match="train-loss-before"):
-        run_inprocess({**BASE, "method": "localupdatedecay", "output-dir": str(tmp_path), "train-loss-before": False}, 2)
+        run_inprocess({**BASE, "method": "localupdatedecay", "output-dir": str(tmp_path), "train-loss-before": False},
+                      2)
 
 
 def test_metrics_csv_appended_per_round_equals_a_full_rewrite(tmp_path):

@@ -148,7 +148,8 @@ def test_a_1e38_reply_is_rejected_by_default_and_wrecks_the_model_with_every_bou
     assert abs(acc(defended) - acc(clean_iid)) <= NOISE  # iid: 4 of 5 clients learn as well
     assert torch.isfinite(torch.load(out / "magnitude" / "model.pt")["fc1.weight"]).all()
     off = {**IID, "num-server-rounds": 1, "update-norm-ratio": 0.0, "max-update-norm": 0.0}
-    wrecked = go(out, "magnitude-off", off, attacker(lambda req, rep: map_model(req, rep, lambda x, c: np.full_like(x, 1e30))))
+    huge = attacker(lambda req, rep: map_model(req, rep, lambda x, c: np.full_like(x, 1e30)))
+    wrecked = go(out, "magnitude-off", off, huge)
     assert wrecked[1]["replies-rejected"] == 0 and wrecked[1]["updated"]
     assert wrecked[1]["test-accuracy"] <= 0.15
     assert wrecked[1]["test-loss"] is None or wrecked[1]["test-loss"] > 1e6  # NaN is written as null (strict JSON)
@@ -274,8 +275,9 @@ def test_a_bad_train_loss_does_not_poison_the_metrics_or_the_model(out, clean_ii
 
 def test_a_checkpoint_with_nan_in_its_server_state_is_refused(tmp_path):
     """test_checkpoint covers NaN in the global arrays; here the server optimizer's state (FedAdam moments)."""
-    cfg = {"task": "synthetic-linear", "synthetic-dim": 4, "precision": "float64", "local-steps": 2, "method": "fedadam",
-           "num-server-rounds": 1, "checkpoint-every": 1, "output-dir": str(tmp_path), "run-name": "c"}
+    cfg = {"task": "synthetic-linear", "synthetic-dim": 4, "precision": "float64", "local-steps": 2,
+           "method": "fedadam", "num-server-rounds": 1, "checkpoint-every": 1, "output-dir": str(tmp_path),
+           "run-name": "c"}
     run_inprocess(cfg, 3)
     path = tmp_path / "c" / "checkpoint.npz"
     with np.load(path, allow_pickle=False) as z:

@@ -306,7 +306,8 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
     (lambda m, meta: m.pop("arrays/w.weight"), r"members do not match its metadata \(missing \['arrays/w.weight'\]"),
     (lambda m, meta: m.update({"extra": np.zeros(1)}), r"extra \['extra'\]"),
     (lambda m, meta: m.update({"arrays/w.weight": np.full((1, 4), np.nan)}), "'arrays/w.weight' holds NaN/Inf"),
-    (lambda m, meta: m.update({"arrays/w.weight": np.zeros((1, 5))}), r"w.weight: checkpoint \(1, 5\) float64 vs model \(1, 4\)"),
+    (lambda m, meta: m.update({"arrays/w.weight": np.zeros((1, 5))}),
+     r"w.weight: checkpoint \(1, 5\) float64 vs model \(1, 4\)"),
     (lambda m, meta: m.update({"arrays/w.weight": np.zeros((1, 4), np.float32)}), "float32 vs model"),
     (lambda m, meta: m.update({"arrays/w.weight": np.array(["a"])}), "numeric arrays only"),
 ], ids=["version", "format", "missing-member", "extra-member", "nan", "shape", "dtype", "strings"])

@@ -2,12 +2,15 @@
 is killed and resumed (slow: real Flower processes, started with ``simulations.launch.deploy_cluster``).
 
 * A SuperNode killed with SIGKILL after round 2 costs at most one round-timeout: round 3 proceeds with the two
-  replies it has (the lost node's counts as missing), later rounds do not sample it (it sends no heartbeat), and the
+  replies it has (the lost node's counts as missing), round 4 does not sample it (it sends no heartbeat), and the
   run completes (``max-idle-rounds`` is not tripped).
-* The ServerApp process (``flwr-serverapp``) killed with SIGKILL after checkpoint 3 and resumed (``resume=``, a new
-  ``flwr run``) against the same, still running SuperNodes ends bit-identical to an uninterrupted run: the
+* The ServerApp process (``flwr-serverapp``) killed with SIGKILL after checkpoint 1 (of 3) and resumed (``resume=``,
+  a new ``flwr run``) against the same, still running SuperNodes ends bit-identical to an uninterrupted run: the
   clients' SCAFFOLD control variates (Fed-LAMB moments) come from the nodes' disks, not from the new run's empty
   ``Context.state``.
+
+Both clusters run the pre-loaded SuperExec (``preloaded=True``: one forked ClientApp process per message, no fresh
+interpreter importing torch each time); the stock executor's path is run end to end by ``tests/test_secure_deploy.py``.
 """
 
 from __future__ import annotations
@@ -65,10 +68,10 @@ def wait_until(predicate, timeout: float, what: str, thread: threading.Thread | 
 
 def test_a_lost_supernode_costs_at_most_one_round_timeout(tmp_path):
     out, timeout = tmp_path / "out", 60.0
-    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1) as (cluster, conn):
+    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
         wait_online(cluster, conn, NODES)
         thread, result = start_run(cluster, conn, (
-            f"method='fedavg' num-server-rounds=5 local-steps=2 round-timeout={timeout} min-available-nodes=2 "
+            f"method='fedavg' num-server-rounds=4 local-steps=2 round-timeout={timeout} min-available-nodes=2 "
             f"min-train-nodes=2 wait-for-nodes=60.0 output-dir='{out}' run-name='lost'"))
         metrics = out / "lost" / "metrics.jsonl"
         wait_until(lambda: len(rows(metrics)) >= 3, 300, "round 2", thread)  # rows of rounds 0, 1, 2
@@ -78,9 +81,9 @@ def test_a_lost_supernode_costs_at_most_one_round_timeout(tmp_path):
         assert not thread.is_alive()
     assert result["status"] == "finished:completed", result["log"][-3000:]
     got = rows(metrics)
-    assert [r["round"] for r in got] == [0, 1, 2, 3, 4, 5]
-    assert [r["replies-used"] for r in got[1:]] == [3, 3, 2, 2, 2]
-    assert [r["replies-missing"] for r in got[1:]] == [0, 0, 1, 0, 0]  # later rounds do not sample the lost node
+    assert [r["round"] for r in got] == [0, 1, 2, 3, 4]
+    assert [r["replies-used"] for r in got[1:]] == [3, 3, 2, 2]
+    assert [r["replies-missing"] for r in got[1:]] == [0, 0, 1, 0]  # the next round does not sample the lost node
     assert all(r["updated"] for r in got[1:])
     assert (out / "lost" / "model.pt").exists()
     summary = json.loads((out / "lost" / "summary.json").read_text())
@@ -109,9 +112,9 @@ RESUME_METHODS = ["scaffold"] + (["fedlamb"] if os.environ.get("FEDADAPT_SLOW_AL
 @pytest.mark.parametrize("method", RESUME_METHODS)
 def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_path, method):
     out = tmp_path / "out"
-    base = (f"method='{method}' num-server-rounds=4 local-steps=2 checkpoint-every=1 min-available-nodes={NODES} "
+    base = (f"method='{method}' num-server-rounds=3 local-steps=2 checkpoint-every=1 min-available-nodes={NODES} "
             f"min-train-nodes={NODES} output-dir='{out}'")
-    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1) as (cluster, conn):
+    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
         wait_online(cluster, conn, NODES)
         thread, ref = start_run(cluster, conn, base + " run-name='ref'")
         thread.join(600)
@@ -119,18 +122,20 @@ def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_pa
 
         thread, killed = start_run(cluster, conn, base + " run-name='ck'")
         path = out / "ck" / "checkpoint.npz"
-        wait_until(lambda: path.exists() and ckpt.load(path)["round"] == 3, 400, "checkpoint 3", thread)
+        wait_until(lambda: path.exists() and ckpt.load(path)["round"] >= 1, 400, "checkpoint 1", thread)
         pids = _serverapp_pids(cluster)
         assert len(pids) == 1, pids
         os.kill(pids[0], signal.SIGKILL)
         thread.join(240)
-        assert ckpt.load(path)["round"] == 3
+        # killed mid-run: checkpoint 1, or 2 if round 2 ended while the kill was on its way (rounds are short here)
+        killed_at = ckpt.load(path)["round"]
+        assert killed_at in (1, 2) and killed.get("status") != "finished:completed", killed.get("status")
 
         thread, resumed = start_run(cluster, conn, base + f" run-name='ck' resume='{path}'")
         thread.join(600)
         assert resumed.get("status") == "finished:completed", resumed.get("log", "")[-3000:]
     summary = json.loads((out / "ck" / "summary.json").read_text())
-    assert summary["resumed_after_round"] == 3
+    assert summary["resumed_after_round"] == killed_at
     assert summary["client_state_after_resume"] == {"disk": NODES}
     a, b = torch.load(out / "ref" / "model.pt"), torch.load(out / "ck" / "model.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

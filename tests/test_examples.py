@@ -1,6 +1,6 @@
-"""The example apps under examples/ (a typical PyTorch Message-API app converted to fedadapt, and a user's legacy app) run
-with `flwr run` in Ray simulation, importing fedadapt like any user would; the README's plug-in snippets are the complete
-example files (imports included), which these tests and tests/test_dropin.py execute."""
+"""The example apps under examples/ (a typical PyTorch Message-API app converted to fedadapt, and a user's legacy app)
+run with `flwr run` in Ray simulation, importing fedadapt like any user would; the README's plug-in snippets are the
+complete example files (imports included), which these tests and tests/test_dropin.py execute."""
 
 from __future__ import annotations
 

@@ -140,7 +140,8 @@ def test_fault_matrix(tmp_path, method):
         missing = sum(f == "drop" for f in faults.values())
         used = online - len(rejected) - missing
         row = got[rnd]
-        assert (row["replies-used"], row["replies-rejected"], row["replies-missing"]) == (used, len(rejected), missing), row
+        got_counts = (row["replies-used"], row["replies-rejected"], row["replies-missing"])
+        assert got_counts == (used, len(rejected), missing), row
         assert row["bytes-down"] * NODES == got[1]["bytes-down"] * online  # only the online nodes were sampled
         for f in rejected:
             assert REJECTED[f] in row["rejections"], (f, row["rejections"])
@@ -165,9 +166,11 @@ def test_a_huge_update_is_rejected_by_default_and_wrecks_the_model_only_with_eve
     """Finite but absurd updates: the default median-relative bound rejects them, so does an absolute bound; with both
     off (the old default) the model is wrecked — why the default is on."""
     sched = {1: {0: "norm"}}
-    for extra, name in (({"update-norm-ratio": 0.0, "max-update-norm": 0.0}, "off"), ({"max-update-norm": 0.0}, "default"),
+    for extra, name in (({"update-norm-ratio": 0.0, "max-update-norm": 0.0}, "off"),
+                        ({"max-update-norm": 0.0}, "default"),
                         ({"update-norm-ratio": 0.0, "max-update-norm": 1.0e4}, "absolute")):
-        cfg = {**BASE, "method": "fedavg", "output-dir": str(tmp_path), "run-name": name, "num-server-rounds": 1, **extra}
+        cfg = {**BASE, "method": "fedavg", "output-dir": str(tmp_path), "run-name": name, "num-server-rounds": 1,
+               **extra}
         run(FaultGrid(client_app, NODES, cfg, sched), cfg)
     off, default, absolute = (rows(tmp_path / n)[1] for n in ("off", "default", "absolute"))
     assert off["replies-rejected"] == 0 and default["replies-rejected"] == 1 and absolute["replies-rejected"] == 1

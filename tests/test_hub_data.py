@@ -60,7 +60,8 @@ def test_partitions_cover_the_training_split_with_normalised_tensors(name, kind)
     x_all, y_all = H.to_tensors(src["train"], s)
     px = np.asarray(raw[s.image], dtype=np.float32) / 255.0
     px = px[None] if px.ndim == 2 else px.transpose(2, 0, 1)
-    expect = (px - np.asarray(s.mean, dtype=np.float32)[:, None, None]) / np.asarray(s.std, dtype=np.float32)[:, None, None]
+    mean, std = np.asarray(s.mean, dtype=np.float32), np.asarray(s.std, dtype=np.float32)
+    expect = (px - mean[:, None, None]) / std[:, None, None]
     np.testing.assert_allclose(x_all[0].numpy(), expect, rtol=1e-6, atol=1e-6)
     assert int(y_all[0]) == raw[s.label]
     if kind == "classes":

@@ -28,7 +28,8 @@ from flower_strategies.core.strategy import FedAdaptStrategy
 class ClippedFedAvgHParams(HParams):
     """FedAvg whose clients clip every local gradient to an L2 norm (one flag = one line)."""
 
-    max_grad_norm: float = param(1.0, lo=0.0, lo_open=True, client=True, help="clip each local gradient to this L2 norm")
+    max_grad_norm: float = param(1.0, lo=0.0, lo_open=True, client=True,
+                                 help="clip each local gradient to this L2 norm")
     server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
 
 

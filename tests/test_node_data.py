@@ -220,8 +220,10 @@ def test_launch_deploy_passes_data_paths_and_poll_interval_to_the_supernodes(tmp
 def test_local_deployment_where_each_supernode_trains_on_its_own_file(tmp_path):
     """Real SuperLink + 2 SuperNodes on 127.0.0.1, each started with its own data-path (slow: real processes).
 
-    The files are cut to 40 and 25 examples: the ServerApp's per-round aggregate (streamed into flwr-run.log) must
-    count 65 examples, which only the node-local files give (the bundled partitions are ~10x larger)."""
+    The files are cut to 40 and 25 examples: the ServerApp's aggregate (streamed into flwr-run.log) must count 65
+    examples, which only the node-local files give (the bundled partitions are ~10x larger).  One round is enough for
+    that; the SuperNodes use the pre-loaded SuperExec (the node config reaches the ClientApp the same way as with the
+    stock executor, whose path ``tests/test_secure_deploy.py`` runs)."""
     from simulations.launch import launch_deploy
 
     files = convert(tmp_path / "full", 2, task="digits-mlp", seed=0)
@@ -232,11 +234,11 @@ def test_local_deployment_where_each_supernode_trains_on_its_own_file(tmp_path):
             own.append(tmp_path / f"node{i}.npz")
             np.savez(own[-1], x=z["x"][:n], y=z["y"][:n])
     out = tmp_path / "out"
-    rc = launch_deploy(2, f"num-server-rounds=2 output-dir='{out}' run-name='own'", tmp_path / "flwr",
-                       timeout=600, node_data=own)
+    rc = launch_deploy(2, f"num-server-rounds=1 output-dir='{out}' run-name='own'", tmp_path / "flwr",
+                       timeout=600, node_data=own, task_poll_interval=0.1, preloaded=True)
     assert rc == 0
     got = rows(out / "own")
-    assert [r["round"] for r in got] == [0, 1, 2]
+    assert [r["round"] for r in got] == [0, 1]
     assert all(r["replies-used"] == 2 and r["replies-rejected"] == 0 and r["updated"] for r in got[1:])
     log = (tmp_path / "flwr" / "logs" / "flwr-run.log").read_text(errors="replace")
     assert "'num-examples': 65.0" in log

@@ -2,11 +2,25 @@
 
 The pinned rows (``tests/golden/metrics_seed_runs.json``) are the ``metrics.jsonl`` of three in-process runs; the
 client-side caching (data, settings and model reused per process) was checked against rows computed before it, and a
-second, warm run in the same process must give them again.  Every value must stay bit-identical (JSON round-trips
-floats exactly): any later change of results must be deliberate, and then the rows are regenerated (they were when float32
-server arithmetic moved from float64 temporaries to the model's dtype, and the scaffold row again when the server
-state itself (SCAFFOLD's control variate) moved to the model's dtype — last-bit changes by design).  They are pinned for ONE torch intra-op thread (what the reproduction suite uses): the last bits of
-``train-loss`` depend on the thread count (the loss reduction is split across threads), so the test fixes it.
+second, warm run in the same process must give them again.  They are pinned for ONE torch intra-op thread (what the
+reproduction suite uses): the last bits of ``train-loss`` depend on the thread count (the loss reduction is split
+across threads), so the test fixes it.  Any deliberate change of results regenerates the rows (they were regenerated
+when float32 server arithmetic moved to the model's dtype, and the scaffold row again when SCAFFOLD's control variate
+did).
+
+What is exact and what is not:
+
+* Two runs in the same process must be **bit-identical** (``==`` on the rows): same machine, same BLAS, same code.
+* Against the pinned rows, counts, byte sizes, booleans and round numbers (:data:`EXACT`, and every key not in
+  :data:`FLOATING`) are exact: they do not go through floating-point arithmetic.
+* The floating metrics (:data:`FLOATING`: losses and accuracy) are compared with ``rel`` :data:`REL`.  They come from
+  float32 BLAS reductions, whose summation order and vector width depend on the CPU (AVX2 vs AVX-512 kernels, Intel vs
+  AMD): the rows were pinned on an AMD EPYC, and on an Intel Xeon ``fedadam-synthetic``'s round-1 ``train-loss`` was
+  3.287252244804845 instead of 3.287251933295317 (relative difference 9.5e-8, about one float32 ulp; model and
+  test-loss identical).  ``REL = 1e-5`` is 100x that measured difference (room for a few float32 ulps accumulated
+  over 3 rounds), while any real change of a method's arithmetic moves these losses by 1e-3 or more.  An accuracy
+  is a count of correct predictions over 360 test examples (steps of 2.8e-3), so at this tolerance it is effectively
+  exact: one flipped prediction fails the test.
 """
 
 from __future__ import annotations
@@ -25,6 +39,14 @@ CASES = {
     "fedadam-synthetic": ({"method": "fedadam", "task": "synthetic-linear", "num-server-rounds": 3,
                            "min-available-nodes": 4, "min-train-nodes": 4, "local-steps": 3}, 4),
 }
+
+
+#: Keys that never go through floating-point arithmetic: compared exactly against the pinned rows.
+EXACT = ("round", "bytes-down", "bytes-up", "replies-used", "replies-missing", "replies-rejected", "updated",
+         "weights-clipped", "num-clients-total")
+#: Float32 BLAS results (CPU-dependent in the last bits): compared with relative tolerance REL.
+FLOATING = ("test-loss", "test-accuracy", "train-loss", "train-loss-before")
+REL = 1e-5
 
 
 def run_rows(name: str, out: Path) -> list[dict]:
@@ -47,11 +69,20 @@ def one_thread():
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_metrics_bit_identical_to_golden(name: str, tmp_path: Path, one_thread: None) -> None:
+def test_metrics_match_golden(name: str, tmp_path: Path, one_thread: None) -> None:
     want = json.loads(GOLDEN.read_text())[name]
-    assert run_rows(name, tmp_path / "a") == want
-    # a second run in the same process (caches warm: data, settings, model reused) gives the same rows again
-    assert run_rows(name, tmp_path / "b") == want
+    got = run_rows(name, tmp_path / "a")
+    assert [sorted(r) for r in got] == [sorted(r) for r in want]  # the same keys in every row
+    assert set(EXACT) & {k for r in want for k in r} and set(FLOATING) & {k for r in want for k in r}
+    for row, ref in zip(got, want, strict=True):
+        for key, value in ref.items():
+            if key in FLOATING:
+                assert isinstance(row[key], float) and row[key] == pytest.approx(value, rel=REL, abs=0), (
+                    f"round {ref['round']} {key}")
+            else:  # counts, bytes, booleans, round numbers: exact (and of the same JSON type)
+                assert row[key] == value and type(row[key]) is type(value), f"round {ref['round']} {key}"
+    # a second run in the same process (caches warm: data, settings, model reused) is bit-identical to the first
+    assert run_rows(name, tmp_path / "b") == got
 
 
 @pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it

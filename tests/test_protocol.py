@@ -37,8 +37,9 @@ def test_train_message_carries_model_extras_and_round_config():
     assert set(c.array_records) == {"arrays", "momentum"}
     assert msgs[0].metadata.message_type == MessageType.TRAIN
     cfg = c.config_records["config"]
-    assert (cfg["server-round"], cfg["method"], cfg["client-lr"], cfg["local-steps"], cfg["batch-size"], cfg["fedprox.mu"]) == (
-        1, "fedprox", 0.02, 4, 7, 0.3)
+    got = (cfg["server-round"], cfg["method"], cfg["client-lr"], cfg["local-steps"], cfg["batch-size"],
+           cfg["fedprox.mu"])
+    assert got == (1, "fedprox", 0.02, 4, 7, 0.3)
     assert c["momentum"]["w"].numpy().tolist() == np.ones((2, 3)).tolist()
 
 
@@ -48,10 +49,14 @@ def test_train_message_carries_model_extras_and_round_config():
         (error_reply(9, "client crashed"), "client error"),
         (reply(9, {"other": {"w": np.zeros((2, 3), np.float32)}}), "missing ArrayRecord"),
         (reply(9, {"arrays": {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}}), "wrong keys"),
-        (reply(9, {"arrays": {"w": np.zeros((3, 2), np.float32), "b": np.zeros(3, np.float32), "n": np.array(1)}}), "shape"),
-        (reply(9, {"arrays": {"w": np.zeros((2, 3), np.float64), "b": np.zeros(3, np.float32), "n": np.array(1)}}), "dtype"),
-        (reply(9, {"arrays": {"w": np.full((2, 3), np.nan, np.float32), "b": np.zeros(3, np.float32), "n": np.array(1)}}), "NaN"),
-        (reply(9, {"arrays": {"w": np.full((2, 3), np.inf, np.float32), "b": np.zeros(3, np.float32), "n": np.array(1)}}), "NaN"),
+        (reply(9, {"arrays": {"w": np.zeros((3, 2), np.float32), "b": np.zeros(3, np.float32),
+                              "n": np.array(1)}}), "shape"),
+        (reply(9, {"arrays": {"w": np.zeros((2, 3), np.float64), "b": np.zeros(3, np.float32),
+                              "n": np.array(1)}}), "dtype"),
+        (reply(9, {"arrays": {"w": np.full((2, 3), np.nan, np.float32), "b": np.zeros(3, np.float32),
+                              "n": np.array(1)}}), "NaN"),
+        (reply(9, {"arrays": {"w": np.full((2, 3), np.inf, np.float32), "b": np.zeros(3, np.float32),
+                              "n": np.array(1)}}), "NaN"),
         (reply(9, {"arrays": {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "n": np.array(1)}},
                num_examples=None), "num-examples"),
         (reply(9, {"arrays": {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "n": np.array(1)}},
@@ -155,7 +160,8 @@ def test_fold_is_bit_identical_to_a_reply_by_reply_loop_and_measures_norms(rule)
         acc = acc / np.float32(sum(ws))
     assert out["w"].dtype == np.float32 and np.array_equal(out["w"], acc)
     assert out["n"].dtype == np.int64  # integer arrays: float64 accumulator, cast back
-    np.testing.assert_allclose(norms, [np.linalg.norm((i["w"] - ref["w"]).astype(np.float64)) for i in items], rtol=1e-5)
+    np.testing.assert_allclose(norms, [np.linalg.norm((i["w"] - ref["w"]).astype(np.float64)) for i in items],
+                               rtol=1e-5)
     _, own = fold(items, None, None, None, norms=True)  # norms only, no reference: the arrays' own norms
     np.testing.assert_allclose(own, [np.linalg.norm(i["w"].astype(np.float64)) for i in items], rtol=1e-5)
 

@@ -86,8 +86,8 @@ def test_simulation_attaches_to_an_existing_two_node_ray_cluster(tmp_path, ray_t
         assert len(before["nodes"]) == 2 and sorted(before["nodes"].values()) == [1.0, 1.0], before
         assert not [a for a in before["actors"] if a["class"] == "ClientAppActor"]
 
-        rc = launch_sim(3, f"num-server-rounds=2 output-dir='{out}' run-name='raycluster'", tmp_path / "flwr",
-                        timeout=300, ray_address=address, client_cpus=1)
+        rc = launch_sim(3, f"num-server-rounds=2 local-steps=3 output-dir='{out}' run-name='raycluster'",
+                        tmp_path / "flwr", timeout=300, ray_address=address, client_cpus=1)
         after = probe(address, 2, ray_cluster)
         ray_pids = process_tree([head.pid, worker.pid])
     left = [pid for pid in ray_pids if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"]

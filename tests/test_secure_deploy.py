@@ -48,8 +48,8 @@ def unregistered_refused(res) -> bool:
 
 def test_tls_auth_deployment_registered_trains_unregistered_and_plaintext_refused(tmp_path):
     home, out = tmp_path / "flwr", tmp_path / "out"
-    res = launch_secure_deploy(2, f"num-server-rounds=1 output-dir='{out}' run-name='secure'", home, timeout=300,
-                               unregistered=1)
+    res = launch_secure_deploy(2, f"num-server-rounds=1 local-steps=3 output-dir='{out}' run-name='secure'", home,
+                               timeout=300, unregistered=1)
 
     # A registered node trains: the run completed with exactly the 2 registered nodes' replies.
     assert res.status == "finished:completed"

@@ -63,8 +63,10 @@ def test_parse_play_roles_lines_and_stage_directions():
 
 
 def test_capitalised_speaker_without_period_and_headings():
-    text = "ACT 1\nSCENE 2\n\nTHESEUS\n    Go, Philostrate,\nStir up the youth.\n\n[Exit.]\n\nTHE END\n\nEGEUS\nHappy be Theseus!\n"
-    assert S.parse_play(text) == [("THESEUS", ["Go, Philostrate,", "Stir up the youth."]), ("EGEUS", ["Happy be Theseus!"])]
+    text = ("ACT 1\nSCENE 2\n\nTHESEUS\n    Go, Philostrate,\nStir up the youth.\n\n[Exit.]\n\nTHE END\n\n"
+            "EGEUS\nHappy be Theseus!\n")
+    assert S.parse_play(text) == [("THESEUS", ["Go, Philostrate,", "Stir up the youth."]),
+                                  ("EGEUS", ["Happy be Theseus!"])]
 
 
 def test_prepare_clients_split_and_checksum(cache):
@@ -75,7 +77,8 @@ def test_prepare_clients_split_and_checksum(cache):
     ids = [r["client_id"] for r in rows]
     assert ids == sorted(ids)
     # bridge has 4 speeches per role (12 lines ≥ 8), ferry 6; the _gut_f edition is not read
-    assert ids == ["bridge/FIRST WATCH", "bridge/MAUDE", "bridge/OSRIC", "ferry/FIRST WATCH", "ferry/MAUDE", "ferry/TOBIAS"]
+    assert ids == ["bridge/FIRST WATCH", "bridge/MAUDE", "bridge/OSRIC",
+                   "ferry/FIRST WATCH", "ferry/MAUDE", "ferry/TOBIAS"]
     assert manifest["num_clients"] == 6
     for r in rows:  # the split is by speech: 20 % of the speeches (rounded, ≥ 1) are test, none lost or shared
         n = 4 if r["client_id"].startswith("bridge") else 6
