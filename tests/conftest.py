@@ -20,3 +20,14 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import torch  # noqa: E402 - after the environment, so the thread pools start with it
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that start real processes (``slow``: Ray, SuperLink/SuperNodes, launcher signals, benchmarks) share one
+    xdist group, so that with ``-n`` they run one after another on one worker (no two Flower/Ray deployments compete
+    for ports and cores) while the in-process tests fill the other workers."""
+    import pytest
+
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("processes"))
