@@ -145,3 +145,22 @@ def test_tracking_may_change_on_resume(tmp_path):
                              "resume": str(tmp_path / "r" / "checkpoint.npz")}, 3)
     assert summary["resumed_after_round"] == 1 and summary["status"] == "completed"
     assert list((tmp_path / "r" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_the_tracker_is_closed_as_failed_when_the_run_fails(tmp_path, monkeypatch):
+    import server_app.app as app_module
+
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    evaluate, calls = app_module.evaluate, []
+
+    def evaluate_then_crash(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # round 2's central evaluation
+            raise ValueError("evaluation broke")
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(app_module, "evaluate", evaluate_then_crash)
+    with pytest.raises(ValueError, match="evaluation broke"):
+        run_inprocess({**TINY, "output-dir": str(tmp_path), "run-name": "f", "tracking": "wandb"}, 3)
+    assert [step for step, _ in fake.logged] == [0, 1] and fake.exit_code == 1
