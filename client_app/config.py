@@ -15,6 +15,7 @@ from flower_strategies.core.hparams import StrategyConfig, param
 TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm",  # then five on hub data:
          "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")
 PARTITIONERS = ("iid", "dirichlet", "classes")
+TRACKING = ("none", "tensorboard", "mlflow", "wandb")
 
 
 def _app_default(name: str, value: Any) -> Any:
@@ -73,6 +74,11 @@ class AppConfig(StrategyConfig):
     presets: bool = param(True,
         help="apply the task's tuned per-method learning rates (server_app/presets.py) to the keys left at their "
              "defaults; false = the declared defaults")
+    tracking: str = param("none", choices=TRACKING,
+        help="also send each round's metrics row and the resolved configuration to an experiment tracker (its package "
+             "must be installed; server_app/tracking.py): tensorboard writes <output-dir>/<run-name>/tensorboard/, "
+             "mlflow <output-dir>/<run-name>/mlruns/ (or MLFLOW_TRACKING_URI), wandb <output-dir>/<run-name>/wandb/ "
+             "(WANDB_MODE, default offline)")
 
 
 def parse(run_config: Mapping[str, Any]) -> AppConfig:

@@ -5,6 +5,8 @@ local optimizer and hyper-parameters.  See the README for the list of methods an
 the layout (``core`` / ``methods`` / ``compat`` / ``analysis``).
 """
 
+from ._version import __version__
+
 # Core: strategy base and its parts (sampler, reply screen, round book), client optimizer base, hyper-parameters,
 # registry, client API.
 from .core.client import ClientRound, TensorPartition, full_gradient_from, train_reply
@@ -41,6 +43,7 @@ from .methods.mimelite import MimeLite, MimeLiteHParams, MimeLiteOptimizer  # ba
 from .compat.legacy import FedAdaptNumPyClient, LegacyStrategy
 
 __all__ = [
+    "__version__",
     # core
     "METHODS", "ClientHalfMissing", "ClientRound", "ConfigError", "FedAdaptStrategy", "HParams", "LocalOptimizer",
     "MethodSpec", "NodeSampler", "RecordSpec", "ReplyScreen", "RoundBook", "RoundInputs", "RoundLog", "SGDHParams",

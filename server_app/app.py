@@ -6,7 +6,9 @@
    sampling with the run's seed picks the same partitions whatever node ids the runtime assigned.
 3. Runs the strategy, evaluating the global model centrally on the held-out test split after every round;
    writes ``<output-dir>/<run-name>/metrics.jsonl`` + ``metrics.csv``, prints one progress line per round
-   and saves ``model.pt``, ``summary.json`` and (``learning-curve``) ``learning_curve.png`` at the end.
+   and saves ``model.pt``, ``summary.json`` (outcome, resolved configuration, versions, git commit, host; written
+   for failed runs too) and (``learning-curve``) ``learning_curve.png`` at the end; ``tracking`` also sends each
+   row and the configuration to TensorBoard, MLflow or W&B (:mod:`server_app.tracking`).
 4. With ``checkpoint-every > 0`` writes a data-only ``checkpoint.npz`` (:mod:`flower_strategies.core.checkpoint`)
    on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.  Such runs
    carry a run token (in the checkpoint; a resumed run sends the same one) that names the clients' node-local
@@ -41,7 +43,7 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
-from . import plots, presets
+from . import plots, presets, provenance, tracking
 from .loop import exchange, run_rounds
 from .metrics import MetricsWriter, progress_line
 
@@ -63,7 +65,8 @@ def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, 
         if metrics is not None and "partition-id" in metrics:  # nodes with their own data may have none
             order[reply.metadata.src_node_id] = int(metrics["partition-id"])
     if len(order) < len(nodes):
-        log(WARNING, "Only %d of %d nodes reported a partition id; the others are ordered by node id", len(order), len(nodes))
+        log(WARNING, "Only %d of %d nodes reported a partition id; the others are ordered by node id",
+            len(order), len(nodes))
     strategy.order_nodes(order)
 
 
@@ -142,10 +145,15 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
+    tracking.check_available(fed.tracking)  # a missing tracker package fails here, before anything is written
     if not fed.train_loss_before and strategy.needs_train_loss_before:
         raise ConfigError(f"train-loss-before = false: {fed.method} needs the clients' train-loss-before (e.g. a "
                           "plateau controller that decays the learning rates on it); set train-loss-before = true")
     return fed, model, strategy
+
+
+#: App run-config keys that may differ on resume besides the library's ``checkpoint.RESUMABLE_CHANGES``.
+APP_RESUMABLE_CHANGES = frozenset({"tracking"})
 
 
 def read_resume(fed: AppConfig, run_config: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any] | None:
@@ -153,7 +161,11 @@ def read_resume(fed: AppConfig, run_config: Mapping[str, Any], model: torch.nn.M
     if not fed.resume:
         return None
     payload = ckpt.load(fed.resume)
-    ckpt.check_compatible(payload, run_config, run_config_defaults(AppConfig))
+    # where the rows are also sent (``tracking``) is no part of the run's results: it may change on resume
+    drop = APP_RESUMABLE_CHANGES
+    ckpt.check_compatible({**payload, "run_config": {k: v for k, v in payload["run_config"].items() if k not in drop}},
+                          {k: v for k, v in run_config.items() if k not in drop},
+                          {k: v for k, v in run_config_defaults(AppConfig).items() if k not in drop})
     ckpt.check_arrays(payload, model.state_dict())
     return payload
 
@@ -229,9 +241,9 @@ class ClientStateReport:
                 self.counts[key] = self.counts.get(key, 0) + 1
         fresh = self.counts.get("fresh", 0)
         if fresh:
-            log(WARNING, "fedadapt: resumed after round %d, but %d of %d clients of round %d found no saved client state "
-                "of this run (first time sampled, or their node restarted with an empty disk or without a client-state "
-                "directory): for them the resumed run is not the interrupted one continued exactly",
+            log(WARNING, "fedadapt: resumed after round %d, but %d of %d clients of round %d found no saved client "
+                "state of this run (first time sampled, or their node restarted with an empty disk or without a "
+                "client-state directory): for them the resumed run is not the interrupted one continued exactly",
                 self.resumed_after, fresh, sum(self.counts.values()), server_round)
         elif self.counts:
             log(INFO, "fedadapt: resumed after round %d; the clients of round %d continued their saved state (%s)",
@@ -268,12 +280,17 @@ def check_progress(history: list[RoundLog], max_idle_rounds: int, *, final: bool
 def write_summary(out: Path, fed: AppConfig, run_config: Mapping[str, Any], strategy: FedAdaptStrategy,
                   writer: MetricsWriter, seconds: float, resumed_after: int | None,
                   checkpointer: Checkpointer | None, failure: str | None = None,
-                  client_states: Mapping[str, int] | None = None) -> dict[str, Any]:
+                  client_states: Mapping[str, int] | None = None,
+                  info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``summary.json``: outcome (``status``, ``failure``), final row, the run-config as given (``run_config``:
+    the keys set, presets applied) and, from ``info`` (:func:`server_app.provenance.run_info`), the resolved
+    configuration of every key (``config``), ``versions``, ``git`` and ``host``."""
     summary = {
-        "status": "failed" if failure else "completed", "failure": failure, "method": fed.method, "task": fed.task, "rounds": fed.num_server_rounds,
-        "final": writer.rows[-1] if writer.rows else {}, "seconds": round(seconds, 3), "run_config": dict(run_config),
-        "rounds_without_update": [h.server_round for h in strategy.history if not h.updated],
-        "resumed_after_round": resumed_after,
+        "status": "failed" if failure else "completed", "failure": failure, "method": fed.method, "task": fed.task,
+        "rounds": fed.num_server_rounds, "final": writer.rows[-1] if writer.rows else {}, "seconds": round(seconds, 3),
+        "run_config": dict(run_config), "rounds_without_update": [h.server_round for h in strategy.history
+                                                                  if not h.updated],
+        "resumed_after_round": resumed_after, **(info or {}),
     }
     if checkpointer is not None:
         summary["checkpoint"] = str(checkpointer.path)
@@ -284,63 +301,84 @@ def write_summary(out: Path, fed: AppConfig, run_config: Mapping[str, Any], stra
 
 
 def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything ``main`` does, callable with any Grid (the in-process engine uses it too)."""
+    """Everything ``main`` does, callable with any Grid (the in-process engine uses it too).
+
+    Once the run directory exists, every outcome writes ``summary.json`` (``status`` failed with the error on any
+    exception) and closes the tracker."""
     run_config = presets.apply(run_config)  # the task's per-method presets on keys left at their defaults
     fed, model, strategy = build(run_config)
     payload = read_resume(fed, run_config, model)
     x_test, y_test = load_test_split(fed)
     out = run_dir(fed)
     writer = MetricsWriter(out)
+    info = provenance.run_info(fed, strategy.method, strategy.hparams)
     log(INFO, "fedadapt: method=%s task=%s rounds=%d → %s", fed.method, fed.task, fed.num_server_rounds, out)
-    if fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
-        discover_partitions(grid, strategy, fed.round_timeout, fed.grid_pull_interval)
-    initial, start_round = ArrayRecord(model.state_dict()), 1
-    if payload is not None:
-        initial, start_round = resume_into(strategy, writer, payload)
-        log(INFO, "fedadapt: resuming from %s after round %d", fed.resume, start_round - 1)
-
-    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        model.load_state_dict(record_tensors(arrays, copy=False))
-        m = evaluate(model, x_test, y_test, fed.task)
-        row = writer.add(round_row(server_round, m, strategy.history))
-        print(progress_line(row, fed.num_server_rounds), flush=True)
-        if server_round > 0:
-            check_progress(strategy.history, fed.max_idle_rounds)
-        return MetricRecord(dict(m))
-
-    token = run_token(payload) if fed.checkpoint_every > 0 else ""
-    checkpointer = make_checkpointer(fed, out, strategy, writer, run_config, token)
-    resumed_after = None if payload is None else start_round - 1
-    report = ClientStateReport(resumed_after)
-
-    def round_config(server_round: int) -> dict[str, Any]:
-        """Tells clients which saved state is theirs (runs that write checkpoints, i.e. can be resumed)."""
-        if checkpointer is None:
-            return {}
-        keep = checkpointer.written_round if checkpointer.written_round >= 0 else (resumed_after or 0)
-        return {client_state.KEY: token, client_state.KEEP: keep, client_state.BASE: resumed_after or 0}
-
     t0 = time.monotonic()
-    failure: RunFailed | None = None
-    final = initial
-    with checkpointer.signal_handlers() if checkpointer else nullcontext():
+    tracker: tracking.Tracker = tracking.Tracker()
+    checkpointer: Checkpointer | None = None
+    resumed_after = None if payload is None else payload["round"]
+    report = ClientStateReport(resumed_after)
+    try:
+        tracker = tracking.start(fed.tracking, out, info["config"])
+        if fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
+            discover_partitions(grid, strategy, fed.round_timeout, fed.grid_pull_interval)
+        initial, start_round = ArrayRecord(model.state_dict()), 1
+        if payload is not None:
+            initial, start_round = resume_into(strategy, writer, payload)
+            log(INFO, "fedadapt: resuming from %s after round %d", fed.resume, start_round - 1)
+
+        def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+            model.load_state_dict(record_tensors(arrays, copy=False))
+            m = evaluate(model, x_test, y_test, fed.task)
+            row = writer.add(round_row(server_round, m, strategy.history))
+            tracker.log_round(row)
+            print(progress_line(row, fed.num_server_rounds), flush=True)
+            if server_round > 0:
+                check_progress(strategy.history, fed.max_idle_rounds)
+            return MetricRecord(dict(m))
+
+        token = run_token(payload) if fed.checkpoint_every > 0 else ""
+        checkpointer = make_checkpointer(fed, out, strategy, writer, run_config, token)
+
+        def round_config(server_round: int) -> dict[str, Any]:
+            """Tells clients which saved state is theirs (runs that write checkpoints, i.e. can be resumed)."""
+            if checkpointer is None:
+                return {}
+            keep = checkpointer.written_round if checkpointer.written_round >= 0 else (resumed_after or 0)
+            return {client_state.KEY: token, client_state.KEEP: keep, client_state.BASE: resumed_after or 0}
+
+        failure: RunFailed | None = None
+        final = initial
+        with checkpointer.signal_handlers() if checkpointer else nullcontext():
+            try:
+                result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
+                                    start_round=start_round,
+                                    on_round_end=checkpointer.round_end if checkpointer else None,
+                                    round_config=round_config, on_train_replies=report,
+                                    poll_interval=fed.grid_pull_interval)
+                final = result.arrays if len(result.arrays) else initial  # empty when no round updated the model
+                check_progress(strategy.history, 0, final=True)
+            except (RunFailed, ClientHalfMissing) as err:
+                failure = err if isinstance(err, RunFailed) else RunFailed(str(err))
+                updated = [h for h in strategy.history if h.updated]
+                final = R.to_record(strategy.current) if updated and strategy.current is not None else final
+        model.load_state_dict(final.to_torch_state_dict())
+        torch.save(model.state_dict(), out / "model.pt")
+        if fed.learning_curve:
+            plots.write_learning_curve(writer.rows, out, f"{fed.method} on {fed.task}")
+    except BaseException as err:  # anything else (a crash, SIGINT/SIGTERM): the run ends failed, with its error
         try:
-            result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
-                                start_round=start_round, on_round_end=checkpointer.round_end if checkpointer else None,
-                                round_config=round_config, on_train_replies=report,
-                                poll_interval=fed.grid_pull_interval)
-            final = result.arrays if len(result.arrays) else initial  # empty when no round updated the model
-            check_progress(strategy.history, 0, final=True)
-        except (RunFailed, ClientHalfMissing) as err:
-            failure = err if isinstance(err, RunFailed) else RunFailed(str(err))
-            updated = [h for h in strategy.history if h.updated]
-            final = R.to_record(strategy.current) if updated and strategy.current is not None else final
-    model.load_state_dict(final.to_torch_state_dict())
-    torch.save(model.state_dict(), out / "model.pt")
-    if fed.learning_curve:
-        plots.write_learning_curve(writer.rows, out, f"{fed.method} on {fed.task}")
-    summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0, resumed_after,
-                            checkpointer, None if failure is None else str(failure), report.counts)
+            write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0, resumed_after, checkpointer,
+                          f"{type(err).__name__}: {err}", report.counts, info)
+        finally:
+            tracker.close("failed")
+        log(ERROR, "fedadapt: run FAILED: %s: %s (metrics in %s)", type(err).__name__, err, out)
+        raise
+    try:
+        summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0, resumed_after,
+                                checkpointer, None if failure is None else str(failure), report.counts, info)
+    finally:
+        tracker.close("completed" if failure is None else "failed")
     if failure is not None:
         log(ERROR, "fedadapt: run FAILED: %s (metrics in %s)", failure, out)
         raise failure

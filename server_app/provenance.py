@@ -1,0 +1,74 @@
+"""What ``summary.json`` records about a run besides its results: the resolved configuration, the versions of the
+software, the git commit of the app's checkout and the host."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from flower_strategies.core.hparams import to_key
+
+#: The directory holding ``server_app/`` (a git checkout of the project, or an unpacked FAB).
+APP_ROOT = Path(__file__).resolve().parent.parent
+
+
+def resolved_config(settings: Any, method: str, hparams: Any) -> dict[str, Any]:
+    """Every run-config key of the run with the value it ran with: the app settings (``settings``, after presets
+    and defaults) and ``method``'s hyper-parameters (``<method>.<key>``); ``None`` stays ``null``."""
+    config = {to_key(f.name): getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    config.update({f"{method}.{to_key(f.name)}": getattr(hparams, f.name) for f in dataclasses.fields(hparams)})
+    return config
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    import numpy
+    import torch
+
+    from flower_strategies import __version__
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "flwr": _version("flwr"),
+            "numpy": numpy.__version__, "fedadapt": __version__}
+
+
+def _git(*args: str, timeout: float) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(APP_ROOT), *args], capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_state(timeout: float = 5.0) -> dict[str, Any]:
+    """``{"commit": sha, "dirty": bool}`` when the app runs from a git checkout of this project, else nulls (a FAB
+    has no ``.git``; a FAB unpacked inside some other repository is recognised by its files not being tracked)."""
+    none: dict[str, Any] = {"commit": None, "dirty": None}
+    if _git("ls-files", "--error-unmatch", "server_app/app.py", timeout=timeout) is None:
+        return none
+    commit = _git("rev-parse", "HEAD", timeout=timeout)
+    status = _git("status", "--porcelain", "--untracked-files=no", timeout=timeout)
+    if commit is None:
+        return none
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def host() -> dict[str, Any]:
+    return {"platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count()}
+
+
+def run_info(settings: Any, method: str, hparams: Any) -> dict[str, Any]:
+    """The summary's provenance fields: ``config``, ``versions``, ``git``, ``host``."""
+    return {"config": resolved_config(settings, method, hparams), "versions": versions(), "git": git_state(),
+            "host": host()}
