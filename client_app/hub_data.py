@@ -24,6 +24,7 @@ with every BatchNorm replaced by GroupNorm (2 groups, as FedOpt/FedDA use for CI
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,8 +195,9 @@ class HubData:
         self.partitioner = make_partitioner(self.spec, partitioner, num_partitions, seed, alpha, classes_per_client)
         if source is None:
             source = load_source(name, dataset_path)
-        # loaded before anything asks the partitioner (NaturalIdPartitioner counts its partitions on the data)
-        self.partitioner.dataset = source["train"].shuffle(seed=seed)
+        # loaded before anything asks the partitioner (NaturalIdPartitioner counts its partitions on the data);
+        # the shuffled order stays in memory: nothing is written next to the data (dataset-path may be read-only)
+        self.partitioner.dataset = source["train"].shuffle(seed=seed, keep_in_memory=True)
         self._test = source[self.spec.test_split] if self.spec.test_split else None
 
     @property
@@ -208,8 +210,11 @@ class HubData:
             raise ValueError(f"partition-id {pid} is outside [0, {self.num_partitions})")
         ds = self.partitioner.load_partition(pid)
         if self.spec.test_split is None:
-            parts = ds.train_test_split(test_size=self.test_fraction, seed=self.seed + pid)
-            ds = parts["test" if split == "test" else "train"]
+            # the rows ``ds.train_test_split(test_size, seed=seed + pid)`` picks, selected in memory (it would write
+            # index files next to the data)
+            order = np.random.default_rng(self.seed + pid).permutation(len(ds))
+            n_test = math.ceil(self.test_fraction * len(ds))
+            ds = ds.select(order[:n_test] if split == "test" else order[n_test:])
         elif split != "train":
             raise ValueError("per-client test data only exists for datasets without a test split")
         return to_tensors(ds, self.spec)

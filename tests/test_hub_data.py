@@ -102,6 +102,7 @@ def test_femnist_natural_writer_partitions_and_per_client_split(tmp_path):
         assert len(tr[1]) + len(te[1]) == len(rows) == 20 and len(te[1]) == 2
         assert tr[0].shape[1:] == (1, 28, 28)
     assert len(data.test(num_clients=4)[1]) == 8
+    assert not list((tmp_path / "femnist").rglob("cache-*"))  # nothing written into the user's copy
     with pytest.raises(ValueError, match="no natural client id"):
         H.HubData("cifar10", 2, partitioner="natural", source=local_copy("cifar10"))
 
