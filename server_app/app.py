@@ -35,6 +35,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import client_state
 from client_app.config import AppConfig
+from client_app.hub_data import DatasetUnavailable
 from client_app.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
@@ -171,10 +172,20 @@ def read_resume(fed: AppConfig, run_config: Mapping[str, Any], model: torch.nn.M
 
 
 def load_test_split(fed: AppConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The central test set; a hub task whose data set can be read neither from the hub nor from ``dataset-path``
+    fails the run here, before round 1, with the loader's message (which names ``dataset-path``)."""
+    try:
+        return _load_test_split(fed)
+    except DatasetUnavailable as err:
+        log(ERROR, "fedadapt: run FAILED: %s", err)
+        raise
+
+
+def _load_test_split(fed: AppConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return load_test_data(
         fed.task, seed=fed.seed, num_clients=fed.synthetic_clients, synthetic_dim=fed.synthetic_dim,
         synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
-        max_examples=fed.test_max_examples,
+        max_examples=fed.test_max_examples, dataset_path=fed.dataset_path,
     )
 
 

@@ -19,8 +19,6 @@ APP_DIR = Path(__file__).resolve().parent.parent.parent
 BASE_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "FLWR_TELEMETRY_ENABLED": "0",
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
     "RAY_DEDUP_LOGS": "0",
 }
 #: Signals that stop a launch: every started process is stopped, then the launcher exits with 128 + signal.
