@@ -1,4 +1,5 @@
-"""The ``flwr`` CLI: connections in ``<FLWR_HOME>/config.toml``, run-config strings, ``flwr run`` / ``ls`` / ``supernode``."""
+"""The ``flwr`` CLI: connections in ``<FLWR_HOME>/config.toml``, run-config strings, ``flwr run`` / ``ls`` /
+``supernode``."""
 
 from __future__ import annotations
 

@@ -26,9 +26,9 @@ def check_call(argv: Sequence[str], cwd: Path) -> None:
 
 def make_test_pki(pki_dir: Path, node_names: Sequence[str],
                   hosts: Sequence[str] = ("127.0.0.1", "::1", "localhost")) -> dict[str, Path]:
-    """Throw-away CA + server certificate (SAN: ``hosts``, IP addresses or DNS names) with openssl, and one ECDSA P-384 key pair
-    per SuperNode (OpenSSH format, as ``flwr supernode register`` wants) with ssh-keygen.  For tests/local use only:
-    never commit these files."""
+    """Throw-away CA + server certificate (SAN: ``hosts``, IP addresses or DNS names) with openssl, and one ECDSA
+    P-384 key pair per SuperNode (OpenSSH format, as ``flwr supernode register`` wants) with ssh-keygen.  For
+    tests/local use only: never commit these files."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     openssl = shutil.which("openssl")
     ssh_keygen = shutil.which("ssh-keygen")
