@@ -189,3 +189,71 @@ def test_no_file_cites_the_spec_the_repository_does_not_have():
             if f.is_file() and f.suffix in (".md", ".py", ".toml", ".txt", ".cfg") and SPEC in text(f):
                 citing.append(rel(f))
     assert not citing, f"cite {SPEC}, which the repository does not have: {citing}"
+
+
+# --- method pages: the flags named in "Readings we chose" ----------------------------------------------------------
+
+METHOD_PAGES = sorted((ROOT / "docs" / "methods").glob("*.md"))
+
+
+def page_methods(page: Path) -> list[str]:
+    """The registry names whose row in README's methods table links to ``page``."""
+    return re.findall(r"^\| `([a-z0-9-]+)`.*\]\(docs/methods/%s\) \|$" % re.escape(page.name), text(README), re.M)
+
+
+def readings_flags(page: Path) -> list[str]:
+    section = re.split(r"^#+ Readings we chose\n", text(page), flags=re.M)[1]
+    section = re.split(r"^#+ ", section, flags=re.M)[0]
+    flags = []
+    for line in section.splitlines():
+        if line.startswith("| A"):
+            cell = line.rstrip(" |").split(" | ")[-1]
+            cell = re.sub(r"\((?:[^()]|\([^()]*\))*\)", "", cell)  # drop "(default; alternatives)"
+            flags += re.findall(r"`([a-z][a-z0-9-]*)`", cell)
+    return flags
+
+
+@pytest.mark.parametrize("page", METHOD_PAGES, ids=rel)
+def test_method_page_has_readings_and_its_flags_exist(page):
+    import flower_strategies  # noqa: F401 - registers every method
+    from flower_strategies.core.registry import METHODS
+
+    assert re.search(r"^#+ Readings we chose$", text(page), re.M), f"{rel(page)} has no 'Readings we chose' section"
+    methods = page_methods(page)
+    assert methods, f"README's methods table does not link {rel(page)}"
+    keys = set(code_defaults())
+    for m in methods:
+        keys |= {k.split(".", 1)[1] for k in METHODS[m].defaults()}
+    unknown = [f for f in readings_flags(page) if f not in keys]
+    assert not unknown, f"{rel(page)} 'Readings we chose' names flags no method of the page has: {unknown}"
+
+
+@pytest.mark.parametrize("page", METHOD_PAGES, ids=rel)
+def test_readings_defaults_are_the_code_defaults(page):
+    """"`flag` (default; alternatives)" in a "Readings we chose" table: the default is a page method's default."""
+    import flower_strategies  # noqa: F401 - registers every method
+    from flower_strategies.core.registry import METHODS
+
+    section = re.split(r"^#+ Readings we chose\n", text(page), flags=re.M)[1]
+    section = re.split(r"^#+ ", section, flags=re.M)[0]
+    defaults: dict[str, list] = {}
+    for m in page_methods(page):
+        for k, v in METHODS[m].defaults().items():
+            defaults.setdefault(k.split(".", 1)[1], []).append(v)
+    for k, v in code_defaults().items():
+        defaults.setdefault(k, []).append(v)
+    checked = 0
+    for key, value in re.findall(r"`([a-z][a-z0-9-]*)` \(`?([A-Za-z0-9_.+-]+)`?[;)]", section):
+        if key not in defaults:
+            continue
+        stated: object = {"true": True, "false": False, "empty": ""}.get(value, value)
+        if isinstance(stated, str):
+            try:
+                stated = float(stated)
+            except ValueError:
+                pass
+        ok = any(d == stated or str(d) == str(stated) for d in defaults[key])
+        assert ok, f"{rel(page)}: `{key}` ({value}) but the code's default is {defaults[key]}"
+        checked += 1
+    if page.name not in ("fedopt.md", "mimelite.md"):
+        assert checked, f"{rel(page)}: no '`flag` (default)' found in its readings"
