@@ -1,6 +1,6 @@
 """Reproduction suite: each paper's own comparison set on offline data, over seeds, with tables and plots.
 
-    python -m simulations.reproduce 002 --quick --seeds 2            # one paper, CI-sized smoke run (no verdicts)
+    python -m simulations.reproduce 002 --quick --seeds 2            # one paper, CI-sized smoke run, not a reproduction
     python -m simulations.reproduce all [--seeds 3] [--rounds 50]    # every paper, every data setting
     python -m simulations.reproduce sweep 002 [--lrs 0.01,0.1,1]     # pick client lrs by the papers' rule
     python -m simulations.reproduce theory                            # paper 000 Fig. 1 + paper 003 surrogate plots
