@@ -7,6 +7,8 @@
   ``simulations.engine.run_inprocess``, …), every ``from flower_strategies import …`` name and every
   ``<PublicClass>.<attribute>`` the docs mention resolves;
 * the default job's test accuracy is the same in the Quick start, the Results table and the methods table;
+* README's tally of the swept reproduction is the committed ``docs/results/swept/summary.md``;
+* every method page has a "Readings we chose" section whose flags exist and whose stated defaults are the code's;
 * no file cites the spec document that the repository does not contain.
 
 Fast: it reads text and imports modules; the only model it builds is the default job's (no training).
@@ -257,3 +259,17 @@ def test_readings_defaults_are_the_code_defaults(page):
         checked += 1
     if page.name not in ("fedopt.md", "mimelite.md"):
         assert checked, f"{rel(page)}: no '`flag` (default)' found in its readings"
+
+
+def test_readme_claim_tally_is_the_committed_swept_summary():
+    flat = re.sub(r"\s+", " ", text(README))
+    m = re.search(r"of the (\d+) claims checked on digits (\d+) are reproduced, (\d+) go the paper's way within seed "
+                  r"noise, (\d+) the other way within noise and (\d+) are not reproduced", flat)
+    assert m, "README no longer states the tally of the swept reproduction"
+    total, rep, same, opp, nott = map(int, m.groups())
+    tally = dict((k, int(v)) for k, v in re.findall(r"([A-Za-z ,]+?): (\d+)(?:, |\n)",
+                                                   text(ROOT / "docs" / "results" / "swept" / "summary.md")
+                                                   .split("\n\n")[1] + "\n"))
+    assert tally == {"NOT reproduced": nott, "opposite, within seed noise": opp, "reproduced": rep,
+                     "same direction, within seed noise": same}
+    assert total == sum(tally.values())
