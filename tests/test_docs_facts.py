@@ -273,3 +273,9 @@ def test_readme_claim_tally_is_the_committed_swept_summary():
     assert tally == {"NOT reproduced": nott, "opposite, within seed noise": opp, "reproduced": rep,
                      "same direction, within seed noise": same}
     assert total == sum(tally.values())
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=rel)
+def test_docs_cite_no_section_labels_of_the_missing_spec(doc):
+    """Labels like "§4.6-A3" pointed into the spec; a page's own labels (A3) refer to its "Readings we chose"."""
+    assert not re.findall(r"§\d\.\d+-A\d+", text(doc)), rel(doc)
