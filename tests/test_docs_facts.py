@@ -279,3 +279,11 @@ def test_readme_claim_tally_is_the_committed_swept_summary():
 def test_docs_cite_no_section_labels_of_the_missing_spec(doc):
     """Labels like "§4.6-A3" pointed into the spec; a page's own labels (A3) refer to its "Readings we chose"."""
     assert not re.findall(r"§\d\.\d+-A\d+", text(doc)), rel(doc)
+
+
+@pytest.mark.parametrize("page", METHOD_PAGES, ids=rel)
+def test_every_ambiguity_label_on_a_method_page_is_defined_in_its_readings(page):
+    body = text(page)
+    used = {int(n) for n in re.findall(r"\bA(\d{1,2})\b", body)}
+    defined = {int(n) for n in re.findall(r"^\| A(\d+) \|", body, re.M)}
+    assert used <= defined, f"{rel(page)} uses A{sorted(used - defined)} without defining them in 'Readings we chose'"
