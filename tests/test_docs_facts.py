@@ -287,3 +287,16 @@ def test_every_ambiguity_label_on_a_method_page_is_defined_in_its_readings(page)
     used = {int(n) for n in re.findall(r"\bA(\d{1,2})\b", body)}
     defined = {int(n) for n in re.findall(r"^\| A(\d+) \|", body, re.M)}
     assert used <= defined, f"{rel(page)} uses A{sorted(used - defined)} without defining them in 'Readings we chose'"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=rel)
+def test_dotted_method_keys_exist(doc):
+    """`<method>.<key>` run-config keys named in the docs are declared by that method (renamed keys: "was `…`")."""
+    import flower_strategies  # noqa: F401 - registers every method
+    from flower_strategies.core.registry import METHODS
+
+    keys = {k for spec in METHODS.values() for k in spec.defaults()}
+    body = re.sub(r"was `[^`]*`", "", text(doc))
+    bad = {f"{m}.{k}" for m, k in re.findall(r"\b([a-z][a-z0-9-]+)\.([a-z][a-z0-9-]+)\b(?![.(/])", body)
+           if m in METHODS and k not in ("toml", "md", "py") and f"{m}.{k}" not in keys}
+    assert not bad, f"{rel(doc)} names method keys the code does not declare: {sorted(bad)}"
