@@ -1,7 +1,7 @@
 """Quadratic surrogate-loss analysis for LocalUpdate (pure NumPy kernels).
 
 Charles & Konečný, *On the Outsized Importance of Learning Rates in Local Update Methods*, 2020
-(seed ``003_2dc7ddae5cbdc81f.txt``), §2–6; spec ``ALGORITHMS.md`` §4.
+(seed ``003_2dc7ddae5cbdc81f.txt``), §2–6 (the readings we chose: ``docs/methods/localupdate.md``).
 
 Client ``i`` has the quadratic loss ``f_i(x) = ½ (x − c_i)ᵀ A_i (x − c_i)`` (``A_i`` symmetric).  One LocalUpdate
 round with client lr γ and weights ``Θ = (θ_1, …, θ_K)`` uploads, in expectation (Theorem 3),

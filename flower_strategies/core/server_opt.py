@@ -1,6 +1,6 @@
 """Server optimizers of the FedOpt family as pure functions on named arrays.
 
-Reddi et al., *Adaptive Federated Optimization* (ICLR 2021), with the conventions of ALGORITHMS.md §6.
+Reddi et al., *Adaptive Federated Optimization* (ICLR 2021); conventions in ``docs/methods/fedopt.md``.
 The input is the aggregated **descent-positive** pseudo-gradient ``D̄ = x_t − mean_i x_i`` (so plain SGD
 with ``lr = 1`` and the example-weighted mean is FedAvg).
 

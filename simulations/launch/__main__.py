@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy); registered SuperNodes (secure)")
     ap.add_argument("--unregistered", type=int, default=1,
                     help="secure: extra SuperNodes whose keys are not registered (they must be refused)")
-    ap.add_argument("--run-config", default=None, help="run-config overrides, TOML-typed: \"method='fedadam' num-server-rounds=5\"")
+    ap.add_argument("--run-config", default=None,
+                    help="run-config overrides, TOML-typed: \"method='fedadam' num-server-rounds=5\"")
     ap.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(APP_DIR / ".flwr")))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
     ap.add_argument("--app", default=str(APP_DIR), help="Flower app directory (default: this project)")
@@ -34,14 +35,28 @@ def main(argv: list[str] | None = None) -> int:
                     help="deploy: seconds between a SuperNode's SuperExec task polls (Flower default 1.0; 0.01-60)")
     ap.add_argument("--preloaded", action="store_true",
                     help="deploy: SuperNodes with --isolation process + a pre-loaded SuperExec that forks one "
-                         "ClientApp process per message (python -m simulations.launch.preloaded_exec) instead of a fresh "
-                         "flwr-clientapp interpreter")
+                         "ClientApp process per message (python -m simulations.launch.preloaded_exec) instead of a "
+                         "fresh flwr-clientapp interpreter")
     ap.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
                     help="deploy: node-local data, one .npz per node or a directory of partition-<i>.npz "
                          "(python -m simulations.convert_data); passed as node config data-path")
+    ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray",
+                    help="sim: ray = Flower's Ray simulation (default); inprocess = the in-process engine "
+                         "(simulations.engine, this process, no SuperLink; see simulations.launch.seeds)")
+    ap.add_argument("--seeds", type=int, default=None, metavar="N",
+                    help="sim --engine inprocess: run the configuration with seeds s..s+N-1 (s = run-config seed) and "
+                         "write seeds.json/.csv (final test accuracy/loss per seed, mean ± std) and accuracy_band.png")
     args = ap.parse_args(argv)
+    if (args.seeds is not None or args.engine == "inprocess") and args.mode != "sim":
+        ap.error("--engine inprocess and --seeds apply to sim only")
+    if args.seeds is not None and args.engine != "inprocess":
+        ap.error("--seeds needs --engine inprocess")
     home, app = Path(args.flwr_home).resolve(), Path(args.app).resolve()
     try:
+        if args.mode == "sim" and args.engine == "inprocess":
+            from .seeds import launch_inprocess
+
+            return launch_inprocess(args.num_supernodes, args.run_config, args.seeds)
         if args.mode == "sim":
             return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app,
                               ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus)

@@ -1,6 +1,6 @@
 """Reproduction suite: each paper's own comparison set on offline data, over seeds, with tables and plots.
 
-    python -m simulations.reproduce 002 --quick --seeds 2            # one paper, CI-sized (< 60 s)
+    python -m simulations.reproduce 002 --quick --seeds 2            # one paper, CI-sized smoke run, not a reproduction
     python -m simulations.reproduce all [--seeds 3] [--rounds 50]    # every paper, every data setting
     python -m simulations.reproduce sweep 002 [--lrs 0.01,0.1,1]     # pick client lrs by the papers' rule
     python -m simulations.reproduce theory                            # paper 000 Fig. 1 + paper 003 surrogate plots
@@ -30,14 +30,18 @@ files, plots), :mod:`.sweep`, :mod:`.theory`, :mod:`.cli` (``__main__``).
 
 from .catalogue import Claim, Entry, Paper, Setting, papers, registered, run_config_for, safe, settings
 from .cli import main, reproduce
-from .report import COLUMNS, aggregate, judge, markdown_table, rewrite, write_outputs, write_summary
+from .report import (
+    COLUMNS, NO_TARGET, SMOKE_HEADING, aggregate, judge, markdown_table, rewrite, verdicts, write_outputs,
+    write_summary,
+)
 from .runner import Progress, execute, last_window, run_grid, run_one, server_lr_of, summarize
 from .sweep import overrides_from_sweep, server_factors, server_grid, server_tuned, sweep_for, sweep_grid
 
 # The submodules ``sweep`` (:func:`.sweep.sweep`) and ``theory`` (:func:`.theory.theory`) keep their names here.
 __all__ = [
-    "COLUMNS", "Claim", "Entry", "Paper", "Progress", "Setting", "aggregate", "execute", "judge", "last_window", "main",
+    "COLUMNS", "NO_TARGET", "SMOKE_HEADING", "Claim", "Entry", "Paper", "Progress", "Setting", "aggregate", "execute",
+    "judge", "last_window", "main",
     "markdown_table", "overrides_from_sweep", "papers", "registered", "reproduce", "rewrite", "run_config_for",
     "run_grid", "run_one", "safe", "server_factors", "server_grid", "server_lr_of", "server_tuned", "settings",
-    "summarize", "sweep", "sweep_for", "sweep_grid", "theory", "write_outputs", "write_summary",
+    "summarize", "sweep", "sweep_for", "sweep_grid", "theory", "verdicts", "write_outputs", "write_summary",
 ]

@@ -39,8 +39,8 @@ def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | Non
         sub = out / p.key / setting
         results = run_grid(p, setting, seed_list, rounds or (8 if quick else 50), sub,
                            overrides_from_sweep(mine) if mine else None, prog, jobs)
-        written[f"{p.key}/{setting}"] = write_outputs(p, setting, results, sub, command)
-        print(markdown_table(p, setting, results, command), flush=True)
+        written[f"{p.key}/{setting}"] = write_outputs(p, setting, results, sub, command, quick=quick)
+        print(markdown_table(p, setting, results, command, quick), flush=True)
     print(f"[reproduce] {prog.done} runs in {time.monotonic() - t0:.1f}s → {out} (claims: {write_summary(out)})",
           flush=True)
     return written

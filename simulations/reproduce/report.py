@@ -78,6 +78,28 @@ def judge(claim: Claim, agg: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]
     return verdict, (f"{claim.better} {fmt(vb)} ± {fmt(sb)} vs {claim.worse} {fmt(vw)} ± {fmt(sw)} ({claim.metric})")
 
 
+SMOKE_HEADING = "SMOKE RUN (--quick): not a reproduction"
+NO_TARGET = "n/a — no method reached the target"
+
+
+def nobody_reached(agg: Mapping[str, Mapping[str, Any]]) -> bool:
+    """True when no seed of any entry that ran reached the target test accuracy."""
+    return not any(a.get("reached", 0) for a in agg.values() if a.get("status") == "ok")
+
+
+def verdicts(claims: Sequence[Claim], agg: Mapping[str, Mapping[str, Any]],
+             quick: bool = False) -> list[tuple[Claim, str, str]]:
+    """``(claim, verdict, numbers)`` per claim.  A smoke run (``--quick``: a few rounds) in which no method reached
+    the target gives no verdict at all: :data:`NO_TARGET`, whatever the claim's metric."""
+    out = []
+    for c in claims:
+        verdict, numbers = judge(c, agg)
+        if quick and nobody_reached(agg):
+            verdict = NO_TARGET
+        out.append((c, verdict, numbers))
+    return out
+
+
 def fmt(v: Any) -> str:
     if v is None:
         return "–"
@@ -87,7 +109,8 @@ def fmt(v: Any) -> str:
     return f"{v:.4g}"
 
 
-def markdown_table(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]], command: str) -> str:
+def markdown_table(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]], command: str,
+                   quick: bool = False) -> str:
     agg = aggregate(results)
     seeds = sorted({r["seed"] for r in results if r["status"] == "ok"})
     rounds = next((r["rounds"] for r in results if r["status"] == "ok"), 0)
@@ -96,6 +119,8 @@ def markdown_table(paper: Paper, setting: str, results: Sequence[Mapping[str, An
     lines = [
         f"### Paper {paper.key} — {paper.title} — setting `{setting}`",
         "",
+        *([f"**{SMOKE_HEADING}** — a CI-sized check that the suite runs ({rounds} rounds, first data setting "
+           "only); its verdicts say nothing about the papers' claims.", ""] if quick else []),
         f"`{command}` · {len(seeds)} seed(s) {seeds} · {rounds} rounds · {clients} · "
         f"target test accuracy {target:g}",
         "",
@@ -123,14 +148,14 @@ def markdown_table(paper: Paper, setting: str, results: Sequence[Mapping[str, An
         )
     if paper.claims_for(setting):
         lines += ["", "| paper's claim | on our data | numbers (mean over seeds) |", "|---|---|---|"]
-        for c in paper.claims_for(setting):
-            verdict, numbers = judge(c, agg)
+        for c, verdict, numbers in verdicts(paper.claims_for(setting), agg, quick):
             lines.append(f"| {c.text} | **{verdict}** | {numbers} |")
     return "\n".join(lines) + "\n"
 
 
 def write_outputs(paper: Paper, setting: str, results: list[dict[str, Any]], out: Path, command: str,
-                  plots: bool = True) -> dict[str, Path]:
+                  plots: bool = True, quick: bool = False) -> dict[str, Path]:
+    """results.csv/json, table.md and the plots of one paper × setting; ``quick`` labels them a smoke run."""
     out.mkdir(parents=True, exist_ok=True)
     files = {"csv": out / "results.csv", "json": out / "results.json", "table": out / "table.md"}
     with files["csv"].open("w", newline="") as fh:
@@ -141,11 +166,11 @@ def write_outputs(paper: Paper, setting: str, results: list[dict[str, Any]], out
     agg = aggregate(results)
     files["json"].write_text(json.dumps(
         {"paper": paper.key, "title": paper.title, "setting": setting, "command": command,
-         "target": paper.target_for(setting), "results": results, "aggregate": agg,
-         "claims": [{"claim": c.text, "verdict": judge(c, agg)[0], "numbers": judge(c, agg)[1]}
-                    for c in paper.claims_for(setting)]},
+         "target": paper.target_for(setting), "quick": quick, "results": results, "aggregate": agg,
+         "claims": [{"claim": c.text, "verdict": v, "numbers": n}
+                    for c, v, n in verdicts(paper.claims_for(setting), agg, quick)]},
         indent=2, default=_json_default))
-    files["table"].write_text(markdown_table(paper, setting, results, command))
+    files["table"].write_text(markdown_table(paper, setting, results, command, quick))
     if plots and any(r["status"] == "ok" for r in results):
         files.update(plot_curves(paper, setting, results, out))
     return files
@@ -155,15 +180,21 @@ def write_summary(out: Path) -> Path:
     """``<out>/summary.md``: every claim verdict found in ``<out>/<paper>/<setting>/results.json``, one table."""
     lines = ["| paper | setting | paper's claim | on our data | numbers (mean over seeds) |", "|---|---|---|---|---|"]
     counts: dict[str, int] = {}
+    smoke = False
     for path in sorted(out.glob("*/*/results.json")):
         data = json.loads(path.read_text())
+        smoke = smoke or bool(data.get("quick"))
         for c in data.get("claims", []):
             lines.append(f"| {data['paper']} | `{data['setting']}` | {c['claim']} | **{c['verdict']}** "
                          f"| {c['numbers']} |")
             counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
     tally = ", ".join(f"{v}: {n}" for v, n in sorted(counts.items()))
     path = out / "summary.md"
-    path.write_text(f"# Claims checked under `{out}`\n\n{tally or 'no results'}\n\n" + "\n".join(lines) + "\n")
+    head = f"# Claims checked under `{out}`\n\n"
+    if smoke:
+        head += (f"**{SMOKE_HEADING}** — some results come from `--quick` runs (a few rounds, first data setting "
+                 "only); their verdicts say nothing about the papers' claims.\n\n")
+    path.write_text(f"{head}{tally or 'no results'}\n\n" + "\n".join(lines) + "\n")
     return path
 
 
@@ -242,6 +273,6 @@ def rewrite(out: Path) -> list[Path]:
             metrics_file = Path(row.get("run_dir") or "-") / "metrics.jsonl"
             if row["status"] == "ok" and metrics_file.exists():
                 row.update(summarize(read_metrics(metrics_file), p.target_for(data["setting"])))
-        write_outputs(p, data["setting"], data["results"], path.parent, data["command"])
+        write_outputs(p, data["setting"], data["results"], path.parent, data["command"], quick=bool(data.get("quick")))
         done.append(path.parent)
     return done
