@@ -235,7 +235,8 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
             return cluster.start(name, [
                 bin_path("flower-supernode"), "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(pki["ca"]),
                 "--auth-supernode-private-key", str(pki[name]), "--port", str(node_port), "--node-config", node_cfg,
-            ], env={"FLWR_HOME": str(flwr_home / name), "FEDADAPT_CLIENT_STATE_DIR": str(flwr_home / name / "client-state")})
+            ], env={"FLWR_HOME": str(flwr_home / name),
+                    "FEDADAPT_CLIENT_STATE_DIR": str(flwr_home / name / "client-state")})
 
         for i in range(nodes):
             supernode(f"sn{i}", node_config(i, nodes, None))
@@ -252,7 +253,8 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
         res.nodes_listed = list_supernodes(cluster, conn)
     report(res.run_id, res.status, log_dir)
     listed = [(n.get("node-id"), n.get("status")) for n in res.nodes_listed]
-    print(f"[fedadapt] secure: plaintext flwr ls {'failed' if res.plaintext_client.get('success') is False else 'WORKED'} "
+    plaintext = "failed" if res.plaintext_client.get("success") is False else "WORKED"
+    print(f"[fedadapt] secure: plaintext flwr ls {plaintext} "
           f"({res.plaintext_client.get('error-message', '')!r}), plain HTTP: {res.plaintext_http_error or 'ANSWERED'}; "
           f"unregistered SuperNodes' exit codes {res.unregistered_rc}; "
           f"registered node ids {res.registered_ids}, listed {listed}", flush=True)
