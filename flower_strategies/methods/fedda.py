@@ -84,11 +84,6 @@ TABLE12_SERVER_LR = {"sgdm": 1.0, "adam": 0.1, "adagrad": 0.1}
 
 
 # ------------------------------------------------------------------------------------------ pure server math
-def recover_gradient(p_bar: np.ndarray, m_prev: np.ndarray, beta1: float) -> np.ndarray:
-    """``G = (P̄ − β1·m_r)/(1−β1)`` (Algorithm 2, line 11): treat ``P̄`` as one momentum step fed with ``G``."""
-    return (np.asarray(p_bar) - beta1 * np.asarray(m_prev)) / (1.0 - beta1)
-
-
 def fedda_server_step(
     variant: str,
     params: Mapping[str, np.ndarray],
