@@ -12,9 +12,9 @@ ServerApp applies them with :func:`apply` before it builds the strategy:
 * one log line lists the values applied.
 
 How the values were found: a short grid per method with the in-process engine on the default job (seed 0,
-10 rounds), picking the highest final test accuracy, then checked on seed 1 (the README's "Default job per method"
-table lists what they reach).  A method absent from the task's table, or with ``{}``, learns at the app's
-defaults.
+10 rounds), picking the highest final test accuracy, then checked on seed 1 (``docs/results/presets.md`` lists each
+grid's outcome; the README's "Default job per method" table lists what the presets reach).  A method absent from
+the task's table, or with ``{}``, learns at the app's defaults.
 """
 
 from __future__ import annotations
@@ -28,32 +28,31 @@ from flwr.common import log
 from client_app.config import AppConfig
 from flower_strategies.core.registry import run_config_defaults
 
-# task → method → run-config values.  Comments: final test accuracy of the default job (seed 0, 10 rounds) with the
-# library defaults → with the preset (in-process engine; the grid tried is in brackets).
+# task → method → run-config values (comment: the grid tried).  What each reaches: docs/results/presets.md.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "digits-mlp": {
-        "adpfed": {},  # 0.947
-        "fedadagrad": {"fedadagrad.server-lr": 0.3},  # 0.681 → 0.936 [server-lr 0.03, 0.1, 0.3]
-        "fedadam": {"fedadam.server-lr": 0.1},  # 0.717 → 0.950 [0.01, 0.03, 0.1]
-        "fedams": {"client-lr": 0.01},  # 0.100 (diverges at η_l = 0.5) → 0.942 [0.003, 0.01]
-        "fedavg": {},  # 0.925 (the app's defaults are FedAvg's)
-        "fedavgm": {},  # 0.931
-        "fedcm": {"client-lr": 1.0},  # 0.889 → 0.922 (α = 0.1 damps the gradient: wants a larger η_l) [0.5, 1]
-        "fedda": {},  # 0.925
-        "fedda-adagrad": {"fedda-adagrad.server-lr": 1.0},  # 0.831 → 0.894 [0.1, 1]
-        "fedda-adam": {"fedda-adam.server-lr": 1.0},  # 0.764 → 0.931 [0.1, 1]
-        "fedda-sgdm": {},  # 0.925
-        "fedlada": {"client-lr": 0.01},  # 0.708 → 0.894 [0.003, 0.01]
-        "fedlamb": {"client-lr": 0.01},  # 0.100 (diverges at η_l = 0.5) → 0.858 [0.003, 0.01]
-        "fedlocal": {"client-lr": 0.3, "fedlocal.server-lr": 1.0},  # 0.575 → 0.753 [η_l 0.1, 0.3 × server-lr 1]
-        "fedlocal-sync": {"client-lr": 0.3, "fedlocal-sync.server-lr": 1.0},  # 0.717 → 0.808 [same grid]
-        "fedprox": {},  # 0.925
-        "fedyogi": {"fedyogi.server-lr": 0.1},  # 0.717 → 0.947 [0.01, 0.03, 0.1]
-        "localadam": {"client-lr": 0.003},  # 0.256 → 0.781 [0.003, 0.01]
-        "localupdate": {"localupdate.server-lr": 1.0},  # 0.500 → 0.922 [η_l 0.5, 1 × server-lr 1]
-        "localupdatedecay": {"localupdatedecay.server-lr": 1.0},  # 0.500 → 0.922 [same grid]
-        "mimelite": {"client-lr": 0.1},  # 0.528 (unstable at η_l = 0.5) → 0.864 [0.1, 0.2]
-        "scaffold": {},  # 0.953
+        "adpfed": {},
+        "fedadagrad": {"fedadagrad.server-lr": 0.3},  # grid: server-lr 0.03, 0.1, 0.3
+        "fedadam": {"fedadam.server-lr": 0.1},  # grid: 0.01, 0.03, 0.1
+        "fedams": {"client-lr": 0.01},  # grid: 0.003, 0.01
+        "fedavg": {},
+        "fedavgm": {},
+        "fedcm": {"client-lr": 1.0},  # grid: 0.5, 1
+        "fedda": {},
+        "fedda-adagrad": {"fedda-adagrad.server-lr": 1.0},  # grid: 0.1, 1
+        "fedda-adam": {"fedda-adam.server-lr": 1.0},  # grid: 0.1, 1
+        "fedda-sgdm": {},
+        "fedlada": {"client-lr": 0.01},  # grid: 0.003, 0.01
+        "fedlamb": {"client-lr": 0.01},  # grid: 0.003, 0.01
+        "fedlocal": {"client-lr": 0.3, "fedlocal.server-lr": 1.0},  # grid: η_l 0.1, 0.3 × server-lr 1
+        "fedlocal-sync": {"client-lr": 0.3, "fedlocal-sync.server-lr": 1.0},  # grid: same grid
+        "fedprox": {},
+        "fedyogi": {"fedyogi.server-lr": 0.1},  # grid: 0.01, 0.03, 0.1
+        "localadam": {"client-lr": 0.003},  # grid: 0.003, 0.01
+        "localupdate": {"localupdate.server-lr": 1.0},  # grid: η_l 0.5, 1 × server-lr 1
+        "localupdatedecay": {"localupdatedecay.server-lr": 1.0},  # grid: same grid
+        "mimelite": {"client-lr": 0.1},  # grid: 0.1, 0.2
+        "scaffold": {},
     },
 }
 
