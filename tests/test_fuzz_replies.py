@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import flower_strategies  # noqa: F401 - registers the methods
@@ -238,6 +238,8 @@ def test_a_hostile_reply_is_rejected_with_a_reason_and_changes_nothing(method, d
 @pytest.mark.parametrize("method", ["fedcm", "fedlada", "localupdatedecay", "fedlocal-sync"])
 @FUZZ
 @given(junk=st.lists(st.tuples(st.sampled_from([R.TRAIN_LOSS, R.TRAIN_LOSS_BEFORE, "accuracy"]), JUNK), max_size=6))
+@example(junk=[(R.TRAIN_LOSS, 2**70), (R.TRAIN_LOSS_BEFORE, "x"), ("accuracy", float("nan")), (R.TRAIN_LOSS, 2**1100),
+               (R.TRAIN_LOSS_BEFORE, True), ("accuracy", [1.0])])
 def test_junk_in_optional_metrics_never_raises_and_leaves_the_model(method, junk):
     """Optional metrics may hold anything: the honest replies are still used and give the same model."""
     ref, _ = baseline(method)

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import MetricRecord
 from flwr.common.logger import FLOWER_LOGGER
 
 import flower_strategies  # noqa: F401 - registers the methods
+from flower_strategies.core.rounds import robust_mean, weighted_mean
+from flower_strategies.core.screen import ScreenPolicy
 from simulations.engine import run_inprocess
 
 NODES = 5
@@ -124,3 +128,25 @@ def test_an_outlying_train_loss_before_forces_no_decay(tmp_path):
     assert [r["next-client-lr"] for r in rows[1:]] == [r["next-client-lr"] for r in clean_rows[1:]]
     assert all(r["plateau-loss"] < 10 for r in rows[1:])
     assert_same_model(model, clean_model)
+
+
+# ------------------------------------------------------------------------------------------ the rules on their own
+def test_step_caps_rule():
+    assert ScreenPolicy(local_steps=3).step_caps([3.0, 1e300, None], [10, 10, 10]) == [3.0, 3.0, 3.0]
+    epochs = ScreenPolicy(local_steps=0, local_epochs=2, batch_size=4, max_weight_ratio=1.5)
+    # plans of the clipped weights 8, 12, 15: 4, 6, 8; 1.5 × the median reported (4, 6, 1e300) = 9
+    assert epochs.step_caps([4.0, 6.0, 1e300], [8, 12, 15]) == [9.0, 9.0, 9.0]
+    assert epochs.step_caps([40.0, 60.0, 80.0], [80, 120, 160]) == [90.0, 90.0, 90.0]  # plans 40, 60, 80 < 90
+    assert epochs.step_caps([None, None], [8, 12]) == [math.inf, math.inf]
+    assert ScreenPolicy(max_weight_ratio=0).step_caps([1e300], [10]) == [math.inf]
+
+
+def test_robust_mean_equals_weighted_mean_bit_for_bit_when_nothing_is_left_out():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        pairs = [(float(v), float(n)) for v, n in zip(rng.random(4) * 3, rng.integers(1, 100, 4))]
+        for weighting in ("examples", "uniform"):
+            assert robust_mean(pairs, weighting) == weighted_mean(pairs, weighting)
+    assert robust_mean([(2.0, 1.0), (2.2, 1.0), (1e6, 1.0)], "uniform") == pytest.approx(2.1)
+    assert robust_mean([(float("nan"), 1.0), ("x", 1.0), (True, 1.0), (None, 1.0)]) is None
+    assert robust_mean([(2**1100, 1.0), (1.0, 3.0)]) == 1.0

@@ -8,6 +8,7 @@ the method's math.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,7 +89,7 @@ def _finite(value: object) -> bool:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
     try:
-        return bool(np.isfinite(value))
+        return math.isfinite(value)
     except OverflowError:  # an int beyond float range
         return False
 
