@@ -251,3 +251,17 @@ def test_junk_in_optional_metrics_never_raises_and_leaves_the_model(method, junk
     assert metrics is not None and metrics["replies-used"] == len(HONEST)
     assert_same_model(new, ref)
     assert all(isinstance(v, (int, float)) for v in metrics.values())
+
+
+def test_a_fortran_ordered_payload_is_used_like_the_c_ordered_one():
+    """Flower's ``Array`` of a transposed ndarray writes ``fortran_order: True``: same checks, same values."""
+    ref, _ = baseline("fedavg")
+    s = build("fedavg")
+    replies = [honest(s, n) for n in HONEST]
+    w = replies[0].content[R.MODEL]["w"]
+    fortran = Array(np.asfortranarray(R.view(w)))
+    assert b"'fortran_order': True" in fortran.data
+    replies[0].content[R.MODEL]["w"] = fortran
+    new, metrics = s.aggregate_train(1, replies)
+    assert metrics is not None and metrics["replies-used"] == len(HONEST)
+    assert_same_model(new, ref)

@@ -123,7 +123,9 @@ def checked_view(array: Array, shape: tuple[int, ...], dtype: np.dtype) -> np.nd
 
     Checked: ``stype == "numpy.ndarray"``; metadata ``dtype``/``shape`` == the expected ones; the ``.npy`` magic,
     version and header parse; the header's dtype (not an object dtype) and shape == the expected ones; the payload
-    length == header + ``prod(shape)·itemsize`` exactly.  A Fortran-ordered payload is viewed as such."""
+    length == header + ``prod(shape)·itemsize`` exactly.  A Fortran-ordered payload (Flower's ``Array`` of a
+    transposed ndarray) is checked the same way and read into one C-ordered read-only copy (:func:`.ops.fold`
+    flattens its arrays segment by segment: a non-C-contiguous view would be copied once per segment)."""
     try:
         if array.stype != "numpy.ndarray":
             return f"has stype {array.stype!r}, expected 'numpy.ndarray'"
@@ -147,7 +149,11 @@ def checked_view(array: Array, shape: tuple[int, ...], dtype: np.dtype) -> np.nd
         size = offset + dtype.itemsize * math.prod(got_shape)
         if len(data) != size:
             return f"has a payload of {len(data)} bytes, its .npy header says {size}"
-        return np.ndarray(got_shape, dtype=dtype, buffer=data, offset=offset, order="F" if fortran else "C")
+        out = np.ndarray(got_shape, dtype=dtype, buffer=data, offset=offset, order="F" if fortran else "C")
+        if fortran and not out.flags.c_contiguous:  # one C-ordered copy: the fold flattens per segment
+            out = np.ascontiguousarray(out)
+            out.flags.writeable = False
+        return out
     except Exception as err:  # noqa: BLE001  # e.g. an unknown dtype name or a shape that is not a sequence
         return f"has unusable metadata ({type(err).__name__}: {err})"
 
