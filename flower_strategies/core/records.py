@@ -73,12 +73,18 @@ def of_type(content: RecordDict, kind: type[_Rec]) -> Iterator[tuple[str, _Rec]]
     return ((name, rec) for name, rec in content.items() if isinstance(rec, kind))
 
 
+#: Longest ``.npy`` header accepted from a client (NumPy's own default ``max_header_size``).
+MAX_HEADER_BYTES = 10000
+
+#: The ``.npy`` format versions a payload may use, and the width of their header-length field.
+_NPY_VERSIONS = {1: 2, 2: 4}
+
+
 @lru_cache(maxsize=4096)
 def _npy_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
-    """``(shape, fortran_order, dtype, data offset)`` of a ``.npy`` payload from its header bytes (cached: every
-    round's replies repeat the same few headers, and NumPy parses each with ``ast.literal_eval``)."""
-    import io
-
+    """``(shape, fortran_order, dtype, data offset)`` of a ``.npy`` payload from its header bytes, ``None`` when they
+    do not parse (cached: every round's replies repeat the same few headers, and NumPy parses each with
+    ``ast.literal_eval``)."""
     buf = io.BytesIO(prefix)
     try:
         version = np.lib.format.read_magic(buf)
@@ -86,20 +92,80 @@ def _npy_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | 
                        (2, 0): np.lib.format.read_array_header_2_0}.get(version)
         if read_header is None:
             return None
-        shape, fortran, dtype = read_header(buf)
-    except ValueError:  # truncated prefix (a header longer than the prefix): no fast path
+        shape, fortran, dtype = read_header(buf, max_header_size=MAX_HEADER_BYTES)
+    except Exception:  # noqa: BLE001  # a client's bytes: whatever NumPy raises on them, the header is unusable
         return None
     return tuple(shape), bool(fortran), dtype, buf.tell()
 
 
+def _header_of(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | str:
+    """:func:`_npy_header` of a payload's leading bytes, or why they are not a ``.npy`` header (cheap: only the
+    header bytes are read)."""
+    if data[:6] != b"\x93NUMPY" or len(data) < 10:
+        return "is not a .npy payload (bad magic)"
+    width = _NPY_VERSIONS.get(data[6])
+    if width is None or data[7] != 0:
+        return f"has unsupported .npy version {data[6]}.{data[7]}"
+    hlen = int.from_bytes(data[8 : 8 + width], "little")
+    start = 8 + width
+    if hlen > MAX_HEADER_BYTES or len(data) < start + hlen:
+        return f"has a truncated or oversized .npy header ({hlen} bytes)"
+    head = _npy_header(bytes(data[: start + hlen]))
+    if head is None:
+        return "has an unparsable .npy header"
+    return head
+
+
+def checked_view(array: Array, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | str:
+    """A read-only zero-copy view of a client's Array when its payload is exactly a ``.npy`` array of ``shape`` and
+    ``dtype`` that agrees with the Array's own metadata, else the reason it is not (nothing here raises, and
+    nothing reads more than the header: the byte length is compared, not the data).
+
+    Checked: ``stype == "numpy.ndarray"``; metadata ``dtype``/``shape`` == the expected ones; the ``.npy`` magic,
+    version and header parse; the header's dtype (not an object dtype) and shape == the expected ones; the payload
+    length == header + ``prod(shape)·itemsize`` exactly.  A Fortran-ordered payload (Flower's ``Array`` of a
+    transposed ndarray) is checked the same way and read into one C-ordered read-only copy (:func:`.ops.fold`
+    flattens its arrays segment by segment: a non-C-contiguous view would be copied once per segment)."""
+    try:
+        if array.stype != "numpy.ndarray":
+            return f"has stype {array.stype!r}, expected 'numpy.ndarray'"
+        if np.dtype(array.dtype) != dtype:
+            return f"has dtype {array.dtype}, expected {dtype}"
+        if tuple(array.shape) != tuple(shape):
+            return f"has shape {tuple(array.shape)}, expected {tuple(shape)}"
+        data = array.data
+        if not isinstance(data, bytes):
+            return f"has a payload of type {type(data).__name__}, expected bytes"
+        head = _header_of(data)
+        if isinstance(head, str):
+            return head
+        got_shape, fortran, got_dtype, offset = head
+        if got_dtype.hasobject:
+            return f"has a payload of object dtype {got_dtype}"
+        if got_dtype != dtype:
+            return f"has a payload of dtype {got_dtype} under metadata dtype {array.dtype}"
+        if got_shape != tuple(shape):
+            return f"has a payload of shape {got_shape} under metadata shape {tuple(array.shape)}"
+        size = offset + dtype.itemsize * math.prod(got_shape)
+        if len(data) != size:
+            return f"has a payload of {len(data)} bytes, its .npy header says {size}"
+        out = np.ndarray(got_shape, dtype=dtype, buffer=data, offset=offset, order="F" if fortran else "C")
+        if fortran and not out.flags.c_contiguous:  # one C-ordered copy: the fold flattens per segment
+            out = np.ascontiguousarray(out)
+            out.flags.writeable = False
+        return out
+    except Exception as err:  # noqa: BLE001  # e.g. an unknown dtype name or a shape that is not a sequence
+        return f"has unusable metadata ({type(err).__name__}: {err})"
+
+
 def view(array: Array) -> np.ndarray:
     """A read-only NumPy view of an Array's serialized bytes, without copying (falls back to a copy for arrays
-    that are not plain C-ordered ``.npy`` data)."""
+    that are not plain C-ordered ``.npy`` data).  For the server's own arrays; a client's go through
+    :func:`checked_view`."""
     data = array.data
-    if array.stype == "numpy.ndarray" and data[:6] == b"\x93NUMPY":
-        hlen = int.from_bytes(data[8:10], "little") if data[6] == 1 else int.from_bytes(data[8:12], "little")
-        head = _npy_header(bytes(data[: (10 if data[6] == 1 else 12) + hlen]))
-        if head is not None:
+    if array.stype == "numpy.ndarray" and isinstance(data, bytes):
+        head = _header_of(data)
+        if not isinstance(head, str):
             shape, fortran, dtype, offset = head
             if not fortran and not dtype.hasobject and len(data) >= offset + dtype.itemsize * math.prod(shape):
                 # one array object on the message's bytes (frombuffer + reshape would keep two alive per view)
@@ -151,5 +217,16 @@ def to_record(arrays: Mapping[str, np.ndarray], consume: bool = False) -> ArrayR
 
 
 def record_nbytes(record: ArrayRecord) -> int:
-    """Array payload bytes of an ArrayRecord, from shapes and dtypes (without deserialising it)."""
-    return int(sum(np.dtype(arr.dtype).itemsize * math.prod(arr.shape) for arr in record.values()))
+    """Array payload bytes of an ArrayRecord, from shapes and dtypes (without deserialising it); an Array whose
+    metadata does not describe an array (a client's) counts its raw payload length."""
+    return sum(_array_nbytes(arr) for arr in record.values())
+
+
+def _array_nbytes(arr: Array) -> int:
+    try:
+        n = np.dtype(arr.dtype).itemsize * math.prod(arr.shape)
+        if isinstance(n, int) and n >= 0:
+            return n
+    except Exception:  # noqa: BLE001  # a client's metadata: anything may fail to describe an array
+        pass
+    return len(arr.data) if isinstance(arr.data, bytes) else 0

@@ -8,6 +8,7 @@ the method's math.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,28 +84,52 @@ def weighted_mean(values: Sequence[tuple[float, float]], weighting: str) -> floa
     return float(sum(v * n for v, n in values) / total)
 
 
+def _finite(value: object) -> bool:
+    """Whether ``value`` is a finite int/float (not a bool)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
+def robust_mean(values: Sequence[tuple[Any, float]], weighting: str = "examples") -> float | None:
+    """Mean of ``(value, num_examples)`` pairs, example-weighted or uniform, with what one reply could poison it
+    with left out: non-numbers and NaN/Inf, and with 3 or more values any value above ``METRIC_OUTLIER_RATIO`` ×
+    max(1, the lower median of the values' magnitudes); ``None`` when nothing is left.  With nothing left out it
+    equals :func:`weighted_mean` bit for bit."""
+    pairs = [(float(v), float(n)) for v, n in values if _finite(v)]
+    if len(pairs) >= 3:
+        scale = max(1.0, float(np.quantile([abs(v) for v, _ in pairs], 0.5, method="lower")))
+        pairs = [(v, n) for v, n in pairs if abs(v) <= METRIC_OUTLIER_RATIO * scale]
+    if not pairs:
+        return None
+    if weighting == "uniform":
+        return float(sum(v for v, _ in pairs) / len(pairs))
+    total = sum(n for _, n in pairs)
+    return float(sum(v * n for v, n in pairs) / total) if total > 0 else None
+
+
 def mean_reply_metrics(reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Example-weighted means of the replies' numeric metrics, plus the total ``num-examples``.
 
-    One reply cannot poison a metric: NaN/Inf values are left out, and with 3 or more values so is any value
-    above ``METRIC_OUTLIER_RATIO`` × max(1, the lower median of the values' magnitudes) (e.g. a train-loss of
-    1e300)."""
+    One reply cannot poison a metric (:func:`robust_mean`): NaN/Inf values are left out, and with 3 or more values
+    so is any value above ``METRIC_OUTLIER_RATIO`` × max(1, the lower median of the values' magnitudes) (e.g. a
+    train-loss of 1e300).  A reply without a finite positive ``num-examples`` is left out altogether."""
+    usable = [m for m in reply_metrics if _finite(m.get(R.NUM_EXAMPLES)) and float(m[R.NUM_EXAMPLES]) > 0]
     values: dict[str, list[tuple[float, float]]] = {}
-    for m in reply_metrics:
+    for m in usable:
         n = float(m[R.NUM_EXAMPLES])
         for key, value in m.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in NOT_AVERAGED \
-                    and np.isfinite(value):
+            if key not in NOT_AVERAGED and _finite(value):
                 values.setdefault(key, []).append((float(value), n))
     out: dict[str, float] = {}
     for key, pairs in values.items():
-        if len(pairs) >= 3:
-            scale = max(1.0, float(np.quantile([abs(v) for v, _ in pairs], 0.5, method="lower")))
-            pairs = [(v, n) for v, n in pairs if abs(v) <= METRIC_OUTLIER_RATIO * scale]
-        total = sum(n for _, n in pairs)
-        if total > 0:
-            out[key] = sum(v * n for v, n in pairs) / total
-    out[R.NUM_EXAMPLES] = float(sum(float(m[R.NUM_EXAMPLES]) for m in reply_metrics))
+        mean = robust_mean(pairs)
+        if mean is not None:
+            out[key] = mean
+    out[R.NUM_EXAMPLES] = float(sum(float(m[R.NUM_EXAMPLES]) for m in usable))
     return out
 
 

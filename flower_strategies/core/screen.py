@@ -4,9 +4,11 @@ Every defence of the server sits here, in this order:
 
 1. **client half** — a reply naming another method, or (for methods with a client half) naming none, is rejected;
    if every reply of the round lacks it the run cannot train (:class:`ClientHalfMissing`);
-2. **structure** — :func:`.validation.parse_reply` (metrics, ``num-examples``, keys/shapes/dtypes);
+2. **structure** — :func:`.validation.parse_reply` (``num-examples``/``num-steps`` whole and ≥ 1, keys/shapes/
+   dtypes, every payload against its own metadata before it is viewed);
 3. **weight clipping** — ``num-examples`` clipped at ``max_weight_ratio`` × the round's median
-   (:meth:`ScreenPolicy.weights`);
+   (:meth:`ScreenPolicy.weights`); ``num-steps`` clipped at what the round planned (:meth:`ScreenPolicy.step_caps`),
+   so that one reply cannot move K̄, the mean step count the server math reads;
 4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured in
    the same chunk-major pass that folds the replies into the aggregates (:func:`.ops.fold`);
 5. **robust aggregation** — ``aggregator`` = median / trimmed-mean replaces the mean of every ``"mean"``-rule record.
@@ -18,6 +20,7 @@ Every defence of the server sits here, in this order:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
@@ -56,6 +59,10 @@ class ScreenPolicy:
     max_update_norm: float = 0.0
     update_norm_ratio: float = 100.0
     max_weight_ratio: float = 1.5
+    #: The round's plan (what :func:`.client.num_local_steps` gives a client): K, else E·⌈n/B⌉.
+    local_steps: int = 0
+    local_epochs: int = 1
+    batch_size: int = 32
 
     @classmethod
     def from_settings(cls, settings: Any, weighting: str) -> ScreenPolicy:
@@ -78,6 +85,22 @@ class ScreenPolicy:
         cap = self.max_weight_ratio * float(np.median(reported))
         return [min(n, cap) for n in reported]
 
+    def step_caps(self, steps: Sequence[float | None], weights: Sequence[float]) -> list[float]:
+        """The most ``num-steps`` each reply may count with in K̄ (``steps``: the reported values, ``None`` = absent;
+        ``weights``: the clipped weights of :meth:`weights`).
+
+        ``local-steps`` K > 0: K (a client never plans more; the full-batch phase plans 1).  Epochs mode: the larger
+        of E·⌈w_i/B⌉ (the plan of a client with its clipped weight w_i) and ``max_weight_ratio`` × the median
+        reported steps (no cap when ``max_weight_ratio`` ≤ 0).  An honest reply whose weight is not clipped reports
+        exactly its plan and is never capped."""
+        if self.local_steps > 0:
+            return [float(self.local_steps)] * len(weights)
+        present = [k for k in steps if k is not None]
+        if self.max_weight_ratio <= 0 or not present:
+            return [math.inf] * len(weights)
+        floor = self.max_weight_ratio * float(np.median(present))
+        return [max(float(self.local_epochs * math.ceil(w / self.batch_size)), floor) for w in weights]
+
 
 @dataclass
 class Screened:
@@ -88,14 +111,20 @@ class Screened:
     weights: list[float]
     aggregates: dict[str, NamedArrays]
     rejections: list[str] = field(default_factory=list)
+    #: Each kept reply's cap on ``num-steps`` (:meth:`ScreenPolicy.step_caps`; empty = none).
+    step_caps: list[float] = field(default_factory=list)
 
     def reply_metrics(self) -> tuple[list[dict[str, Any]], int]:
-        """``(each kept reply's metrics with its weight as num-examples and its node-id, weights clipped)``."""
+        """``(each kept reply's metrics with its weight as num-examples, its num-steps capped and its node-id,
+        weights clipped)``."""
         out: list[dict[str, Any]] = []
         clipped = 0
-        for (msg, _), weight in zip(self.kept, self.weights):
+        caps = self.step_caps or [math.inf] * len(self.kept)
+        for (msg, _), weight, cap in zip(self.kept, self.weights, caps):
             metrics: dict[str, Any] = dict(_metrics(msg))
             clipped += weight < float(metrics[R.NUM_EXAMPLES])
+            if R.NUM_STEPS in metrics and metrics[R.NUM_STEPS] > cap:
+                metrics[R.NUM_STEPS] = cap
             out.append({**metrics, R.NUM_EXAMPLES: weight, "node-id": msg.metadata.src_node_id})
         return out, clipped
 
@@ -162,6 +191,7 @@ class ReplyScreen:
                 aggregates[spec.name] = robust_aggregate([p[spec.name] for _, p in kept], rule,
                                                          self.policy.trim_fraction)
         out.kept, out.weights, out.aggregates = kept, weights, aggregates
+        out.step_caps = self._step_caps(server_round, kept, weights)
         return out
 
     def client_half_reason(self, msg: Message) -> str | None:
@@ -199,6 +229,16 @@ class ReplyScreen:
                 aggregates[spec.name] = agg
             norms.append(n)
         return weights, aggregates, norms
+
+    def _step_caps(self, server_round: int, kept: Sequence[Parsed], weights: Sequence[float]) -> list[float]:
+        """:meth:`ScreenPolicy.step_caps` of the kept replies (a capped reply is logged)."""
+        steps = [_metrics(msg).get(R.NUM_STEPS) for msg, _ in kept]
+        caps = self.policy.step_caps([None if k is None else float(k) for k in steps], weights)
+        for (msg, _), k, cap in zip(kept, steps, caps):
+            if k is not None and k > cap:
+                log(WARNING, "Round %d: node %s reported num-steps %g, counted as %g (the round's plan)",
+                    server_round, msg.metadata.src_node_id, k, cap)
+        return caps
 
     def _norm_ok(self, out: Screened, server_round: int, item: Parsed, norms: list[float]) -> bool:
         """Reject (and say why) a reply whose records hold NaN/Inf or exceed ``max-update-norm``."""

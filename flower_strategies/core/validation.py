@@ -1,18 +1,19 @@
 """Reply validation and update-norm screening as free functions (no strategy state).
 
-A train reply is usable when it carries no error, a ``metrics`` MetricRecord with a positive finite
-``num-examples``, and every declared uplink record with exactly the expected keys, shapes and dtypes and only
-finite values.  :func:`parse_reply` returns the reason it is not, or the records as NumPy arrays (each
-deserialised once).
+A train reply is usable when it carries no error, a ``metrics`` MetricRecord with a whole ``num-examples`` ≥ 1
+(and, when present, a whole ``num-steps`` ≥ 1), and every declared uplink record with exactly the expected keys,
+shapes and dtypes, payloads that agree with their own metadata, and only finite values.  :func:`parse_reply`
+returns the reason it is not, or the records as zero-copy NumPy views of the payloads.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from . import records as R
 from .ops import NamedArrays, all_finite, fold
@@ -41,23 +42,56 @@ def layout(arrays: Mapping[str, np.ndarray], keys: Sequence[str] | None = None) 
     return {k: (tuple(np.shape(arrays[k])), np.asarray(arrays[k]).dtype) for k in names}
 
 
+def _number(value: object) -> float | None:
+    """``value`` as a float when it is a finite int/float (not a bool), else ``None``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        return None
+    return number if math.isfinite(number) else None
+
+
 def check_num_examples(value: object) -> str | None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value <= 0:
-        return f"metric '{R.NUM_EXAMPLES}' missing or not positive: {value!r}"
+    """Why ``num-examples`` is unusable: it must be a finite whole number ≥ 1 (a count of examples)."""
+    number = _number(value)
+    if number is None or number < 1 or not number.is_integer():
+        return f"metric '{R.NUM_EXAMPLES}' missing or not a positive whole number: {value!r}"
+    return None
+
+
+def check_num_steps(value: object) -> str | None:
+    """Why ``num-steps`` is unusable: absent is allowed (it then counts as 0 in K̄, as before), present it must be
+    a finite whole number ≥ 1 (a client that trained took at least one step)."""
+    if value is None:
+        return None
+    number = _number(value)
+    if number is None or number < 1 or not number.is_integer():
+        return f"metric '{R.NUM_STEPS}' not a whole number >= 1: {value!r}"
     return None
 
 
 def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | None, dict[str, NamedArrays]]:
     """``(reason, {})`` for a structurally unusable reply, else ``(None, {record: arrays})`` for the ``expected``
-    records (zero-copy read-only views).  The values are checked later, from the update norms the strategy computes
-    anyway (a finite norm proves every value finite, see :func:`nonfinite_reason`)."""
+    records (zero-copy read-only views).  Each Array's payload is checked against its own metadata and the expected
+    layout before it is viewed (:func:`.records.checked_view`: header only, no pass over the data).  The values are
+    checked later, from the update norms the strategy computes anyway (a finite norm proves every value finite, see
+    :func:`nonfinite_reason`).  Nothing a client sends makes this raise."""
+    try:
+        return _parse_reply(msg, expected)
+    except Exception as err:  # noqa: BLE001  # a last line: a reply the checks below did not foresee is rejected
+        return f"unreadable reply ({type(err).__name__}: {err})", {}
+
+
+def _parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | None, dict[str, NamedArrays]]:
     if msg.has_error():
         return f"client error: {msg.error.reason}", {}
     content = msg.content
     metrics = R.get(content, R.METRICS, MetricRecord)
     if metrics is None:
         return f"missing MetricRecord '{R.METRICS}'", {}
-    reason = check_num_examples(metrics.get(R.NUM_EXAMPLES))
+    reason = check_num_examples(metrics.get(R.NUM_EXAMPLES)) or check_num_steps(metrics.get(R.NUM_STEPS))
     if reason:
         return reason, {}
     parsed: dict[str, NamedArrays] = {}
@@ -67,15 +101,16 @@ def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | Non
             return f"missing ArrayRecord '{name}'", {}
         if set(rec.keys()) != set(want):
             missing = sorted(set(want) - set(rec.keys()))[:3]
-            extra = sorted(set(rec.keys()) - set(want))[:3]
+            extra = sorted(map(str, set(rec.keys()) - set(want)))[:3]
             return f"record '{name}' has wrong keys (missing {missing}, unexpected {extra})", {}
+        arrays: NamedArrays = {}
         for key, (shape, dtype) in want.items():
             arr = rec[key]
-            if tuple(arr.shape) != tuple(shape):
-                return f"record '{name}' key '{key}' has shape {tuple(arr.shape)}, expected {tuple(shape)}", {}
-            if np.dtype(arr.dtype) != dtype:
-                return f"record '{name}' key '{key}' has dtype {arr.dtype}, expected {dtype}", {}
-        parsed[name] = R.views(rec)  # zero-copy, read-only: validation and aggregation only read them
+            got = R.checked_view(arr, shape, dtype) if isinstance(arr, Array) else f"is a {type(arr).__name__}"
+            if isinstance(got, str):
+                return f"record '{name}' key '{key}' {got}", {}
+            arrays[key] = got  # zero-copy, read-only: validation and aggregation only read it
+        parsed[name] = arrays
     return None, parsed
 
 

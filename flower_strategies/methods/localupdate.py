@@ -63,8 +63,9 @@ from ..core.hparams import ConfigError, HParams, param
 from ..core.local import LocalOptimizer
 from ..core.ops import NamedArrays
 from ..core.registry import register
+from ..core.rounds import robust_mean
 from ..core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, ServerOptimizer
-from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState, weighted_mean
+from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
 
 #: Uplink record holding ``q_i = Σ_k θ_k g_k``.
@@ -425,13 +426,13 @@ class LocalUpdateDecay(LocalUpdate):
     ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         new, state, metrics = super().server_update(inputs, state)  # model step with this round's η
         hp = self.hparams
-        losses = [(float(m[R.TRAIN_LOSS_BEFORE]), float(m[R.NUM_EXAMPLES])) for m in inputs.reply_metrics
-                  if isinstance(m.get(R.TRAIN_LOSS_BEFORE), (int, float))]
-        if not losses:
-            log(WARNING, "%s round %d: no reply reported '%s'; plateau controller not updated",
+        # the robust mean of the metrics path: a NaN/Inf or outlying value of one reply is left out
+        loss = robust_mean([(m.get(R.TRAIN_LOSS_BEFORE), float(m[R.NUM_EXAMPLES])) for m in inputs.reply_metrics],
+                           hp.loss_weighting)
+        if loss is None:
+            log(WARNING, "%s round %d: no reply reported a usable '%s'; plateau controller not updated",
                 self.method, inputs.server_round, R.TRAIN_LOSS_BEFORE)
             return new, state, metrics
-        loss = weighted_mean(losses, hp.loss_weighting)
         plateau, decayed = self.controller.update(state, loss)
         gamma, eta = state["client-lr"], state["server-lr"]
         if decayed:
