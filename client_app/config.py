@@ -61,9 +61,6 @@ class AppConfig(StrategyConfig):
     device: str = param("auto", choices=("auto", "cpu", "cuda"),
         help="where ClientApps train: auto = cuda when available (a SuperNode's node-config `device` overrides it; "
              "with Ray give clients GPUs via client-resources-num-gpus)")
-    max_idle_rounds: int = param(3, lo=0,
-        help="end the run as failed after this many consecutive rounds without a model update (every reply rejected or"
-             " missing); 0 = never. A run in which no round updated the model always fails")
     test_max_examples: int = param(0, lo=0,
         help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all "
              "360; shakespeare-lstm: 2,000)")

@@ -41,6 +41,7 @@ from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
@@ -261,33 +262,6 @@ class ClientStateReport:
                 self.resumed_after, server_round, self.counts)
 
 
-class RunFailed(RuntimeError):
-    """The run trained nothing (or stopped training): it ends failed, with the reason."""
-
-
-def check_progress(history: list[RoundLog], max_idle_rounds: int, *, final: bool = False) -> None:
-    """Raise :class:`RunFailed` when every client failed in the last round, when the last ``max_idle_rounds`` rounds
-    updated nothing, or (``final``) when no round of the run updated the model."""
-    if not history:
-        return
-    last = history[-1]
-    errors = [r for r in last.rejections if ": client error:" in r]
-    if not last.updated and last.replies_used == 0 and errors and len(errors) == last.replies_rejected:
-        raise RunFailed(f"round {last.server_round}: every client failed; first error: {errors[0]}")
-    idle = 0
-    for h in reversed(history):
-        if h.updated:
-            break
-        idle += 1
-    if max_idle_rounds and idle >= max_idle_rounds:
-        reasons = "; ".join(last.rejections[:3]) or "no valid replies"
-        raise RunFailed(f"the last {idle} rounds updated nothing (max-idle-rounds = {max_idle_rounds}); round "
-                        f"{last.server_round}: {last.replies_rejected} replies rejected ({reasons})")
-    if final and idle == len(history):
-        raise RunFailed(f"no round of the run updated the model ({len(history)} rounds); "
-                        f"last rejections: {'; '.join(last.rejections[:3]) or 'none (no replies)'}")
-
-
 def write_summary(out: Path, fed: AppConfig, run_config: Mapping[str, Any], strategy: FedAdaptStrategy,
                   writer: MetricsWriter, seconds: float, resumed_after: int | None,
                   checkpointer: Checkpointer | None, failure: str | None = None,
@@ -344,9 +318,7 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
             row = writer.add(round_row(server_round, m, strategy.history))
             tracker.log_round(row)
             print(progress_line(row, fed.num_server_rounds), flush=True)
-            if server_round > 0:
-                check_progress(strategy.history, fed.max_idle_rounds)
-            return MetricRecord(dict(m))
+            return MetricRecord(dict(m))  # run_rounds then applies the run-failure policy (core/policy.py)
 
         token = run_token(payload) if fed.checkpoint_every > 0 else ""
         checkpointer = make_checkpointer(fed, out, strategy, writer, run_config, token)
@@ -368,7 +340,6 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
                                     round_config=round_config, on_train_replies=report,
                                     poll_interval=fed.grid_pull_interval)
                 final = result.arrays if len(result.arrays) else initial  # empty when no round updated the model
-                check_progress(strategy.history, 0, final=True)
             except (RunFailed, ClientHalfMissing) as err:
                 failure = err if isinstance(err, RunFailed) else RunFailed(str(err))
                 updated = [h for h in strategy.history if h.updated]

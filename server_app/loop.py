@@ -2,7 +2,8 @@
 
 Flower's loop always starts at round 1; a resumed run must start after the checkpointed round (and skip the
 round-0 evaluation), and checkpoints are written once a round's evaluation is done.  This is the one place
-that loop lives; a strategy used in someone else's ServerApp runs under Flower's own ``start``.
+that loop lives; a strategy used in someone else's ServerApp runs under Flower's own ``start``.  Both apply the
+same run-failure policy (:mod:`flower_strategies.core.policy`): after each round's evaluation and at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from flower_strategies.core.policy import check_strategy
 from flower_strategies.core.strategy import FedAdaptStrategy
 
 
@@ -60,7 +62,9 @@ def run_rounds(
 
     ``round_config(round)``: extra entries of the round's train ConfigRecord (the app's, beside the strategy's);
     ``on_train_replies(round, replies)`` sees the train replies before the strategy aggregates them;
-    ``poll_interval``: seconds between polls for replies (:func:`exchange`)."""
+    ``poll_interval``: seconds between polls for replies (:func:`exchange`).  Raises
+    :class:`~flower_strategies.core.policy.RunFailed` as :func:`~flower_strategies.core.policy.check_strategy` decides
+    (after a round's ``evaluate_fn``, before its ``on_round_end``; and after the last round)."""
     if start_round < 1:
         raise ValueError(f"start_round must be >= 1, got {start_round}")
     strategy.num_rounds = int(num_rounds)
@@ -96,7 +100,9 @@ def run_rounds(
             res = evaluate_fn(current_round, arrays)
             if res is not None:
                 result.evaluate_metrics_serverapp[current_round] = res
+        check_strategy(strategy)  # RunFailed: every client failed, or max-idle-rounds rounds updated nothing
         if on_round_end is not None:
             on_round_end(current_round, arrays)
+    check_strategy(strategy, final=True)  # RunFailed: no round of the run updated the model
     log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
     return result

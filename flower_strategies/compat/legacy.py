@@ -20,7 +20,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any, cast
 
 import numpy as np
@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from ..core import records as R
 from ..core.client import LossFn, train_reply
 from ..core.ops import NamedArrays
+from ..core.policy import RunFailed, check_strategy
 from ..core.rounds import mean_reply_metrics
 from ..core.strategy import FedAdaptStrategy
 
@@ -143,7 +144,13 @@ class LegacyStrategy(LegacyBase):
         Optional central evaluation ``(server_round, {key: ndarray}) -> (loss, metrics)``.
     num_rounds
         The run's number of rounds (the legacy API keeps it in ``ServerConfig``, out of the strategy's sight); pass it
-        for methods with round-dependent schedules (e.g. FedDA's full-batch phase in the last rounds).
+        for methods with round-dependent schedules (e.g. FedDA's full-batch phase in the last rounds), and for the
+        end-of-run check of the failure policy.
+
+    The run-failure policy of the Message API (:mod:`flower_strategies.core.policy`) applies after every round
+    (:meth:`evaluate`): ``RunFailed`` when every client failed (e.g. stock ``NumPyClient`` clients, whose replies
+    lack the ``fedadapt.layout``), when ``max_idle_rounds`` rounds updated nothing, or (``num_rounds`` given) when
+    no round of the run updated the model.
     """
 
     def __init__(self, strategy: FedAdaptStrategy, initial_arrays: dict[str, np.ndarray],
@@ -224,9 +231,17 @@ class LegacyStrategy(LegacyBase):
         return mean.pop("loss", None), mean
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        if self.evaluate_fn is None:
-            return None
-        return self.evaluate_fn(server_round, self._arrays(parameters))
+        """Central evaluation (``evaluate_fn``), then the run-failure policy (:mod:`flower_strategies.core.policy`),
+        as the Message API's ``start`` applies it: Flower's legacy server calls this after every round."""
+        res = None if self.evaluate_fn is None else self.evaluate_fn(server_round, self._arrays(parameters))
+        if server_round > 0:
+            last = self.inner.num_rounds is not None and server_round >= self.inner.num_rounds
+            try:
+                check_strategy(self.inner, final=last)
+            except RunFailed as err:
+                log(ERROR, "fedadapt: run FAILED: %s", err)
+                raise
+        return res
 
 
 def _node_id(proxy: ClientProxy) -> int:

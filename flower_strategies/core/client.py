@@ -283,6 +283,7 @@ class ClientRound:
         client state into ``state``."""
         if not isinstance(num_examples, int) or isinstance(num_examples, bool) or num_examples <= 0:
             raise ValueError(f"num_examples must be a positive int, got {num_examples!r}")
+        check_bound(optimizer, model)
         uplink = optimizer.uplink()
         if self.state is not None:
             save_client_state(self.state, optimizer.client_state())
@@ -301,6 +302,20 @@ class ClientRound:
         reply[R.METRICS] = MetricRecord(out)
         reply[R.REPLY_INFO] = ConfigRecord({R.METHOD: self.method})
         return reply
+
+
+def check_bound(optimizer: LocalOptimizer, model: nn.Module) -> None:
+    """Refuse an optimizer whose parameters are not ``model``'s own tensors (identity, not equal values): its steps
+    and uplink records would describe another model instance than the one sent back."""
+    own = dict(model.named_parameters())
+    foreign = [name for name, p, _ in optimizer.named_params() if own.get(name) is not p]
+    if foreign:
+        raise ValueError(
+            f"{type(optimizer).__name__} is bound to parameters that are not this {type(model).__name__}'s own "
+            f"({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''}): it was built for another model instance "
+            "(a copy, or a model rebuilt after the optimizer). Fix: build it with ClientRound.optimizer(model) on the "
+            "model you train, and reply with that same model"
+        )
 
 
 def _as_xy(item: Any) -> Batch:

@@ -258,6 +258,11 @@ class StrategyConfig(HParams):
         help="seconds a round waits for min-available-nodes live nodes before the run fails",
     )
     min_replies: int = param(1, lo=1, help="rounds with fewer valid replies keep the previous model")
+    max_idle_rounds: int = param(
+        3, lo=0,
+        help="end the run as failed after this many consecutive rounds without a model update (every reply rejected or"
+             " missing); 0 = never. A run in which no round updated the model always fails",
+    )
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
     weighting: str = param(
         "default", choices=("default", "examples", "uniform"),

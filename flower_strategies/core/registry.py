@@ -22,7 +22,8 @@ tables and the optimizer's keyword arguments all derive from the strategy's ``hp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -97,6 +98,13 @@ def get_method(name: str) -> MethodSpec:
         raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(sorted(METHODS))}") from None
 
 
+def did_you_mean(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
+    """``"did you mean 'a' or 'b'?"``: the (at most 3) close matches of ``word`` among ``candidates``
+    (:func:`difflib.get_close_matches`), never the whole list."""
+    close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=cutoff)
+    return f"did you mean {' or '.join(map(repr, close))}?" if close else "no close match"
+
+
 def run_config_defaults(settings: type[StrategyConfig] = StrategyConfig) -> dict[str, Any]:
     """Every run-config key ``settings`` and the registered methods accept, with its default."""
     out = settings.defaults(None)
@@ -115,7 +123,8 @@ def parse_run_config(
     known = run_config_defaults(settings)
     unknown = sorted(set(run_config) - set(known))
     if unknown and not ignore_unknown:
-        raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: {', '.join(sorted(known))}")
+        hints = "; ".join(f"{k!r}: {did_you_mean(k, known)}" for k in unknown)
+        raise ConfigError(f"unknown run-config key(s) {unknown} ({hints})")
     fed = settings.from_run_config({k: v for k, v in run_config.items() if k in settings.keys(None)}, None)
     spec = get_method(fed.method)
     hp = spec.hparams_from_run_config(run_config)
@@ -152,6 +161,7 @@ def strategy_from_run_config(
     method: str | None = None,
     names: Mapping[str, str] | None = None,
     trainable_keys: list[str] | None = None,
+    app_keys: Iterable[str] = (),
     **overrides: Any,
 ) -> FedAdaptStrategy:
     """A strategy from a Flower app's own ``context.run_config``, reading only the keys it knows.
@@ -163,24 +173,66 @@ def strategy_from_run_config(
     (e.g. ``fraction_evaluate=0.0``).  Unlike fedadapt's own app (which evaluates centrally), the default
     ``fraction_evaluate`` here is Flower's 1.0: your ClientApp's ``@app.evaluate()`` runs on every node each round
     unless the run-config sets ``fraction-evaluate``.
+
+    Strict (:class:`ConfigError`, naming the close matches): an unknown method, a ``names`` entry whose app key
+    is not in the run-config or whose fedadapt key is not a strategy key, a ``<method>.<key>`` that the method
+    does not have, and a key that looks like a misspelled fedadapt key (``client-lrr``, ``fedlda.amend-weight``).
+    ``app_keys``: your app's own keys that the last check would take for a misspelling.
     """
-    config = {k: v for k, v in run_config.items() if "." in k or k in StrategyConfig.keys(None)}
-    for theirs, ours in (names or {}).items():
-        if ours not in StrategyConfig.keys(None):
-            raise ConfigError(f"names maps {theirs!r} to {ours!r}, which is not a strategy key; valid: "
-                              f"{', '.join(StrategyConfig.keys(None))}")
-        if theirs in run_config:
-            config[ours] = run_config[theirs]
-    if method is not None:
-        config["method"] = method
-    name = str(config.get("method", "fedavg"))
-    spec = get_method(name)
-    config = {k: v for k, v in config.items() if "." not in k or k.startswith(name + ".")}
+    ours = StrategyConfig.keys(None)
+    names = dict(names or {})
+    for theirs, key in names.items():
+        if key not in ours:
+            raise ConfigError(f"names maps {theirs!r} to {key!r}, which is not a strategy key; "
+                              f"{did_you_mean(key, ours)}")
+        if theirs not in run_config:
+            raise ConfigError(f"names maps {theirs!r} to {key!r}, but the run-config has no key {theirs!r}; "
+                              f"{did_you_mean(theirs, run_config)}")
+    name = str(method if method is not None else run_config.get("method", "fedavg"))
+    if name not in METHODS:
+        where = "" if method is not None else " (run-config key 'method')"
+        raise ConfigError(f"unknown method {name!r}{where}; {did_you_mean(name, METHODS)} "
+                          "(`python -m flower_strategies.config --list` lists the methods)")
+    check_key_spelling(run_config, exempt=set(names) | set(app_keys))
+    config = {k: v for k, v in run_config.items() if k.startswith(name + ".") or k in ours}
+    for theirs, key in names.items():
+        config[key] = run_config[theirs]
+    config["method"] = name
     fed, spec, hp = parse_run_config(config)
     if "fraction-evaluate" not in config:
         fed = fed.replace(fraction_evaluate=1.0)  # Flower's default for its own strategies
     overrides = {"num_rounds": fed.num_server_rounds, **overrides}
     return spec.build(hp, settings=fed, trainable_keys=trainable_keys, **overrides)
+
+
+#: How close (:func:`difflib.get_close_matches` ratio) an app's key must be to a fedadapt key or method name to be
+#: taken for a misspelling of it (``client-lrr`` ≈ ``client-lr``: 0.95; ``fraction-fit`` ≉ ``fraction-train``).
+MISSPELLING_CUTOFF = 0.85
+
+
+def check_key_spelling(run_config: Mapping[str, Any], exempt: Iterable[str] = ()) -> None:
+    """Raise :class:`ConfigError` for every key of ``run_config`` (less ``exempt``) that is a ``<method>.<key>`` the
+    registered method does not have, or looks like a misspelled strategy key or method prefix; each is listed with
+    its close matches only."""
+    ours = StrategyConfig.keys(None)
+    skip = set(exempt)
+    problems: list[str] = []
+    for key in sorted(set(run_config) - skip - set(ours)):
+        prefix, dot, _ = key.partition(".")
+        if dot and prefix in METHODS:
+            own = METHODS[prefix].defaults()
+            if key not in own:
+                problems.append(f"{key!r} is not a key of method {prefix}: {did_you_mean(key, own)}")
+        elif dot:
+            close = difflib.get_close_matches(prefix, list(METHODS), n=3, cutoff=MISSPELLING_CUTOFF)
+            if close:
+                keys = [k for m in close for k in METHODS[m].defaults()]
+                problems.append(f"{key!r}: {prefix!r} is not a method; {did_you_mean(key, keys)}")
+        elif difflib.get_close_matches(key, list(ours), n=1, cutoff=MISSPELLING_CUTOFF):
+            problems.append(f"{key!r} is not a strategy key: {did_you_mean(key, ours, MISSPELLING_CUTOFF)}")
+    if problems:
+        raise ConfigError("run-config key(s) that look misspelled: " + "; ".join(problems)
+                          + " (a key of your app's own: pass it in app_keys=)")
 
 
 def config_lines(method: str) -> str:

@@ -37,6 +37,7 @@ from . import records as R
 from .hparams import HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
+from .policy import run_checked
 from .rounds import RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, mean_reply_metrics, weighted_mean
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
@@ -235,11 +236,10 @@ class FedAdaptStrategy(Strategy):
         log(INFO, "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
             s.client_lr, self.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              *args: Any, **kwargs: Any) -> Result:
-        """Flower's ``Strategy.start``; records ``num_rounds`` for round-dependent schedules."""
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start``, failing a run that trains nothing (:mod:`.policy`); records ``num_rounds``."""
         self.num_rounds = int(num_rounds)
-        return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
+        return run_checked(self, super().start, grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:

@@ -1,0 +1,91 @@
+"""The run-failure policy: a run that trains nothing ends failed, whichever loop runs it.
+
+After every round (and at the end of the run) :func:`check_progress` reads the strategy's round history and raises
+:class:`RunFailed` when
+
+* every sampled client failed in the last round (its message names the first client error);
+* the last ``max-idle-rounds`` rounds updated nothing (every reply rejected or missing; it names the rejections);
+* at the end of the run (``final``), no round of the run updated the model.
+
+One policy, applied in three places: :meth:`FedAdaptStrategy.start <.strategy.FedAdaptStrategy.start>` (Flower's
+own loop, in a user's ServerApp; :func:`run_checked`), the fedadapt ServerApp's resumable loop
+(``server_app.loop.run_rounds``) and the legacy adapter (:class:`~flower_strategies.compat.legacy.LegacyStrategy`).
+``max-idle-rounds`` is a strategy setting (:class:`~.hparams.StrategyConfig`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from logging import ERROR
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ArrayRecord, MetricRecord
+from flwr.common import log
+
+from .rounds import RoundLog
+
+if TYPE_CHECKING:
+    from flwr.serverapp.strategy import Result
+
+    from .strategy import FedAdaptStrategy
+
+__all__ = ["RunFailed", "check_progress", "check_strategy", "run_checked"]
+
+#: How many rejection reasons a failure message quotes.
+QUOTED = 3
+
+
+class RunFailed(RuntimeError):
+    """The run trained nothing (or stopped training): it ends failed, with the reason."""
+
+
+def check_progress(history: Sequence[RoundLog], max_idle_rounds: int, *, final: bool = False) -> None:
+    """Raise :class:`RunFailed` when every client failed in the last round, when the last ``max_idle_rounds`` rounds
+    updated nothing (0 = never), or (``final``) when no round of the run updated the model."""
+    if not history:
+        return
+    last = history[-1]
+    errors = [r for r in last.rejections if ": client error:" in r]
+    if not last.updated and last.replies_used == 0 and errors and len(errors) == last.replies_rejected:
+        raise RunFailed(f"round {last.server_round}: every client failed; first error: {errors[0]}")
+    idle = 0
+    for h in reversed(history):
+        if h.updated:
+            break
+        idle += 1
+    if max_idle_rounds and idle >= max_idle_rounds:
+        reasons = "; ".join(last.rejections[:QUOTED]) or "no valid replies"
+        raise RunFailed(f"the last {idle} rounds updated nothing (max-idle-rounds = {max_idle_rounds}); round "
+                        f"{last.server_round}: {last.replies_rejected} replies rejected ({reasons})")
+    if final and idle == len(history):
+        raise RunFailed(f"no round of the run updated the model ({len(history)} rounds); "
+                        f"last rejections: {'; '.join(last.rejections[:QUOTED]) or 'none (no replies)'}")
+
+
+def check_strategy(strategy: FedAdaptStrategy, *, final: bool = False) -> None:
+    """:func:`check_progress` on ``strategy``'s history with its ``max_idle_rounds`` setting."""
+    check_progress(strategy.history, strategy.settings.max_idle_rounds, final=final)
+
+
+def run_checked(strategy: FedAdaptStrategy, start: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
+    """``start(*args, **kwargs)`` (Flower's ``Strategy.start``) under the policy: checked after every round's
+    central evaluation (``evaluate_fn``, wrapped; one that does nothing is passed when the caller gave none) and
+    at the end of the run.  A :class:`RunFailed` is logged and raised out of ``start``."""
+    bound = inspect.signature(start).bind(*args, **kwargs)
+    user_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = bound.arguments.get("evaluate_fn")
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        res = user_fn(server_round, arrays) if user_fn is not None else None
+        if server_round > 0:
+            check_strategy(strategy)
+        return res
+
+    bound.arguments["evaluate_fn"] = evaluate_fn
+    try:
+        result = start(*bound.args, **bound.kwargs)
+        check_strategy(strategy, final=True)
+    except RunFailed as err:
+        log(ERROR, "fedadapt: run FAILED: %s", err)
+        raise
+    return result
