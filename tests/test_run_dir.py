@@ -88,3 +88,12 @@ def test_default_run_names_differ_for_settings_that_change_results(tmp_path):
     defaults_given = {**cfg, "client-lr": AppConfig.defaults(None)["client-lr"], "num-server-rounds": 99,
                       "run-name": "", "tracking": "none", "checkpoint-every": 3, "resume": "x.npz"}
     assert default_dir(defaults_given) == plain
+
+
+def test_a_seed_beyond_32_bits_is_a_config_error_naming_the_bound(tmp_path):
+    from flower_strategies.core.hparams import ConfigError
+
+    with pytest.raises(ConfigError, match=r"seed = 4294967296 is out of range; must be <= 4294967295"):
+        run_inprocess({**BASE, "seed": 2**32, "output-dir": str(tmp_path)}, 2)
+    assert not any(tmp_path.iterdir())  # refused at parse time, before anything is written
+    assert parse_run_config({"seed": 2**32 - 1}, AppConfig)[0].seed == 2**32 - 1
