@@ -165,7 +165,8 @@ def read_resume(fed: AppConfig, run_config: Mapping[str, Any], model: torch.nn.M
     """The validated checkpoint to resume from (``resume`` key), or None for a fresh run."""
     if not fed.resume:
         return None
-    payload = ckpt.load(fed.resume)
+    payload = ckpt.load(fed.resume, max_member_bytes=ckpt.member_limit(model.state_dict()))
+    ckpt.check_round(payload, fed.num_server_rounds)
     # where the rows are also sent (``tracking``) is no part of the run's results: it may change on resume
     drop = APP_RESUMABLE_CHANGES
     ckpt.check_compatible({**payload, "run_config": {k: v for k, v in payload["run_config"].items() if k not in drop}},
