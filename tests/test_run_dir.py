@@ -97,3 +97,13 @@ def test_a_seed_beyond_32_bits_is_a_config_error_naming_the_bound(tmp_path):
         run_inprocess({**BASE, "seed": 2**32, "output-dir": str(tmp_path)}, 2)
     assert not any(tmp_path.iterdir())  # refused at parse time, before anything is written
     assert parse_run_config({"seed": 2**32 - 1}, AppConfig)[0].seed == 2**32 - 1
+
+
+def test_a_deployed_run_with_the_declared_defaults_keeps_the_short_name(tmp_path):
+    """Flower hands the ServerApp every key of pyproject's [tool.flwr.app.config]: at their defaults, no hash."""
+    from simulations.launch.flwr_cli import app_config_keys
+    from simulations.launch.processes import APP_DIR
+
+    declared = app_config_keys(APP_DIR)
+    assert default_dir({**declared, "output-dir": str(tmp_path)}).name == "fedavg-digits-mlp-seed0"
+    assert default_dir({**declared, "output-dir": str(tmp_path), "client-lr": 0.1}).name != "fedavg-digits-mlp-seed0"
