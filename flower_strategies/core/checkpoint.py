@@ -12,10 +12,12 @@ A checkpoint is ONE ``.npz`` archive (NumPy's zip of ``.npy`` files; no pickle a
   and the per-round history are plain JSON).
 
 It is written atomically (temporary file in the same directory, ``fsync``, ``os.replace``), so a crash or a
-``kill -9`` at any moment leaves either the previous or the new checkpoint, never a torn one.  It is read with
-``np.load(allow_pickle=False)`` and validated before anything is used (:func:`load`, :func:`check_arrays`):
-a pickle, an object array, a missing or extra member, a wrong key/shape/dtype or a NaN/Inf is a
-:class:`CheckpointError` naming the problem.  Loading a checkpoint therefore never executes code.
+``kill -9`` at any moment leaves either the previous or the new checkpoint, never a torn one.  It is read member by
+member (``np.lib.format.read_array(allow_pickle=False)``) and validated before anything is used (:func:`load`,
+:func:`check_arrays`): a pickle, an object array, a member larger uncompressed than the run's model allows (checked
+from the zip entry and the ``.npy`` header before it is inflated), a missing or extra member, metadata of the wrong
+type or range, a wrong key/shape/dtype or a NaN/Inf is a :class:`CheckpointError` naming the problem.  Loading a
+checkpoint therefore never executes code.
 
 Client-side persistent state (``Context.state`` of each node, e.g. Fed-LAMB's local momentum) is *not* in the
 server checkpoint: it lives on the nodes, and Flower's ``Context.state`` lives only as long as one run.  The fedadapt
