@@ -40,7 +40,8 @@ class AppConfig(StrategyConfig):
     dirichlet_alpha: float = param(0.3, lo=0.0, lo_open=True, help="concentration of the Dirichlet label skew")
     classes_per_client: int = param(2, lo=1, hi=10, help="labels per client for `partitioner=classes`")
     output_dir: str = param("outputs", help="metrics/model directory (relative paths: to the ServerApp's cwd)")
-    run_name: str = param("", help="sub-directory of output-dir; empty = <method>-<task>-seed<seed>")
+    run_name: str = param("", help="sub-directory of output-dir; empty = <method>-<task>-seed<seed>, then "
+                          "-<hash of the other non-default keys> if any (server_app/rundir.py)")
     synthetic_clients: int = param(10, lo=1, help="clients of the synthetic task (partitions)")
     synthetic_dim: int = param(10, lo=1, help="dimension of the synthetic least-squares task")
     synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")

@@ -45,15 +45,19 @@ from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
-from . import plots, presets, provenance, tracking
+from . import plots, presets, provenance, rundir, tracking
 from .loop import exchange, run_rounds
 from .metrics import MetricsWriter, progress_line
 
 app = ServerApp()
 
 
-def run_dir(fed: AppConfig) -> Path:
-    name = fed.run_name or f"{fed.method}-{fed.task}-seed{fed.seed}"
+def run_dir(fed: AppConfig, run_config: Mapping[str, Any] | None = None) -> Path:
+    """``<output-dir>/<run-name>``; an empty run-name gives :func:`server_app.rundir.default_run_name` of
+    ``run_config`` (the run-config as given, before presets)."""
+    name = fed.run_name or rundir.default_run_name(
+        fed.method, fed.task, fed.seed, run_config or {}, run_config_defaults(AppConfig),
+        ckpt.RESUMABLE_CHANGES | APP_RESUMABLE_CHANGES)
     return Path(fed.output_dir).expanduser().resolve() / name
 
 
@@ -162,7 +166,8 @@ def read_resume(fed: AppConfig, run_config: Mapping[str, Any], model: torch.nn.M
     """The validated checkpoint to resume from (``resume`` key), or None for a fresh run."""
     if not fed.resume:
         return None
-    payload = ckpt.load(fed.resume)
+    payload = ckpt.load(fed.resume, max_member_bytes=ckpt.member_limit(model.state_dict()))
+    ckpt.check_round(payload, fed.num_server_rounds)
     # where the rows are also sent (``tracking``) is no part of the run's results: it may change on resume
     drop = APP_RESUMABLE_CHANGES
     ckpt.check_compatible({**payload, "run_config": {k: v for k, v in payload["run_config"].items() if k not in drop}},
@@ -290,11 +295,18 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
 
     Once the run directory exists, every outcome writes ``summary.json`` (``status`` failed with the error on any
     exception) and closes the tracker."""
+    given = run_config
     run_config = presets.apply(run_config)  # the task's per-method presets on keys left at their defaults
     fed, model, strategy = build(run_config)
+    out = run_dir(fed, given)
+    with rundir.claim(out, fresh=not fed.resume):  # the run owns its directory until it ends (server_app.rundir)
+        return _run(grid, run_config, fed, model, strategy, out)
+
+
+def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch.nn.Module,
+         strategy: FedAdaptStrategy, out: Path) -> dict[str, Any]:
     payload = read_resume(fed, run_config, model)
     x_test, y_test = load_test_split(fed)
-    out = run_dir(fed)
     writer = MetricsWriter(out)
     info = provenance.run_info(fed, strategy.method, strategy.hparams)
     log(INFO, "fedadapt: method=%s task=%s rounds=%d → %s", fed.method, fed.task, fed.num_server_rounds, out)

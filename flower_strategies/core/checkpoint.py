@@ -12,10 +12,12 @@ A checkpoint is ONE ``.npz`` archive (NumPy's zip of ``.npy`` files; no pickle a
   and the per-round history are plain JSON).
 
 It is written atomically (temporary file in the same directory, ``fsync``, ``os.replace``), so a crash or a
-``kill -9`` at any moment leaves either the previous or the new checkpoint, never a torn one.  It is read with
-``np.load(allow_pickle=False)`` and validated before anything is used (:func:`load`, :func:`check_arrays`):
-a pickle, an object array, a missing or extra member, a wrong key/shape/dtype or a NaN/Inf is a
-:class:`CheckpointError` naming the problem.  Loading a checkpoint therefore never executes code.
+``kill -9`` at any moment leaves either the previous or the new checkpoint, never a torn one.  It is read member by
+member (``np.lib.format.read_array(allow_pickle=False)``) and validated before anything is used (:func:`load`,
+:func:`check_arrays`): a pickle, an object array, a member larger uncompressed than the run's model allows (checked
+from the zip entry and the ``.npy`` header before it is inflated), a missing or extra member, metadata of the wrong
+type or range, a wrong key/shape/dtype or a NaN/Inf is a :class:`CheckpointError` naming the problem.  Loading a
+checkpoint therefore never executes code.
 
 Client-side persistent state (``Context.state`` of each node, e.g. Fed-LAMB's local momentum) is *not* in the
 server checkpoint: it lives on the nodes, and Flower's ``Context.state`` lives only as long as one run.  The fedadapt
@@ -141,59 +143,137 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ read + validate
-def _read_members(path: Path) -> dict[str, np.ndarray]:
-    where = f"resume = {str(path)!r}"
+#: Bound on the uncompressed size of the ``meta`` member (JSON: rows, history, RNG state), checked before inflating.
+META_MAX_BYTES = 256 * 2**20
+#: Bound on each array member's uncompressed size: this many times the run's model (all its arrays together) ...
+MEMBER_MARGIN = 16
+#: ... and at least this (tiny models).
+MEMBER_MIN_BYTES = 2**20
+
+
+def member_limit(like: Mapping[str, Any]) -> int:
+    """The largest uncompressed array member :func:`load` accepts for a run whose model ``state_dict`` is ``like``."""
+    total = sum(int(np.prod(tuple(v.shape))) * _np_dtype(v).itemsize for v in like.values())
+    return max(MEMBER_MARGIN * total, MEMBER_MIN_BYTES)
+
+
+def _read_header(fh: Any) -> tuple[tuple[int, ...], np.dtype]:
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise ValueError(f"unsupported .npy format version {version}")
+    return shape, dtype
+
+
+def _read_members(path: Path, where: str, max_member_bytes: int | None) -> dict[str, np.ndarray]:
+    """Every member of the ``.npz`` at ``path``, each checked before it is inflated: its uncompressed size (the zip
+    entry's ``file_size``) within the bound, its ``.npy`` header a numeric dtype whose data fits that size."""
     try:
-        archive = np.load(path, allow_pickle=False)
-    except ValueError as err:  # a pickle (or a .npy holding objects): refused, never unpickled
-        raise CheckpointError(f"{where}: not a fedadapt checkpoint (checkpoints are .npz data; {err})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as err:
-        raise CheckpointError(f"{where}: not a fedadapt checkpoint (unreadable: {err})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise CheckpointError(f"{where}: not a fedadapt checkpoint (a single .npy array, not an .npz archive)")
+        zf = zipfile.ZipFile(path)
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as err:  # pickles, .npy files, junk: never unpickled
+        raise CheckpointError(f"{where}: not a fedadapt checkpoint (checkpoints are .npz archives of numeric "
+                              f"arrays; {err})") from None
     members: dict[str, np.ndarray] = {}
-    with archive:
-        for name in archive.files:
+    with zf:
+        infos = zf.infolist()
+        names = [i.filename[:-4] if i.filename.endswith(".npy") else i.filename for i in infos]
+        if len(set(names)) != len(names) or not all(i.filename.endswith(".npy") for i in infos):
+            raise CheckpointError(f"{where}: not a fedadapt checkpoint (its members are not distinct .npy arrays)")
+        for name, info in zip(names, infos):
+            limit = META_MAX_BYTES if name == META else max_member_bytes
+            if limit is not None and info.file_size > limit:
+                raise CheckpointError(f"{where}: member {name!r} is {info.file_size} bytes uncompressed, more than "
+                                      f"the {limit} bytes a checkpoint of this run can hold; refused unread")
             try:
-                members[name] = archive[name]
-            except ValueError as err:  # object arrays need pickle: refused
+                with zf.open(info) as fh:
+                    shape, dtype = _read_header(fh)
+                    header = fh.tell()
+                if dtype.hasobject:
+                    raise ValueError(f"dtype {dtype} holds Python objects (pickles)")
+                if dtype.kind not in DATA_KINDS:
+                    raise CheckpointError(f"{where}: member {name!r} has dtype {dtype}; "
+                                          "checkpoints hold numeric arrays only")
+                if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > info.file_size - header:
+                    raise CheckpointError(f"{where}: member {name!r} declares shape {shape} {dtype}, more data than "
+                                          f"its {info.file_size} bytes hold")
+                with zf.open(info) as fh:
+                    members[name] = np.lib.format.read_array(fh, allow_pickle=False)
+            except CheckpointError:
+                raise
+            except ValueError as err:  # object arrays need pickle: refused; a malformed header
                 raise CheckpointError(f"{where}: member {name!r} is not plain data ({err})") from None
-            except (OSError, EOFError, zipfile.BadZipFile) as err:
+            except (OSError, EOFError, zipfile.BadZipFile, RuntimeError, NotImplementedError) as err:
                 raise CheckpointError(f"{where}: member {name!r} is unreadable ({err})") from None
     return members
 
 
-def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+def _check_meta(meta: dict[str, Any], where: str) -> None:
+    """Types and ranges of the metadata fields (a forged value is a :class:`CheckpointError`, never a raw error)."""
+    def bad(field: str, what: str) -> CheckpointError:
+        return CheckpointError(f"{where}: checkpoint metadata {field!r} must be {what}, not {meta.get(field)!r:.80}")
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for field, kind, what in (("method", str, "a string"), ("strategy_class", str, "a string"),
+                              ("run_config", dict, "a JSON object"), ("metrics_rows", list, "a list"),
+                              ("app", dict, "a JSON object"), ("arrays", list, "a list of array keys"),
+                              ("strategy_state", dict, "a JSON object")):
+        if field not in meta:
+            raise CheckpointError(f"{where}: incomplete checkpoint metadata (no {field!r})")
+        if not isinstance(meta[field], kind):
+            raise bad(field, what)
+    if not is_int(meta.get("num_rounds")) or meta["num_rounds"] < 1:
+        raise bad("num_rounds", "an integer >= 1")
+    if not is_int(meta.get("round")) or not 0 <= meta["round"] <= meta["num_rounds"]:
+        raise bad("round", f"an integer in 0..num_rounds ({meta['num_rounds']})")
+    if not all(isinstance(k, str) for k in meta["arrays"]) or len(set(meta["arrays"])) != len(meta["arrays"]):
+        raise bad("arrays", "a list of distinct array keys")
+    previous: Any = -1
+    for row in meta["metrics_rows"]:
+        r: Any = row.get("round") if isinstance(row, dict) else None
+        if not is_int(r) or not previous < r <= meta["round"]:
+            raise CheckpointError(f"{where}: checkpoint metadata 'metrics_rows' must be rows with increasing rounds "
+                                  f"in 0..{meta['round']}, not {row!r:.80}")
+        previous = r
+
+
+def load(path: str | os.PathLike[str], *, max_member_bytes: int | None = None) -> dict[str, Any]:
     """Read and validate a checkpoint written by :func:`encode`.
 
     Returns ``{"round", "num_rounds", "method", "strategy_class", "run_config", "metrics_rows", "app", "arrays"
     (ordered ``{key: ndarray}``), "strategy_state" (for ``strategy.load_state_dict``)}``.  Raises
     :class:`CheckpointError` for a missing file, a non-checkpoint (pickles included: they are never
-    unpickled), another format version, missing/extra members, non-numeric arrays or NaN/Inf values.
+    unpickled), another format version, missing/extra members, non-numeric arrays, NaN/Inf values, metadata
+    of the wrong type or range, or a member larger than ``max_member_bytes`` uncompressed (:func:`member_limit`;
+    ``meta``: :data:`META_MAX_BYTES`), refused before it is inflated.
     """
     path = Path(path).expanduser()
     where = f"resume = {str(path)!r}"
     if not path.is_file():
         raise CheckpointError(f"{where}: no such checkpoint file")
-    members = _read_members(path)
+    members = _read_members(path, where, max_member_bytes)
     raw = members.pop(META, None)
     if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
         raise CheckpointError(f"{where}: not a fedadapt checkpoint (no '{META}' entry)")
     try:
         meta = json.loads(raw.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(f"{where}: not a fedadapt checkpoint (bad metadata: {err})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{where}: not a fedadapt checkpoint")
     if meta.get("version") != VERSION:
         raise CheckpointError(f"{where}: checkpoint version {meta.get('version')!r}, expected {VERSION}")
+    meta.setdefault("app", {})
+    _check_meta(meta, where)
+    keys = list(meta["arrays"])
     try:
-        keys = [str(k) for k in meta["arrays"]]
         expected = {f"arrays/{k}" for k in keys} | _refs(meta["strategy_state"])
-        for field in ("round", "num_rounds", "method", "strategy_class", "run_config", "metrics_rows"):
-            meta[field]  # noqa: B018 - presence check
-    except (KeyError, TypeError) as err:
-        raise CheckpointError(f"{where}: incomplete checkpoint metadata ({err!r})") from None
+    except (TypeError, RecursionError) as err:
+        raise CheckpointError(f"{where}: checkpoint metadata 'strategy_state' is malformed ({err})") from None
     if expected != set(members):
         missing, extra = sorted(expected - set(members)), sorted(set(members) - expected)
         raise CheckpointError(f"{where}: checkpoint members do not match its metadata "
@@ -204,21 +284,30 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
                                   "checkpoints hold numeric arrays only")
         if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             raise CheckpointError(f"{where}: member {name!r} holds NaN/Inf")
-    if not isinstance(meta.get("app", {}), dict):
-        raise CheckpointError(f"{where}: incomplete checkpoint metadata ('app' is not a JSON object)")
     return {
-        "round": int(meta["round"]), "num_rounds": int(meta["num_rounds"]), "method": str(meta["method"]),
-        "strategy_class": str(meta["strategy_class"]), "run_config": dict(meta["run_config"]),
-        "metrics_rows": list(meta["metrics_rows"]), "app": dict(meta.get("app", {})),
+        "round": meta["round"], "num_rounds": meta["num_rounds"], "method": meta["method"],
+        "strategy_class": meta["strategy_class"], "run_config": dict(meta["run_config"]),
+        "metrics_rows": list(meta["metrics_rows"]), "app": dict(meta["app"]),
         "arrays": {k: members[f"arrays/{k}"] for k in keys},
         "strategy_state": _join(meta["strategy_state"], members),
     }
 
 
+def check_round(payload: Mapping[str, Any], num_rounds: int) -> None:
+    """Raise :class:`CheckpointError` unless the checkpoint's round is within ``0..num_rounds`` (the resuming
+    run's ``num-server-rounds``)."""
+    if payload["round"] > num_rounds:
+        raise CheckpointError(f"the checkpoint is of round {payload['round']}, beyond this run's num-server-rounds = "
+                              f"{num_rounds}: nothing would be trained; resume with num-server-rounds >= "
+                              f"{payload['round']}")
+
+
 def _refs(value: Any) -> set[str]:
     if isinstance(value, dict):
         if set(value) == {ARRAY_REF}:
-            return {str(value[ARRAY_REF])}
+            if not isinstance(value[ARRAY_REF], str):
+                raise TypeError(f"array reference {value[ARRAY_REF]!r:.80} is not a member name")
+            return {value[ARRAY_REF]}
         return set().union(*(_refs(v) for v in value.values()))
     if isinstance(value, list):
         return set().union(*(_refs(v) for v in value))
@@ -267,5 +356,5 @@ def restore_strategy(strategy: Any, payload: Mapping[str, Any]) -> None:
         raise CheckpointError(f"checkpoint holds the state of {payload['strategy_class']}, this run uses {name}")
     try:
         strategy.load_state_dict(payload["strategy_state"])
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as err:
         raise CheckpointError(f"the checkpoint's strategy state does not fit {name} ({err!r})") from None

@@ -235,7 +235,8 @@ class StrategyConfig(HParams):
 
     method: str = param("fedavg", help="registry name of the method (see `methods` table)")
     num_server_rounds: int = param(10, lo=1, help="number of federated rounds")
-    seed: int = param(0, lo=0, help="seeds model init, data partitioning, client sampling and batch order")
+    seed: int = param(0, lo=0, hi=2**32 - 1,  # scikit-learn's random_state (the data splits) takes 32-bit seeds
+                      help="seeds model init, data partitioning, client sampling and batch order")
     client_lr: float = param(  # 0 is LocalUpdate's γ = 0 (every step's gradient taken at the round's start)
         0.1, lo=0.0,
         help="client (local) learning rate η_l, sent by the server each round",

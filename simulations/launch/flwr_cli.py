@@ -100,22 +100,28 @@ def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federati
     out_path = cluster.log_dir / "flwr-run.log"
     proc = cluster.start("flwr-run", argv, capture=True)
     assert proc.stdout is not None
-    with open(out_path, "wb") as fh:
-        t_end = time.monotonic() + timeout
-        for line in proc.stdout:  # echo the streamed logs live
-            fh.write(line)
-            fh.flush()
-            sys.stdout.write(line.decode(errors="replace"))
-            sys.stdout.flush()
-            if time.monotonic() > t_end:
-                proc.kill()
-                break
-        proc.wait()
+    watching = cluster.watch_superlink(proc)  # a dead SuperLink ends the stream at once (cluster.lost)
+    try:
+        with open(out_path, "wb") as fh:
+            t_end = time.monotonic() + timeout
+            for line in proc.stdout:  # echo the streamed logs live
+                fh.write(line)
+                fh.flush()
+                sys.stdout.write(line.decode(errors="replace"))
+                sys.stdout.flush()
+                if time.monotonic() > t_end:
+                    proc.kill()
+                    break
+            proc.wait()
+    finally:
+        watching.set()
     text = out_path.read_text(errors="replace")
     m = re.search(r"Successfully started run (\d+)", text)
-    if not m:
+    run_id = int(m.group(1)) if m else None
+    if cluster.lost:  # nothing to ask: the SuperLink that knew the run's status is gone
+        return run_id, f"superlink-lost: {cluster.lost}", text
+    if run_id is None:
         return None, "not-started", text
-    run_id = int(m.group(1))
     return run_id, run_status(cluster, connection, run_id), text
 
 

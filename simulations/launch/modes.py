@@ -19,6 +19,12 @@ from .processes import APP_DIR, Cluster, bin_path, free_port, wait_health
 
 
 def report(run_id: int | None, status: str, log_dir: Path) -> int:
+    """Print the run's outcome; 0 when it completed, else 1.  A lost SuperLink (``superlink-lost: …``) is said as
+    such: every process of the launch is stopped at once (:meth:`Cluster.watch_superlink`)."""
+    if status.startswith("superlink-lost"):
+        print(f"[fedadapt] run {run_id}: FAILED, {status.split(': ', 1)[-1]}; every process of this launch was "
+              f"stopped (process logs in {log_dir})", flush=True)
+        return 1
     print(f"[fedadapt] run {run_id}: {status} (process logs in {log_dir})", flush=True)
     return 0 if status == "finished:completed" else 1
 

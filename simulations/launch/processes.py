@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -57,6 +58,14 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def start_time(pid: int) -> str | None:
+    """The start time of ``pid`` (``/proc/<pid>/stat`` field 22), telling a process from a later one with its pid."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def process_tree(roots: Sequence[int]) -> dict[int, int]:
     """``{pid: process group}`` of ``roots`` and all their descendants, from ``/proc`` (Linux; elsewhere: the roots).
 
@@ -81,12 +90,22 @@ def process_tree(roots: Sequence[int]) -> dict[int, int]:
     return tree
 
 
+#: Seconds between two looks of :meth:`Cluster.watch_superlink` at the SuperLink and the process tree.
+WATCH_INTERVAL_S = 0.5
+#: Grace (SIGTERM → SIGKILL) when the SuperLink is gone: its federation cannot go on, so nothing waits long.
+LOST_GRACE_S = 3.0
+
+
 class Cluster:
     """Processes started for one run, each in its own process group (session).
 
     Used as a context manager: on leaving it — normally, by an exception, or by SIGINT / SIGTERM / SIGHUP, which
     raise :class:`Stopped` while it is active — every group gets SIGTERM, then SIGKILL after ``grace_s``.  Signals
     are ignored while stopping, so a second Ctrl-C cannot interrupt the clean-up.
+
+    While a run is streamed (:meth:`watch_superlink`) the cluster notes every descendant of its processes: when the
+    SuperLink dies its children (``flower-superexec``, ``flwr-serverapp``) are orphaned, out of reach of
+    :func:`process_tree`, and are stopped from that record (a pid is signalled only while it is the same process).
     """
 
     def __init__(self, flwr_home: Path, log_dir: Path, grace_s: float = 20.0) -> None:
@@ -103,6 +122,9 @@ class Cluster:
         if scripts not in self.env.get("PATH", "").split(os.pathsep):
             self.env["PATH"] = os.pathsep.join(x for x in (scripts, self.env.get("PATH", "")) if x)
         self._old_handlers: dict[int, Any] = {}
+        #: Why the federation was lost (the SuperLink exited during a run), else None.
+        self.lost: str | None = None
+        self._seen: dict[int, tuple[int, str | None]] = {}  # pid → (process group, start time) of every descendant
         flwr_home.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -119,13 +141,49 @@ class Cluster:
         self.procs.append((name, proc))
         return proc
 
+    def snapshot(self) -> None:
+        """Note every live descendant of the started processes (see the class docstring)."""
+        for pid, pgid in process_tree([proc.pid for _, proc in self.procs]).items():
+            if pid not in self._seen:
+                self._seen[pid] = (pgid, start_time(pid))
+
+    def superlink(self) -> subprocess.Popen | None:
+        return next((proc for name, proc in self.procs if name == "superlink"), None)
+
+    def watch_superlink(self, run_proc: subprocess.Popen) -> threading.Event:
+        """Watch the SuperLink while ``run_proc`` (``flwr run --stream``) runs; set the returned event to stop.
+
+        If the SuperLink exits first, :attr:`lost` says so and ``run_proc`` is killed at once (its stream ends), so
+        the launcher reports the loss and stops every process instead of waiting for them to notice."""
+        done = threading.Event()
+        link = self.superlink()
+        if link is None:
+            return done
+
+        def watch(link: subprocess.Popen) -> None:
+            while not done.wait(WATCH_INTERVAL_S):
+                self.snapshot()
+                rc = link.poll()
+                if rc is not None and run_proc.poll() is None:
+                    self.lost = f"the SuperLink (pid {link.pid}) exited with {rc} during the run"
+                    signal_group(run_proc.pid, signal.SIGKILL)
+                    return
+
+        self.snapshot()
+        threading.Thread(target=watch, args=(link,), name="superlink-watch", daemon=True).start()
+        return done
+
     def stop(self) -> None:
-        """SIGTERM to the process group of every started process and of each of its descendants, SIGKILL to those
-        groups after ``grace_s`` (also when a group's leader has exited)."""
-        groups = list(dict.fromkeys(process_tree([proc.pid for _, proc in reversed(self.procs)]).values()))
+        """SIGTERM to the process group of every started process and of each of its descendants (those noted by
+        :meth:`snapshot` too), SIGKILL to those groups after ``grace_s`` (:data:`LOST_GRACE_S` when the SuperLink
+        was lost; also when a group's leader has exited)."""
+        tree = process_tree([proc.pid for _, proc in reversed(self.procs)])
+        orphans = {pgid for pid, (pgid, started) in self._seen.items()
+                   if pid not in tree and started is not None and start_time(pid) == started}
+        groups = list(dict.fromkeys([*tree.values(), *sorted(orphans)]))
         for pgid in groups:
             signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
+        deadline = time.monotonic() + (min(self.grace_s, LOST_GRACE_S) if self.lost else self.grace_s)
         for _, proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -139,6 +197,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 pass
         self.procs.clear()
+        self._seen.clear()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         raise Stopped(signum)

@@ -35,7 +35,7 @@ def run_one(cfg: Mapping[str, Any], num_nodes: int) -> tuple[dict[str, Any], lis
     finally:
         flwr_logger.setLevel(level)
         torch.set_num_threads(threads)
-    return summary, read_metrics(run_dir(app_config(cfg)) / "metrics.jsonl")
+    return summary, read_metrics(run_dir(app_config(cfg), cfg) / "metrics.jsonl")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
