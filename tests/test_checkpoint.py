@@ -373,14 +373,14 @@ def test_loaded_state_dict_equals_the_strategys(tmp_path):
         strategy, _ = build_strategy(cfg, trainable_keys=["w.weight"], settings=AppConfig)
         init = build_model("synthetic-linear", 2, 4, "float64").state_dict()
         strategy.prepare_round(1, ArrayRecord(init), ConfigRecord(), num_sampled=1)
-        strategy.rng.random()
+        strategy.sampler.rng.random()
         arrays = {k: v.numpy() for k, v in init.items()}
         data = ckpt.encode(server_round=1, num_rounds=6, arrays=arrays, strategy=strategy, metrics_rows=[],
                            run_config=cfg)
         path = ckpt.write_atomic(tmp_path / f"{method}.npz", data)
         fresh, _ = build_strategy(cfg, trainable_keys=["w.weight"], settings=AppConfig)
         ckpt.restore_strategy(fresh, ckpt.load(path))
-        assert fresh.rng.getstate() == strategy.rng.getstate()
+        assert fresh.sampler.rng.getstate() == strategy.sampler.rng.getstate()
         a, b = strategy.state_dict(), fresh.state_dict()
         assert a.keys() == b.keys() and a["server_state"].keys() == b["server_state"].keys()
         for name, value in a["server_state"].items():

@@ -127,8 +127,8 @@ def test_sampling_follows_node_order_not_node_ids():
     b = fs.FedAvg(fraction_train=0.5, seed=3)
     a.order_nodes({101: 0, 55: 1, 999: 2, 7: 3})   # partition ids reported by nodes
     b.order_nodes({8: 0, 3: 1, 12: 2, 1: 3})       # other node ids, same partitions
-    pa = [a.node_order[n] for n in a.sample(NodesGrid([7, 55, 101, 999]), 0.5, 2)]
-    pb = [b.node_order[n] for n in b.sample(NodesGrid([1, 3, 8, 12]), 0.5, 2)]
+    pa = [a.sampler.node_order[n] for n in a.sample(NodesGrid([7, 55, 101, 999]), 0.5, 2)]
+    pb = [b.sampler.node_order[n] for n in b.sample(NodesGrid([1, 3, 8, 12]), 0.5, 2)]
     assert pa == pb
 
 

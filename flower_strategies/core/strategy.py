@@ -34,7 +34,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from . import records as R
-from .hparams import HParams, StrategyConfig
+from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
 from .policy import run_checked
@@ -67,17 +67,15 @@ class FedAdaptStrategy(Strategy):
         documented as the run-config keys).  Every field reads as an attribute of the strategy (``self.client_lr``);
         assigning one (``s.max_update_norm = 5.0``) replaces the settings with a validated copy.
     overrides
-        Settings fields by name, applied to ``settings`` (default: ``StrategyConfig()``) with one validation
-        (``weighting=None`` = the method's paper default).
+        Settings fields by name, applied to ``settings`` (default ``StrategyConfig()``) in one validated replace.
     trainable_keys
         Keys of the global arrays that are trainable parameters.  Server optimizers act only on these (and only if
         floating point); other floating arrays (e.g. BatchNorm statistics) are averaged and integer arrays keep the
         server's value.  ``None`` = every floating-point array.  (A property of the model, not a run-config key.)
     min_evaluate_nodes
-        Minimum nodes of client-side evaluation (``fraction_evaluate`` > 0); Flower's own default 1.
+        Minimum nodes of client-side evaluation (``fraction_evaluate`` > 0; Flower's own default 1).
     num_rounds
-        Total rounds of the run (round-dependent schedules); :meth:`start` sets it from its argument, the registry
-        from ``num-server-rounds``.  ``None``: unknown (a schedule that needs it raises).
+        Total rounds (round-dependent schedules; ``None`` = unknown): set by :meth:`start` or ``num-server-rounds``.
     method
         Registry name sent to clients (default: the class's); aliases pass their own name.
     """
@@ -90,6 +88,8 @@ class FedAdaptStrategy(Strategy):
     default_weighting: ClassVar[str] = "examples"
     #: Whether :meth:`server_update` reads the clients' ``train-loss-before`` metric (the app then asks clients for it).
     needs_train_loss_before: ClassVar[bool] = False
+    #: Whether ``client-lr = 0`` is a meaningful setting (LocalUpdate's γ = 0); elsewhere clients would not train.
+    accepts_zero_client_lr: ClassVar[bool] = False
     #: The field defaults given to :func:`.registry.register` for this class's own registry name (set there only).
     registered_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
@@ -124,6 +124,8 @@ class FedAdaptStrategy(Strategy):
         self.settings: StrategyConfig = base.replace(**overrides) if overrides else base
         if method is not None:
             self.method = method  # type: ignore[misc]  # an alias's registry name
+        if self.settings.client_lr == 0 and not self.accepts_zero_client_lr:
+            raise ConfigError(f"client-lr = 0.0 is out of range; must be > 0.0 ({self.method} would not train)")
         self.trainable_keys = None if trainable_keys is None else list(trainable_keys)
         self.min_evaluate_nodes = int(min_evaluate_nodes)
         self.num_rounds = num_rounds
@@ -150,8 +152,6 @@ class FedAdaptStrategy(Strategy):
         return self.default_weighting if self.settings.weighting == "default" else self.settings.weighting
 
     # the parts' state, under the names callers use
-    rng = property(lambda self: self.sampler.rng)
-    node_order = property(lambda self: self.sampler.node_order)
     nodes_seen = property(lambda self: self.sampler.nodes_seen)
     history = property(lambda self: self.rounds.history)
     num_updates = property(lambda self: self.rounds.num_updates)

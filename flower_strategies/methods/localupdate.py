@@ -351,6 +351,7 @@ class LocalUpdate(FedAdaptStrategy):
     """
 
     method: ClassVar[str] = "localupdate"
+    accepts_zero_client_lr: ClassVar[bool] = True  # γ = 0: every step's gradient at the round's start
     hparams_class = LocalUpdateHParams
     hparams: LocalUpdateHParams
     local_optimizer = LocalUpdateOptimizer
