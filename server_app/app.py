@@ -306,7 +306,6 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
 def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch.nn.Module,
          strategy: FedAdaptStrategy, out: Path) -> dict[str, Any]:
     payload = read_resume(fed, run_config, model)
-    x_test, y_test = load_test_split(fed)
     writer = MetricsWriter(out)
     info = provenance.run_info(fed, strategy.method, strategy.hparams)
     log(INFO, "fedadapt: method=%s task=%s rounds=%d → %s", fed.method, fed.task, fed.num_server_rounds, out)
@@ -316,6 +315,7 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
     resumed_after = None if payload is None else payload["round"]
     report = ClientStateReport(resumed_after)
     try:
+        x_test, y_test = load_test_split(fed)  # inside: a data set that cannot be loaded fails with a summary too
         tracker = tracking.start(fed.tracking, out, info["config"])
         if fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
             discover_partitions(grid, strategy, fed.round_timeout, fed.grid_pull_interval)

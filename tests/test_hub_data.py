@@ -4,6 +4,7 @@ in memory, and saved with ``save_to_disk`` for the run-config ``dataset-path``; 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -175,6 +176,9 @@ def test_unreachable_hub_fails_the_run_fast_naming_dataset_path(unknown_hub_name
     assert "dataset-path" in msg and "unreachable" in msg
     assert "load_dataset('fedadapt-tests/no-such-dataset').save_to_disk('cifar10')" in msg
     assert err.value.__cause__ is None and (err.value.__context__ is None or err.value.__suppress_context__)
+    (summary_file,) = tmp_path.glob("*/summary.json")  # a failed run leaves its summary too
+    summary = json.loads(summary_file.read_text())
+    assert summary["status"] == "failed" and "dataset-path" in summary["failure"]
 
 
 def test_hub_offline_without_a_cached_copy_names_dataset_path(unknown_hub_name, monkeypatch):
