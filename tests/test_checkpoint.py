@@ -27,6 +27,7 @@ from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core.registry import METHODS
 from server_app.app import run
 from simulations.engine import LoopbackGrid
+from tests.helpers import rewrite_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = 6
@@ -290,16 +291,6 @@ def _written(tmp_path: Path) -> Path:
     return tmp_path / "a" / "checkpoint.npz"
 
 
-def _rewrite(src: Path, dst: Path, edit) -> Path:
-    with np.load(src, allow_pickle=False) as z:
-        members = {n: z[n] for n in z.files}
-    meta = json.loads(members["meta"].tobytes())
-    edit(members, meta)
-    members["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    np.savez(dst, **members)
-    return dst
-
-
 @pytest.mark.parametrize("edit,message", [
     (lambda m, meta: meta.update(version=1), "checkpoint version 1, expected"),
     (lambda m, meta: meta.update(format="other"), "not a fedadapt checkpoint"),
@@ -313,7 +304,7 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
 ], ids=["version", "format", "missing-member", "extra-member", "nan", "shape", "dtype", "strings"])
 def test_tampered_checkpoints_are_refused_before_round_1(tmp_path, edit, message):
     good = _written(tmp_path)
-    bad = _rewrite(good, tmp_path / "bad.npz", edit)
+    bad = rewrite_checkpoint(good, tmp_path / "bad.npz", edit)
     cfg = {**BASE, "method": "fedadam", "num-server-rounds": 3, "output-dir": str(tmp_path), "run-name": "b"}
     calls = []
     with pytest.raises(ckpt.CheckpointError, match=message):

@@ -4,7 +4,6 @@ and before an oversized member is inflated."""
 from __future__ import annotations
 
 import io
-import json
 import zipfile
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from flower_strategies.core import checkpoint as ckpt
 from simulations.engine import run_inprocess
+from tests.helpers import rewrite_checkpoint
 
 CFG = {"task": "synthetic-linear", "synthetic-dim": 4, "precision": "float64", "local-steps": 2,
        "method": "fedadam", "num-server-rounds": 2, "checkpoint-every": 1}
@@ -28,16 +28,6 @@ def good(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("good")
     run_inprocess({**CFG, "output-dir": str(out), "run-name": "a"}, NODES)
     return out / "a" / "checkpoint.npz"
-
-
-def rewrite(src: Path, dst: Path, edit) -> Path:
-    with np.load(src, allow_pickle=False) as z:
-        members = {n: z[n] for n in z.files}
-    meta = json.loads(members["meta"].tobytes())
-    edit(members, meta)
-    members["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    np.savez(dst, **members)
-    return dst
 
 
 def resume(tmp_path: Path, path: Path, **extra):
@@ -71,7 +61,7 @@ def resume(tmp_path: Path, path: Path, **extra):
         "rows-type", "rows-items", "rows-order", "app", "arrays-str", "arrays-int", "no-state", "state-list",
         "state-ref", "state-rng", "state-history", "state-counter", "state-empty"])
 def test_forged_metadata_is_a_checkpoint_error(tmp_path, good, edit, message):
-    bad = rewrite(good, tmp_path / "bad.npz", edit)
+    bad = rewrite_checkpoint(good, tmp_path / "bad.npz", edit)
     with pytest.raises(ckpt.CheckpointError, match=message):
         resume(tmp_path, bad)
 
