@@ -16,7 +16,8 @@ Your own loop (your DataLoader, device, augmentation, batch objects) with :class
 ``rnd.loader`` yields your loader's own batch objects — exactly the round's planned steps in its first pass (one
 batch of every example in FedDA's full-batch rounds), nothing in later passes — and MimeLite's full gradient is
 computed from the loader and ``loss_fn`` by :meth:`ClientRound.optimizer`.
-or the one-call convenience :func:`train_reply` on any iterable of ``(x, y)`` batches or on whole-partition tensors
+
+Or the one-call convenience :func:`train_reply` on any iterable of ``(x, y)`` batches or on whole-partition tensors
 (a :class:`TensorPartition`: seeded mini-batches — what the fedadapt ClientApp and the exactness tests use); both
 go through the same loop (:meth:`ClientRound.batches`, :meth:`ClientRound.loss_before`, :func:`full_gradient_from`).
 The round's ConfigRecord names the method; the matching local optimizer comes from the registry and is built from
@@ -37,7 +38,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from . import records as R
-from .local import LocalOptimizer
+from .local import LocalOptimizer, SGDOptimizer
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 Batch = tuple[Tensor, Tensor]
@@ -230,16 +231,18 @@ class ClientRound:
                 self.batches_yielded += 1
                 yield loader.take(idx) if batch_fn is None else batch_fn(loader.take(idx))
             return
-        items: Iterable[Any] = loader if batch_fn is None else map(batch_fn, loader)
+        def one_pass() -> Iterable[Any]:
+            return loader if batch_fn is None else map(batch_fn, loader)
+
         if self.full_batch:
             self.batches_yielded += 1
-            yield concat_batches(list(items), self.method)
+            yield concat_batches(list(one_pass()), self.method)
             return
         n = num_examples if num_examples is not None else num_examples_of(loader)
         remaining = self.num_steps(n)
         while remaining > 0:
             produced = 0
-            for item in (loader if batch_fn is None else map(batch_fn, loader)):
+            for item in one_pass():
                 self.batches_yielded += 1
                 yield item
                 produced += 1
@@ -306,8 +309,6 @@ class ClientRound:
         """Whether this round's method runs more than plain local SGD on the client (a method optimizer, or a
         non-zero client hyper-parameter such as FedProx's ``mu``); ``False``: your own optimizer (e.g. SGD with
         momentum) may train, as with a stock Flower client."""
-        from .local import SGDOptimizer
-
         kwargs = self.spec.hparams.client_kwargs_from_wire(self.config, self.method)
         return self.spec.local_optimizer is not SGDOptimizer or any(bool(v) for v in kwargs.values())
 
@@ -326,7 +327,8 @@ class ClientRound:
             num_examples = num_examples_of(self.data)
         if cls.needs_full_gradient and full_gradient is None:
             full_gradient = self._full_gradient(model)
-        if self.needs_loss_before and self.data is not None and self.loss_fn is not None:
+        if self.needs_loss_before and self.loss_before_value is None and self.data is not None \
+                and self.loss_fn is not None:
             self.loss_before_value = self.loss_before(model)  # at x_t: before any step
         planned = None if num_examples is None else self.num_steps(num_examples)
         return cls(
@@ -518,6 +520,8 @@ class RoundLoader:
             yield from self._round.batches(self._loader)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # private and dunder names are this wrapper's (copy/pickle probe them)
+            raise AttributeError(name)
         return getattr(self._loader, name)
 
 
@@ -635,7 +639,7 @@ def train_reply(
     rnd = ClientRound(content, state, data, loss_fn, seed=seed, client_key=client_key, unpack=batch_fn)
     rnd.load_model(model)
     n = num_examples_of(data)
-    before = rnd.loss_before(model) if loss_before else None
+    before = rnd.loss_before_value = rnd.loss_before(model) if loss_before else None
     grad = full_gradient_from(model, data, loss_fn, batch_fn) if rnd.needs_full_gradient else None
     optimizer = rnd.optimizer(model, num_examples=n, full_gradient=grad)
     to_xy = as_xy if isinstance(data, TensorPartition) else batch_fn or as_xy
