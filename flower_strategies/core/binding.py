@@ -13,12 +13,12 @@ comes after), in this order, and rejects with a reason that starts with the chec
    Counted from the lengths Flower already holds: nothing is viewed or parsed.
 3. **replay** — a reply whose array records are byte-identical to a reply used in an earlier round is rejected when
    the global model it answered then differs from this round's.  The replies the screen keeps are remembered as
-   digests (BLAKE2b, 16 bytes: the reply's array records; the global model); an honest client answers a changed
-   model with changed bytes,
-   while an unchanged model (a round that did not update; ``client-lr = 0`` on a model that stayed put) may
-   legitimately be answered with the same bytes again, and is accepted.  Byte-identical replies of two nodes in the
-   same round are not replays (identical data and seeds give them).  A reply the screen rejected is not
-   remembered: sent again, it is rejected again for its own reason (e.g. NaN/Inf), not as a replay.
+   digests (SHA-256 truncated to 16 bytes: the reply's array records; the global model).  An honest client answers
+   a changed model with changed bytes, while an unchanged model (a round that did not update; ``client-lr = 0`` on
+   a model that stayed put) may legitimately be answered with the same bytes again, and is accepted.
+   Byte-identical replies of two nodes in the same round are not replays (identical data and seeds give them).  A
+   reply the screen rejected is not remembered: sent again, it is rejected again for its own reason (e.g. NaN/Inf),
+   not as a replay.
 
 :meth:`ReplyBinder.run` is the whole step: the checks, then the round's :class:`.screen.ReplyScreen`, then the kept
 replies remembered.
@@ -94,24 +94,24 @@ def content_nbytes(content: RecordDict) -> int:
 
 def reply_digest(content: RecordDict) -> bytes:
     """Digest of a reply's array records (names, keys, dtypes, shapes and payload bytes)."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h = hashlib.sha256()
     for name, rec in sorted(((n, r) for n, r in content.items() if isinstance(r, ArrayRecord)), key=lambda x: x[0]):
         for key, arr in rec.items():
             data = _payload(arr.data)
             meta = (name, key, arr.dtype, arr.shape, arr.stype, type(arr.data), memoryview(data).nbytes)
             h.update(repr(meta).encode())
             h.update(data)
-    return h.digest()
+    return h.digest()[:DIGEST_BYTES]
 
 
 def model_digest(arrays: NamedArrays) -> bytes:
     """Digest of the global arrays (keys, dtypes, shapes, values)."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h = hashlib.sha256()
     for key, value in arrays.items():
         arr = np.ascontiguousarray(value)
         h.update(repr((key, arr.dtype.str, arr.shape)).encode())
         h.update(arr.data)
-    return h.digest()
+    return h.digest()[:DIGEST_BYTES]
 
 
 class ReplyBinder:
