@@ -293,6 +293,11 @@ class StrategyConfig(HParams):
         help="fraction of the largest and of the smallest values dropped per coordinate by aggregator = trimmed-"
              "mean",
     )
+    max_reply_bytes: int = param(
+        0, lo=0,
+        help="reject train replies larger than this many bytes before reading them; 0 = 2 × the bytes of the "
+             "method's declared uplink records + 1 MiB",
+    )
     loss_before_max_examples: int = param(
         0, lo=0,
         help="clients compute train-loss-before (metrics, LocalUpdateDecay's controller) on a seeded sample of at "
