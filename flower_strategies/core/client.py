@@ -252,15 +252,23 @@ class ClientRound:
         """The method's local optimizer for ``model`` with this round's lr, downlink records, saved client state and
         client hyper-parameters.  ``num_examples`` is needed by methods that plan their steps (LocalUpdate,
         FedLADA's ``K-1``); ``full_gradient`` by MimeLite (see :func:`full_gradient_from`)."""
-        cls = self.spec.local_optimizer
         planned = None if num_examples is None else self.num_steps(num_examples)
-        return cls(
-            model.named_parameters(),
+        return self.build_optimizer(model.named_parameters(), client_state=load_client_state(self.state),
+                                    full_gradient=full_gradient, planned_steps=planned)
+
+    def build_optimizer(
+        self, named_params: Iterable[tuple[str, Tensor]], *, client_state: Mapping[str, Mapping[str, Tensor]],
+        full_gradient: Mapping[str, Tensor] | None, planned_steps: int | None,
+    ) -> LocalOptimizer:
+        """The method's local optimizer over ``named_params`` (what :meth:`optimizer` builds for a model; the
+        vectorized engine passes parameters stacked on a client axis and the clients' stacked state)."""
+        return self.spec.local_optimizer(
+            named_params,
             lr=self.lr,
             downlink=downlink_records(self.content),
-            client_state=load_client_state(self.state),
+            client_state=client_state,
             full_gradient=full_gradient,
-            planned_steps=planned,
+            planned_steps=planned_steps,
             **self.spec.hparams.client_kwargs_from_wire(self.config, self.method),
         )
 

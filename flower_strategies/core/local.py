@@ -90,6 +90,10 @@ class LocalOptimizer(torch.optim.Optimizer):
     needs_full_gradient: ClassVar[bool] = False
     #: Whether the round's planned number of local steps must be passed as ``planned_steps``.
     needs_planned_steps: ClassVar[bool] = False
+    #: ``None``: one client's parameters (the normal case).  An int C: every parameter (and the client state) is
+    #: stacked on a leading client axis of C clients trained together (:mod:`simulations.vectorized`); downlink
+    #: tensors from :meth:`received` are then repeated along it, and reductions use :meth:`client_sum`.
+    clients: int | None = None
 
     def __init__(
         self,
@@ -196,7 +200,21 @@ class LocalOptimizer(torch.optim.Optimizer):
         arrays = self.downlink.get(record)
         if arrays is None or name not in arrays:
             return None
-        return torch.as_tensor(arrays[name]).to(device=p.device, dtype=p.dtype).clone()
+        t = torch.as_tensor(arrays[name]).to(device=p.device, dtype=p.dtype)
+        return t.clone() if self.clients is None else t.expand(self.clients, *t.shape).clone()
+
+    def client_sum(self, x: Tensor) -> Tensor:
+        """The sum of ``x``'s elements: one scalar, or with stacked clients one value per client (shape (C,))."""
+        if self.clients is None:
+            return x.sum()
+        return x.reshape(x.shape[0], -1).sum(1)
+
+    def per_client(self, value: Any, like: Tensor) -> Any:
+        """``value`` from :meth:`client_sum` (or a float) shaped to broadcast against ``like``: with stacked clients
+        (C,) becomes (C, 1, …, 1); otherwise ``value`` as it is."""
+        if self.clients is None or not isinstance(value, Tensor):
+            return value
+        return value.reshape(-1, *([1] * (like.dim() - 1)))
 
     def saved(self, record: str, name: str, p: Tensor) -> Tensor | None:
         """Tensor ``name`` of this client's saved state ``record`` on ``p``'s device/dtype (None if absent)."""

@@ -104,9 +104,6 @@ def trust_ratio(w_norm: Tensor, u_norm: Tensor, phi_min: float = 0.0, phi_max: f
     return torch.where(ok, phi / torch.where(ok, u_norm, torch.ones_like(u_norm)), torch.ones_like(w_norm))
 
 
-def _norm(tensors: list[Tensor]) -> Tensor:
-    """Joint L2 norm of a layer's tensors."""
-    return torch.sqrt(cast(Tensor, sum(x.pow(2).sum() for x in tensors)))
 
 
 def bias_factors(
@@ -284,9 +281,13 @@ class FedLAMBOptimizer(LocalOptimizer):
                     u = [u_j.add(theta, alpha=group["weight_decay"]) for u_j, theta in zip(u, thetas)]
                 ratio: float | Tensor = 1.0
                 if group["trust_ratio"]:
-                    ratio = trust_ratio(_norm(thetas), _norm(u), group["phi_min"], group["phi_max"])
+                    ratio = trust_ratio(self._norm(thetas), self._norm(u), group["phi_min"], group["phi_max"])
                 for theta, u_j in zip(thetas, u):
-                    theta.sub_(u_j * ratio * group["lr"])
+                    theta.sub_(u_j * self.per_client(ratio, u_j) * group["lr"])
+
+    def _norm(self, tensors: list[Tensor]) -> Tensor:
+        """Joint L2 norm of a layer's tensors (per client when clients are stacked)."""
+        return torch.sqrt(cast(Tensor, sum(self.client_sum(x.pow(2)) for x in tensors)))
 
     def uplink_arrays(self) -> dict[str, Named]:
         """``{"v": v}`` (bias-corrected with the local t under ``as_written``).  Under ``gradient_point =
