@@ -74,6 +74,17 @@ def check_vectorizable(model: nn.Module, task: str) -> None:
         )
 
 
+def vectorizable(fed: Any) -> bool:
+    """Whether the task of ``fed`` (an :class:`~client_app.config.AppConfig`) can run on the vectorized engine."""
+    from client_app.task import build_model
+
+    try:
+        check_vectorizable(build_model(fed.task, fed.seed, fed.synthetic_dim), fed.task)
+    except NotVectorizable:
+        return False
+    return True
+
+
 class VectorGrid(LoopbackGrid):
     """A :class:`LoopbackGrid` that trains each round's clients together (see the module docstring).
 
@@ -105,7 +116,7 @@ class VectorGrid(LoopbackGrid):
             except Exception:  # noqa: BLE001 - the sequential ClientApp turns it into this client's error reply
                 continue
             check_vectorizable(model, job.fed.task)
-            key = (id(msg.content), job.fed, str(device), _layout(rnd, len(job.x), model))
+            key = (id(msg.content), job.fed, str(device), _layout(rnd, len(job.x)))
             groups.setdefault(key, []).append((i, (msg, ctx, job, rnd, model)))
         replies: dict[int, Message] = {}
         chunks = 0
@@ -148,24 +159,19 @@ class VectorGrid(LoopbackGrid):
         return out
 
 
-def _layout(rnd: ClientRound, n: int, model: nn.Module) -> tuple:
+def _layout(rnd: ClientRound, n: int) -> tuple:
     """What must be equal for clients trained in one stacked pass besides the round content and settings: the saved
-    client state's records and its non-parameter entries (e.g. Fed-LAMB's step count), and K when the optimizer
-    needs the planned number of steps in advance."""
-    names = {name for name, _ in model.named_parameters()}
-    state = tuple(sorted(
-        (rec, tuple(sorted((k, tuple(v.reshape(-1).tolist())) for k, v in arrays.items() if k not in names)))
-        for rec, arrays in load_client_state(rnd.state).items()
-    ))
+    client state's records, entries and shapes (a client sampled for the first time has none), and K when the
+    optimizer needs the planned number of steps in advance (FedLADA's family)."""
+    state = tuple(sorted((rec, tuple(sorted((k, tuple(v.shape)) for k, v in arrays.items())))
+                         for rec, arrays in load_client_state(rnd.state).items()))
     planned = rnd.num_steps(n) if rnd.spec.local_optimizer.needs_planned_steps else None
     return state, planned
 
 
-def _stack_state(states: list[dict[str, dict[str, Tensor]]], names: set[str]) -> dict[str, dict[str, Tensor]]:
-    """The clients' saved state with every parameter-shaped entry stacked on a client axis (the others are equal
-    within a chunk: :func:`_layout`)."""
-    return {rec: {k: torch.stack([s[rec][k] for s in states]) if k in names else v for k, v in arrays.items()}
-            for rec, arrays in states[0].items()}
+def _stack_state(states: list[dict[str, dict[str, Tensor]]]) -> dict[str, dict[str, Tensor]]:
+    """The clients' saved state, every entry stacked on a client axis (its layout is equal within a chunk)."""
+    return {rec: {k: torch.stack([s[rec][k] for s in states]) for k in arrays} for rec, arrays in states[0].items()}
 
 
 def _client_view(mask: Tensor, like: Tensor) -> Tensor:
@@ -244,7 +250,7 @@ def train_stacked(
     named = dict(model.named_parameters())
     params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
     opt = rnd0.build_optimizer(
-        params.items(), client_state=_stack_state([load_client_state(r.state) for r in rnds], set(named)),
+        params.items(), client_state=_stack_state([load_client_state(r.state) for r in rnds]),
         full_gradient=None if fulls[0] is None else {n: torch.stack([f[n] for f in fulls]) for n in named},
         planned_steps=steps[0] if len(set(steps)) == 1 else None,
     )
@@ -305,4 +311,4 @@ def memory_estimate_mb(model: nn.Module, example: Tensor, batch: int, clients: i
 
 
 __all__ = ["DEFAULT_MEMORY_MB", "NotVectorizable", "VectorGrid", "check_vectorizable", "memory_estimate_mb",
-           "train_stacked"]
+           "train_stacked", "vectorizable"]

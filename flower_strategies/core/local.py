@@ -214,7 +214,7 @@ class LocalOptimizer(torch.optim.Optimizer):
         (C,) becomes (C, 1, …, 1); otherwise ``value`` as it is."""
         if self.clients is None or not isinstance(value, Tensor):
             return value
-        return value.reshape(-1, *([1] * (like.dim() - 1)))
+        return value.reshape(-1, *([1] * (like.dim() - 1))).to(device=like.device, dtype=like.dtype)
 
     def saved(self, record: str, name: str, p: Tensor) -> Tensor | None:
         """Tensor ``name`` of this client's saved state ``record`` on ``p``'s device/dtype (None if absent)."""
