@@ -71,7 +71,7 @@ def digits_child(kind: str, args: argparse.Namespace) -> dict:
     warm_up()
     grid = {"memory_mb": args.memory_mb} if kind == "vectorized" else {}
     t0 = time.perf_counter()
-    summary = run_inprocess(cfg, args.nodes, engine=kind, **grid)
+    summary = run_inprocess(cfg, args.nodes, engine="inprocess" if kind == "sequential" else kind, **grid)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "accuracy": summary["final"].get("test-accuracy"), "peak_mb": _peak_mb(args.device)}
 

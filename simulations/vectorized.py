@@ -251,7 +251,7 @@ def train_stacked(
     params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
     opt = rnd0.build_optimizer(
         params.items(), client_state=_stack_state([load_client_state(r.state) for r in rnds]),
-        full_gradient=None if fulls[0] is None else {n: torch.stack([f[n] for f in fulls]) for n in named},
+        full_gradient=None if fulls[0] is None else {n: torch.stack([f[n] for f in fulls if f]) for n in named},
         planned_steps=steps[0] if len(set(steps)) == 1 else None,
     )
     opt.clients = clients

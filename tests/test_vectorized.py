@@ -1,8 +1,9 @@
 """The vectorized in-process engine (simulations.vectorized) equals the sequential one for every registered method.
 
 Both engines drive the real strategy and the real ClientApp; the vectorized one trains each round's clients stacked
-(torch.func) with the method's own local optimizer.  float64, 10 rounds, on the synthetic least-squares task (clients
-of 32–51 examples, batch 16, so epochs mode gives unequal step counts and partial last batches: masking and padding are used):
+(torch.func) with the method's own local optimizer.  float64, 10 rounds, on the synthetic least-squares task
+(clients of 32–51 examples, batch 16: epochs mode gives unequal step counts and partial last batches, so masking and
+padding are used):
 
 * fixed steps, every client every round; epochs mode, half of the clients per round (persistent client state of
   clients sampled at different times, fresh and returning clients in one round) — 1e-12 relative;

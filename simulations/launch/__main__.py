@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(simulations.engine, this process, no SuperLink; see simulations.launch.seeds); vectorized "
                          "= the in-process engine training each round's clients together (simulations.vectorized)")
     ap.add_argument("--seeds", type=int, default=None, metavar="N",
-                    help="sim --engine inprocess|vectorized: run the configuration with seeds s..s+N-1 (s = run-config seed) and "
-                         "write seeds.json/.csv (final test accuracy/loss per seed, mean ± std) and accuracy_band.png")
+                    help="sim --engine inprocess|vectorized: run the configuration with seeds s..s+N-1 "
+                         "(s = run-config seed) and write seeds.json/.csv (final test accuracy/loss per seed, "
+                         "mean ± std) and accuracy_band.png")
     args = ap.parse_args(argv)
     in_process = args.engine in ("inprocess", "vectorized")
     if (args.seeds is not None or in_process) and args.mode != "sim":
