@@ -144,6 +144,7 @@ class VectorGrid(LoopbackGrid):
         spec = TASK_SPECS[fed.task]
         device = next(model.parameters()).device
         data = [TensorPartition(j.x.to(device), j.y.to(device)) for j in jobs]
+        states = [dict(ctx.state.items()) for ctx in ctxs]  # records are replaced, never mutated, by a reply
         try:
             contents = train_stacked(model, rnds, data, spec.loss_fn(), spec.example_losses(),
                                      loss_before=fed.train_loss_before)
@@ -152,6 +153,11 @@ class VectorGrid(LoopbackGrid):
         except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
             log(WARNING, "vectorized engine: a chunk of %d clients failed (%s: %s); training it sequentially",
                 len(part), type(err).__name__, err)
+            for ctx, before in zip(ctxs, states):  # as if the stacked pass had never run
+                for name in list(ctx.state.keys()):
+                    del ctx.state[name]
+                for name, record in before.items():
+                    ctx.state[name] = record
             return {}
         out = {}
         for (i, _), msg, ctx, job, content in zip(part, msgs, ctxs, jobs, contents):

@@ -87,3 +87,20 @@ def test_models_that_cannot_be_stacked_name_the_sequential_engine():
     with pytest.raises(NotVectorizable, match="--engine inprocess"):
         check_vectorizable(model, "my-task")
     check_vectorizable(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GroupNorm(2, 4)), "ok")
+
+
+def test_a_failing_stacked_pass_falls_back_to_the_sequential_clientapp(monkeypatch):
+    import simulations.vectorized as V
+
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("stacked pass failed")
+
+    monkeypatch.setattr(V, "train_stacked", broken)
+    rc = {**BASE, **MODES["epochs-partial"], "method": "scaffold"}
+    seq, _ = _run(rc, "inprocess", 4)
+    vec, grid = _run(rc, "vectorized", 4)
+    assert calls and grid.stacked_clients == 0  # every chunk was tried, then answered sequentially
+    assert max(_rel(a, b) for a, b in zip(seq, vec)) == 0.0  # the sequential ClientApp's exact results
