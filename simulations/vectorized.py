@@ -294,11 +294,15 @@ def train_stacked(
     per_step = torch.stack(losses).cpu().tolist()
 
     replies = []
+    opt_c: LocalOptimizer | None = None
     for c, rnd in enumerate(rnds):
         with torch.no_grad():
             for n, p in named.items():
                 p.copy_(params[n][c])
-        opt_c = rnd.optimizer(model, num_examples=sizes[c], full_gradient=fulls[c])
+        if opt_c is None:
+            opt_c = rnd.optimizer(model, num_examples=sizes[c], full_gradient=fulls[c])
+        else:
+            opt_c.rebind(load_client_state(rnd.state), fulls[c], steps[c])
         for n, p in named.items():
             opt_c.state[p] = {k: _client_slice(v, c, clients) for k, v in opt.state[params[n]].items()}
         opt_c.state[ROUND]["steps"] = steps[c]  # type: ignore[index]

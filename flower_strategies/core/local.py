@@ -153,6 +153,18 @@ class LocalOptimizer(torch.optim.Optimizer):
             )
         self.state[ROUND] = {"steps": 0}  # type: ignore[index]  # torch keys state by tensor; one str entry
 
+    def rebind(self, client_state: NamedRecords | None, full_gradient: Mapping[str, Tensor] | None,
+               planned_steps: int | None) -> None:
+        """Start another client's round on the same parameters, lr, downlink and hyper-parameters: its saved state,
+        full-batch gradient and planned steps replace the current ones and the optimizer state is cleared (what a
+        new instance would hold, without re-validating the unchanged inputs; the vectorized engine builds one
+        reply optimizer per chunk this way)."""
+        self.client_state_in = {k: dict(v) for k, v in (client_state or {}).items()}
+        self.full_gradient = None if full_gradient is None else dict(full_gradient)
+        self.planned_steps = planned_steps
+        self.state.clear()
+        self.state[ROUND] = {"steps": 0}  # type: ignore[index]
+
     # -------------------------------------------------------------- declaration hooks
     def downlink_records(self) -> tuple[str, ...]:
         """Downlink records this optimizer requires (may depend on its hyper-parameters)."""
