@@ -104,3 +104,20 @@ def test_a_failing_stacked_pass_falls_back_to_the_sequential_clientapp(monkeypat
     vec, grid = _run(rc, "vectorized", 4)
     assert calls and grid.stacked_clients == 0  # every chunk was tried, then answered sequentially
     assert max(_rel(a, b) for a, b in zip(seq, vec)) == 0.0  # the sequential ClientApp's exact results
+
+
+def test_launcher_engine_vectorized_gives_the_sequential_run(tmp_path):
+    import json
+
+    from simulations.launch.__main__ import main
+
+    rc = ("num-server-rounds=2 local-steps=2 learning-curve=false precision='float64' "
+          f"output-dir='{tmp_path}'")
+    for engine in ("inprocess", "vectorized"):
+        assert main(["sim", "--engine", engine, "--num-supernodes", "3", "--run-config",
+                     f"{rc} run-name='{engine}'"]) == 0
+    rows = {e: json.loads((tmp_path / e / "metrics.jsonl").read_text().splitlines()[-1])
+            for e in ("inprocess", "vectorized")}
+    assert rows["vectorized"]["round"] == 2
+    assert rows["vectorized"]["test-loss"] == pytest.approx(rows["inprocess"]["test-loss"], rel=1e-12, abs=0)
+    assert rows["vectorized"]["train-loss"] == pytest.approx(rows["inprocess"]["train-loss"], rel=1e-12, abs=0)
