@@ -121,3 +121,18 @@ def test_launcher_engine_vectorized_gives_the_sequential_run(tmp_path):
     assert rows["vectorized"]["round"] == 2
     assert rows["vectorized"]["test-loss"] == pytest.approx(rows["inprocess"]["test-loss"], rel=1e-12, abs=0)
     assert rows["vectorized"]["train-loss"] == pytest.approx(rows["inprocess"]["train-loss"], rel=1e-12, abs=0)
+
+
+@pytest.mark.slow  # child processes
+@pytest.mark.parametrize("task", ["digits-mlp", "cifar-gn-cnn"])
+def test_bench_vectorized_runs(task, capsys):
+    import re
+
+    from simulations import bench_vectorized
+
+    args = ["--task", task, "--nodes", "3", "--epochs", "1", "--rounds", "2", "--examples", "10", "--batch-size", "4"]
+    assert bench_vectorized.main(args) == 0
+    out = capsys.readouterr().out
+    assert "sequential" in out and "vectorized" in out and "plain" in out
+    if task == "cifar-gn-cnn":  # float32 local models of both engines agree
+        assert float(re.search(r"sequential\): ([0-9.e+-]+)", out).group(1)) < 1e-5
