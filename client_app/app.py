@@ -10,6 +10,7 @@ and, in runs that write checkpoints, also in a node-local directory (:mod:`clien
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from functools import lru_cache
 from collections.abc import Mapping
 from typing import Any
@@ -126,30 +127,60 @@ def _holds_state(context: Context) -> bool:
     return any(n.startswith(R.STATE_PREFIX) and isinstance(r, ArrayRecord) for n, r in context.state.items())
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Train one round.  In runs that write checkpoints the method's client state is also kept on the node's disk
-    (:mod:`client_app.client_state`), so that a resumed run continues it exactly."""
+@dataclass
+class TrainJob:
+    """What :func:`train` knows about one train message before the round's training (shared with the vectorized
+    engine, :mod:`simulations.vectorized`, which trains many of them at once and finishes each with
+    :func:`finish_train`)."""
+
+    fed: AppConfig
+    pid: int
+    x: torch.Tensor
+    y: torch.Tensor
+    config: Mapping[str, Any]
+    store: Any
+    status: str
+
+
+def begin_train(msg: Message, context: Context) -> TrainJob:
+    """Read the node's data and settings and load its saved client state (from disk in runs that checkpoint)."""
     fed, pid, x, y = client_data(context)
-    model = model_for(fed, device_of(context, fed.device))
     config: Mapping[str, Any] = R.get(msg.content, R.CONFIG, ConfigRecord) or {}
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
     held = _holds_state(context)
     base = int(config.get(BASE, 0))
     status = store.load(context.state, server_round, context.run_id, base) if store else ("memory" if held else "fresh")
-    content = train_reply(
-        model, msg.content, x, y, TASK_SPECS[fed.task].loss_fn(),
-        state=context.state, seed=fed.seed, client_key=pid, loss_before=fed.train_loss_before,
-    )
+    return TrainJob(fed, pid, x, y, config, store, status)
+
+
+def finish_train(job: TrainJob, content: RecordDict, msg: Message, context: Context) -> Message:
+    """The reply of a trained round: partition id in the metrics, the client state saved to disk when asked."""
     metrics, info = R.get(content, R.METRICS, MetricRecord), R.get(content, R.REPLY_INFO, ConfigRecord)
     assert metrics is not None and info is not None  # train_reply writes both
-    metrics["partition-id"] = pid
+    metrics["partition-id"] = job.pid
+    config = job.config
     if config.get(KEY) and _holds_state(context):  # stateful
-        if store is not None:
-            store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id, base)
-        info[STATUS] = status
+        if job.store is not None:
+            server_round = int(config.get(R.SERVER_ROUND, 0))
+            job.store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id,
+                           int(config.get(BASE, 0)))
+        info[STATUS] = job.status
     return Message(content=content, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train one round.  In runs that write checkpoints the method's client state is also kept on the node's disk
+    (:mod:`client_app.client_state`), so that a resumed run continues it exactly."""
+    job = begin_train(msg, context)
+    fed = job.fed
+    model = model_for(fed, device_of(context, fed.device))
+    content = train_reply(
+        model, msg.content, job.x, job.y, TASK_SPECS[fed.task].loss_fn(),
+        state=context.state, seed=fed.seed, client_key=job.pid, loss_before=fed.train_loss_before,
+    )
+    return finish_train(job, content, msg, context)
 
 
 @app.evaluate()

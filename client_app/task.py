@@ -75,6 +75,19 @@ class TaskSpec:
     def loss_fn(self):
         return nn.functional.cross_entropy if self.classification else half_mse
 
+    def example_losses(self):
+        """Per-example losses whose mean over a batch is :meth:`loss_fn` (the vectorized engine weights them)."""
+        return example_cross_entropy if self.classification else example_half_se
+
+
+def example_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(logits, target, reduction="none")
+
+
+def example_half_se(pred: Tensor, target: Tensor) -> Tensor:
+    """``half_mse`` per example: ``½·mean`` of the squared error over each example's outputs."""
+    return 0.5 * ((pred - target) ** 2).reshape(len(pred), -1).mean(1)
+
 
 TASK_SPECS = {
     "digits-mlp": TaskSpec("digits-mlp", True),

@@ -73,21 +73,32 @@ class LoopbackGrid(Grid):
     answers_at_push = True
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        msgs = list(messages)
         ids = []
-        for msg in messages:
+        for msg in msgs:  # as the SuperLink does: replies name the message id in reply_to_message_id
+            ids.append(uuid.uuid4().hex)
+            msg.metadata.__dict__["_message_id"] = ids[-1]
+        ready = self.prepared_replies(msgs)
+        for i, (msg, mid) in enumerate(zip(msgs, ids)):
             ctx = self.contexts[msg.metadata.dst_node_id]
-            mid = uuid.uuid4().hex
-            msg.metadata.__dict__["_message_id"] = mid  # as the SuperLink does: replies name it in reply_to_message_id
-            try:
-                reply = self._app(msg, ctx)
-            except Exception as err:  # as in Ray and on a SuperNode: a ClientApp exception is an error reply
-                error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}")
-                reply = Message(error, reply_to=msg)
+            reply = ready[i] if i in ready else self.call_app(msg, ctx)
             if self.intercept is not None:
                 reply = self.intercept(msg, reply, int(ctx.node_config["partition-id"]))
             self._inbox[mid] = reply
-            ids.append(mid)
         return ids
+
+    def prepared_replies(self, messages: list[Message]) -> dict[int, Message]:
+        """Replies produced for several of ``messages`` at once (by position); the others go one by one to the
+        ClientApp.  None here; the vectorized engine (:class:`simulations.vectorized.VectorGrid`) trains them."""
+        return {}
+
+    def call_app(self, msg: Message, ctx: Context) -> Message:
+        """The ClientApp's reply to ``msg``; as in Ray and on a SuperNode, an exception becomes an error reply."""
+        try:
+            return self._app(msg, ctx)
+        except Exception as err:
+            error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}")
+            return Message(error, reply_to=msg)
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
         return [self._inbox.pop(i) for i in message_ids if i in self._inbox]
@@ -96,13 +107,31 @@ class LoopbackGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-def run_inprocess(run_config: Mapping[str, Any], num_nodes: int, **grid_kwargs: Any) -> dict[str, Any]:
-    """Run the real ServerApp logic against the real ClientApp in this process; returns the run summary."""
+#: In-process engines: ``inprocess`` trains the sampled clients one after another (:class:`LoopbackGrid`),
+#: ``vectorized`` all of a round's together (:class:`simulations.vectorized.VectorGrid`).
+ENGINES = ("inprocess", "vectorized")
+
+
+def make_grid(client_app: Any, num_nodes: int, run_config: Mapping[str, Any] | None, engine: str = "inprocess",
+              **grid_kwargs: Any) -> LoopbackGrid:
+    """The in-process grid of ``engine`` (one of :data:`ENGINES`)."""
+    if engine == "vectorized":
+        from simulations.vectorized import VectorGrid
+
+        return VectorGrid(client_app, num_nodes, run_config, **grid_kwargs)
+    if engine != "inprocess":
+        raise ValueError(f"unknown in-process engine {engine!r}; valid: {', '.join(ENGINES)}")
+    return LoopbackGrid(client_app, num_nodes, run_config, **grid_kwargs)
+
+
+def run_inprocess(run_config: Mapping[str, Any], num_nodes: int, *, engine: str = "inprocess",
+                  **grid_kwargs: Any) -> dict[str, Any]:
+    """Run the real ServerApp logic against the real ClientApp in this process; returns the run summary.
+    ``engine = "vectorized"`` trains each round's clients together (:mod:`simulations.vectorized`)."""
     from client_app.app import app as client_app
     from server_app.app import run
 
-    grid = LoopbackGrid(client_app, num_nodes, run_config, **grid_kwargs)
-    return run(grid, run_config)
+    return run(make_grid(client_app, num_nodes, run_config, engine, **grid_kwargs), run_config)
 
 
 def simulate(
@@ -111,20 +140,21 @@ def simulate(
     num_rounds: int,
     num_nodes: int,
     run_config: Mapping[str, Any],
+    engine: str = "inprocess",
     **grid_kwargs: Any,
 ) -> tuple[list[dict[str, Any]], LoopbackGrid]:
     """Drive ``strategy`` (a real fedadapt/Flower strategy) against the real ClientApp in-process.
 
     Returns the global arrays after every round (``[round0, round1, …]`` as ``dict[str, np.ndarray]``) and the
     grid (whose ``contexts`` hold each node's persistent state).  ``run_config`` is what the ClientApp reads
-    (task, partitioner, seed, …).
+    (task, partitioner, seed, …); ``engine``: one of :data:`ENGINES`.
     """
     from flwr.app import MetricRecord
 
     from client_app.app import app as client_app
     from flower_strategies.core.records import to_numpy
 
-    grid = LoopbackGrid(client_app, num_nodes, run_config, **grid_kwargs)
+    grid = make_grid(client_app, num_nodes, run_config, engine, **grid_kwargs)
     snapshots: list[dict[str, Any]] = []
 
     def capture(server_round: int, arrays: Any) -> MetricRecord:

@@ -331,13 +331,22 @@ class ClientRound:
                 and self.loss_fn is not None:
             self.loss_before_value = self.loss_before(model)  # at x_t: before any step
         planned = None if num_examples is None else self.num_steps(num_examples)
-        return cls(
-            model.named_parameters(),
+        return self.build_optimizer(model.named_parameters(), client_state=load_client_state(self.state),
+                                    full_gradient=full_gradient, planned_steps=planned)
+
+    def build_optimizer(
+        self, named_params: Iterable[tuple[str, Tensor]], *, client_state: Mapping[str, Mapping[str, Tensor]],
+        full_gradient: Mapping[str, Tensor] | None, planned_steps: int | None,
+    ) -> LocalOptimizer:
+        """The method's local optimizer over ``named_params`` (what :meth:`optimizer` builds for a model; the
+        vectorized engine passes parameters stacked on a client axis and the clients' stacked state)."""
+        return self.spec.local_optimizer(
+            named_params,
             lr=self.lr,
             downlink=downlink_records(self.content),
-            client_state=load_client_state(self.state),
+            client_state=client_state,
             full_gradient=full_gradient,
-            planned_steps=planned,
+            planned_steps=planned_steps,
             **self.spec.hparams.client_kwargs_from_wire(self.config, self.method),
         )
 

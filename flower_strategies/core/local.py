@@ -90,6 +90,10 @@ class LocalOptimizer(torch.optim.Optimizer):
     needs_full_gradient: ClassVar[bool] = False
     #: Whether the round's planned number of local steps must be passed as ``planned_steps``.
     needs_planned_steps: ClassVar[bool] = False
+    #: ``None``: one client's parameters (the normal case).  An int C: every parameter (and the client state) is
+    #: stacked on a leading client axis of C clients trained together (:mod:`simulations.vectorized`); downlink
+    #: tensors from :meth:`received` are then repeated along it, and reductions use :meth:`client_sum`.
+    clients: int | None = None
 
     def __init__(
         self,
@@ -149,6 +153,18 @@ class LocalOptimizer(torch.optim.Optimizer):
             )
         self.state[ROUND] = {"steps": 0}  # type: ignore[index]  # torch keys state by tensor; one str entry
 
+    def rebind(self, client_state: NamedRecords | None, full_gradient: Mapping[str, Tensor] | None,
+               planned_steps: int | None) -> None:
+        """Start another client's round on the same parameters, lr, downlink and hyper-parameters: its saved state,
+        full-batch gradient and planned steps replace the current ones and the optimizer state is cleared (what a
+        new instance would hold, without re-validating the unchanged inputs; the vectorized engine builds one
+        reply optimizer per chunk this way)."""
+        self.client_state_in = {k: dict(v) for k, v in (client_state or {}).items()}
+        self.full_gradient = None if full_gradient is None else dict(full_gradient)
+        self.planned_steps = planned_steps
+        self.state.clear()
+        self.state[ROUND] = {"steps": 0}  # type: ignore[index]
+
     # -------------------------------------------------------------- declaration hooks
     def downlink_records(self) -> tuple[str, ...]:
         """Downlink records this optimizer requires (may depend on its hyper-parameters)."""
@@ -196,7 +212,21 @@ class LocalOptimizer(torch.optim.Optimizer):
         arrays = self.downlink.get(record)
         if arrays is None or name not in arrays:
             return None
-        return torch.as_tensor(arrays[name]).to(device=p.device, dtype=p.dtype).clone()
+        t = torch.as_tensor(arrays[name]).to(device=p.device, dtype=p.dtype)
+        return t.clone() if self.clients is None else t.expand(self.clients, *t.shape).clone()
+
+    def client_sum(self, x: Tensor) -> Tensor:
+        """The sum of ``x``'s elements: one scalar, or with stacked clients one value per client (shape (C,))."""
+        if self.clients is None:
+            return x.sum()
+        return x.reshape(x.shape[0], -1).sum(1)
+
+    def per_client(self, value: Any, like: Tensor) -> Any:
+        """``value`` from :meth:`client_sum` (or a float) shaped to broadcast against ``like``: with stacked clients
+        (C,) becomes (C, 1, …, 1); otherwise ``value`` as it is."""
+        if self.clients is None or not isinstance(value, Tensor):
+            return value
+        return value.reshape(-1, *([1] * (like.dim() - 1))).to(device=like.device, dtype=like.dtype)
 
     def saved(self, record: str, name: str, p: Tensor) -> Tensor | None:
         """Tensor ``name`` of this client's saved state ``record`` on ``p``'s device/dtype (None if absent)."""

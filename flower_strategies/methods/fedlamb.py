@@ -104,14 +104,11 @@ def trust_ratio(w_norm: Tensor, u_norm: Tensor, phi_min: float = 0.0, phi_max: f
     return torch.where(ok, phi / torch.where(ok, u_norm, torch.ones_like(u_norm)), torch.ones_like(w_norm))
 
 
-def _norm(tensors: list[Tensor]) -> Tensor:
-    """Joint L2 norm of a layer's tensors."""
-    return torch.sqrt(cast(Tensor, sum(x.pow(2).sum() for x in tensors)))
 
 
 def bias_factors(
-    mode: str, beta1: float, beta2: float, t: int, m_steps: float, v_steps: float
-) -> tuple[float, float]:
+    mode: str, beta1: float, beta2: float, t: int, m_steps: Any, v_steps: float
+) -> tuple[Any, float]:
     """``(1−β1^{s_m}, 1−β2^{s_v+t})`` for ``global``; ``(1−β1^t, 1−β2^t)`` for ``as_written``; ``(1, 1)`` for ``none``.
 
     ``m_steps`` = s_m (already including this step), ``v_steps`` = s_v (steps before this round), ``t`` = local step.
@@ -232,12 +229,17 @@ class FedLAMBOptimizer(LocalOptimizer):
         return float(torch.as_tensor(self.downlink[V_STEPS]["s_v"]).reshape(-1)[0])
 
     @property
-    def m_steps0(self) -> int:
-        """Steps accumulated in the persisted m before this round (0 when it starts from zero)."""
+    def m_steps0(self) -> int | Tensor:
+        """Steps accumulated in the persisted m before this round (0 when it starts from zero); with stacked clients
+        one count per client (a float64 tensor of shape (C,))."""
         if self.hparams.stateless or STATE_M not in self.client_state_in:
             return 0
         count = self.client_state_in.get(STATE_M_STEPS, {}).get("count")
-        return 0 if count is None else int(torch.as_tensor(count).reshape(-1)[0])
+        if count is None:
+            return 0
+        if self.clients is not None:
+            return torch.as_tensor(count).reshape(self.clients, -1)[:, 0].double()
+        return int(torch.as_tensor(count).reshape(-1)[0])
 
     def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         v_hat = self.received(V_HAT, name, p)
@@ -260,6 +262,7 @@ class FedLAMBOptimizer(LocalOptimizer):
         v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         s_m = self.v_steps + t if group["m_step_count"] == "global" else self.m_steps0 + t
         bc1, bc2 = bias_factors(group["bias_correction"], beta1, beta2, t, s_m, self.v_steps)
+        bc1 = self.per_client(bc1, m)
         v_c = v / bc2
         if group["vhat_mode"] == "local_max":
             den = torch.maximum(state["max_exp_avg_sq"], v_c, out=state["max_exp_avg_sq"])
@@ -284,9 +287,13 @@ class FedLAMBOptimizer(LocalOptimizer):
                     u = [u_j.add(theta, alpha=group["weight_decay"]) for u_j, theta in zip(u, thetas)]
                 ratio: float | Tensor = 1.0
                 if group["trust_ratio"]:
-                    ratio = trust_ratio(_norm(thetas), _norm(u), group["phi_min"], group["phi_max"])
+                    ratio = trust_ratio(self._norm(thetas), self._norm(u), group["phi_min"], group["phi_max"])
                 for theta, u_j in zip(thetas, u):
-                    theta.sub_(u_j * ratio * group["lr"])
+                    theta.sub_(u_j * self.per_client(ratio, u_j) * group["lr"])
+
+    def _norm(self, tensors: list[Tensor]) -> Tensor:
+        """Joint L2 norm of a layer's tensors (per client when clients are stacked)."""
+        return torch.sqrt(cast(Tensor, sum(self.client_sum(x.pow(2)) for x in tensors)))
 
     def uplink_arrays(self) -> dict[str, Named]:
         """``{"v": v}`` (bias-corrected with the local t under ``as_written``).  Under ``gradient_point =

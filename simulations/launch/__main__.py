@@ -43,23 +43,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
                     help="deploy: node-local data, one .npz per node or a directory of partition-<i>.npz "
                          "(python -m simulations.convert_data); passed as node config data-path")
-    ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray",
+    ap.add_argument("--engine", choices=("ray", "inprocess", "vectorized"), default="ray",
                     help="sim: ray = Flower's Ray simulation (default); inprocess = the in-process engine "
-                         "(simulations.engine, this process, no SuperLink; see simulations.launch.seeds)")
+                         "(simulations.engine, this process, no SuperLink; see simulations.launch.seeds); vectorized "
+                         "= the in-process engine training each round's clients together (simulations.vectorized)")
     ap.add_argument("--seeds", type=int, default=None, metavar="N",
-                    help="sim --engine inprocess: run the configuration with seeds s..s+N-1 (s = run-config seed) and "
-                         "write seeds.json/.csv (final test accuracy/loss per seed, mean ± std) and accuracy_band.png")
+                    help="sim --engine inprocess|vectorized: run the configuration with seeds s..s+N-1 "
+                         "(s = run-config seed) and write seeds.json/.csv (final test accuracy/loss per seed, "
+                         "mean ± std) and accuracy_band.png")
     args = ap.parse_args(argv)
-    if (args.seeds is not None or args.engine == "inprocess") and args.mode != "sim":
-        ap.error("--engine inprocess and --seeds apply to sim only")
-    if args.seeds is not None and args.engine != "inprocess":
-        ap.error("--seeds needs --engine inprocess")
+    in_process = args.engine in ("inprocess", "vectorized")
+    if (args.seeds is not None or in_process) and args.mode != "sim":
+        ap.error("--engine inprocess|vectorized and --seeds apply to sim only")
+    if args.seeds is not None and not in_process:
+        ap.error("--seeds needs --engine inprocess or vectorized")
     home, app = Path(args.flwr_home).resolve(), Path(args.app).resolve()
     try:
-        if args.mode == "sim" and args.engine == "inprocess":
+        if args.mode == "sim" and in_process:
             from .seeds import launch_inprocess
 
-            return launch_inprocess(args.num_supernodes, args.run_config, args.seeds)
+            return launch_inprocess(args.num_supernodes, args.run_config, args.seeds, args.engine)
         if args.mode == "sim":
             return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app,
                               ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus)

@@ -45,7 +45,7 @@ def group_dir(cfg: Mapping[str, Any]) -> Path:
     return Path(fed.output_dir).expanduser().resolve() / (fed.run_name or f"{fed.method}-{fed.task}-seeds")
 
 
-def run_seeds(run_config: Mapping[str, Any], seeds: int, num_nodes: int) -> dict[str, Any]:
+def run_seeds(run_config: Mapping[str, Any], seeds: int, num_nodes: int, engine: str = "inprocess") -> dict[str, Any]:
     """Run ``run_config`` once per seed in-process; write per-seed runs, ``seeds.json``/``.csv`` and the band plot.
 
     Returns the ``seeds.json`` content (plus ``"dir"``).  A seed whose run fails or raises is recorded with its
@@ -63,7 +63,7 @@ def run_seeds(run_config: Mapping[str, Any], seeds: int, num_nodes: int) -> dict
         cfg = {**base, "seed": s, "output-dir": str(out), "run-name": f"seed{s}"}
         print(f"[fedadapt] seed {s} ({s - first + 1}/{seeds}) …", flush=True)
         try:
-            summary, metrics = run_one(cfg, num_nodes)
+            summary, metrics = run_one(cfg, num_nodes, engine)
         except Exception as err:  # a failing seed must not hide the others; the row says why
             rows.append({"seed": s, "status": f"error: {type(err).__name__}: {err}"[:300],
                          "run_dir": str(out / f"seed{s}")})
@@ -145,16 +145,17 @@ def plot_band(runs: Sequence[Mapping[str, Any]], path: Path, title: str = "") ->
     return path
 
 
-def launch_inprocess(num_nodes: int, run_config: str | None, seeds: int | None = None) -> int:
-    """The ``--engine inprocess`` entry point: one run (``seeds`` None) or :func:`run_seeds`; exit status 0 when every
-    run completed."""
+def launch_inprocess(num_nodes: int, run_config: str | None, seeds: int | None = None,
+                     engine: str = "inprocess") -> int:
+    """The ``--engine inprocess|vectorized`` entry point: one run (``seeds`` None) or :func:`run_seeds`; exit status 0
+    when every run completed."""
     cfg = parse_run_config(run_config)
     if seeds is not None:
-        res = run_seeds(cfg, seeds, num_nodes)
+        res = run_seeds(cfg, seeds, num_nodes, engine)
         return 0 if res["completed"] == len(res["per_seed"]) else 1
     from simulations.engine import run_inprocess
 
-    summary = run_inprocess(cfg, num_nodes)
-    print(f"[fedadapt] in-process run {summary.get('status')}: {json.dumps(summary.get('final'), default=str)}",
+    summary = run_inprocess(cfg, num_nodes, engine=engine)
+    print(f"[fedadapt] {engine} run {summary.get('status')}: {json.dumps(summary.get('final'), default=str)}",
           flush=True)
     return 0 if summary.get("status") == "completed" else 1

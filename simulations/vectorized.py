@@ -1,0 +1,324 @@
+"""Vectorized in-process engine: the sampled clients of a round train together, stacked on a client axis.
+
+:class:`VectorGrid` is a :class:`~simulations.engine.LoopbackGrid` whose train messages are not handed one by one to
+the ClientApp: each round's clients are grouped (same round content, settings, device and saved-state layout),
+split into chunks that fit a memory budget, and every chunk trains in one pass per local step —
+
+* parameters of shape ``(C, *shape)`` (C clients of the chunk, all starting at the received ``x_t``);
+* per-client gradients from ``torch.func``: ``vmap(grad(loss))`` over ``functional_call`` of the task's own model,
+  each client on its own mini-batch, drawn exactly as the sequential ClientApp draws it
+  (:func:`~flower_strategies.core.client.batch_indices`, same seeds); batches shorter than the step's longest are
+  padded and the padding gets weight 0, so each client's loss is the mean over its real examples;
+* the method's **own** local optimizer over the stacked tensors (``LocalOptimizer.clients = C``: downlink tensors are
+  repeated along the client axis, the clients' saved state is stacked, norms are per client);
+* unequal step counts (epochs mode) by masking: once a client has taken its K_i steps, later steps leave its
+  parameters and optimizer state as they were.
+
+Every client then gets a real reply: its slice of the parameters and optimizer state goes into one per-client
+optimizer of the same class, and the sequential ClientApp's own code builds the reply and saves the client state
+(:meth:`~flower_strategies.core.client.ClientRound.reply`, :func:`client_app.app.finish_train`), so the Strategy
+validates, screens and aggregates them exactly as before.  ``train-loss-before`` and MimeLite's full-batch gradient
+are computed per client at ``x_t`` by the same functions as there.  Evaluate and query messages, and any chunk whose
+stacked pass fails, go to the sequential ClientApp.
+
+Limits: models with BatchNorm running statistics, dropout or recurrent layers (``shakespeare-lstm``) are refused
+with an error naming ``--engine inprocess``; a parameter that gets no gradient at all is stepped with a zero
+gradient (the sequential loop would skip it — none of the tasks has one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Message, RecordDict
+from flwr.common import MessageType, log
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from flower_strategies.core.client import (
+    ClientRound,
+    TensorPartition,
+    batch_indices,
+    full_gradient_from,
+    load_client_state,
+)
+from flower_strategies.core.local import ROUND, LocalOptimizer
+
+from .engine import LoopbackGrid
+
+#: Default memory budget of one chunk's stacked pass (MiB); ``VectorGrid(memory_mb=…)`` / ``--vector-memory-mb``.
+DEFAULT_MEMORY_MB = 1024
+#: Bytes per client of a chunk, as multiples of the model's parameter bytes (parameters, gradients, optimizer
+#: state, the frozen clients' snapshot) and of one step's input bytes (activations): the chunk-size estimate.
+PARAM_FACTOR, INPUT_FACTOR = 12, 32
+
+
+class NotVectorizable(ValueError):
+    """The task's model cannot be trained with stacked clients."""
+
+
+def check_vectorizable(model: nn.Module, task: str) -> None:
+    """Refuse models whose training is not a pure function of (parameters, batch)."""
+    bad = sorted({type(m).__name__ for m in model.modules()
+                  if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.RNNBase))
+                  or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)})
+    if bad:
+        raise NotVectorizable(
+            f"task {task!r} cannot run on the vectorized engine: its model has {', '.join(bad)} (running statistics, "
+            "random masks or recurrent kernels are not per-client functions of the parameters); use --engine "
+            "inprocess (the sequential in-process engine) or --engine ray"
+        )
+
+
+def vectorizable(fed: Any) -> bool:
+    """Whether the task of ``fed`` (an :class:`~client_app.config.AppConfig`) can run on the vectorized engine."""
+    from client_app.task import build_model
+
+    try:
+        check_vectorizable(build_model(fed.task, fed.seed, fed.synthetic_dim), fed.task)
+    except NotVectorizable:
+        return False
+    return True
+
+
+class VectorGrid(LoopbackGrid):
+    """A :class:`LoopbackGrid` that trains each round's clients together (see the module docstring).
+
+    ``chunk``: clients per stacked pass (0 = as many as ``memory_mb`` allows by the estimate
+    ``PARAM_FACTOR·parameter bytes + INPUT_FACTOR·batch input bytes`` per client)."""
+
+    def __init__(self, client_app: Any, num_nodes: int, run_config: Mapping[str, Any] | None = None, *,
+                 chunk: int = 0, memory_mb: float = DEFAULT_MEMORY_MB, **kwargs: Any) -> None:
+        super().__init__(client_app, num_nodes, run_config, **kwargs)
+        if chunk < 0 or memory_mb <= 0:
+            raise ValueError(f"chunk must be >= 0 and memory_mb > 0, got {chunk}, {memory_mb}")
+        self.chunk, self.memory_mb = int(chunk), float(memory_mb)
+        #: Client rounds trained stacked and stacked passes (chunks) so far (for logs and tests).
+        self.stacked_clients, self.chunks = 0, 0
+
+    def prepared_replies(self, messages: list[Message]) -> dict[int, Message]:
+        from client_app.app import begin_train, device_of, model_for
+
+        groups: dict[Any, list[tuple[int, Any]]] = {}
+        for i, msg in enumerate(messages):
+            if msg.metadata.message_type != MessageType.TRAIN:
+                continue
+            ctx = self.contexts[msg.metadata.dst_node_id]
+            try:
+                job = begin_train(msg, ctx)
+                device = device_of(ctx, job.fed.device)
+                model = model_for(job.fed, device)
+                rnd = ClientRound(msg.content, ctx.state, seed=job.fed.seed, client_key=job.pid)
+            except Exception:  # noqa: BLE001 - the sequential ClientApp turns it into this client's error reply
+                continue
+            check_vectorizable(model, job.fed.task)
+            key = (id(msg.content), job.fed, str(device), _layout(rnd, len(job.x)))
+            groups.setdefault(key, []).append((i, (msg, ctx, job, rnd, model)))
+        replies: dict[int, Message] = {}
+        chunks = 0
+        for members in groups.values():
+            size = self.chunk or self._auto_chunk(members[0][1][4], members[0][1][2], members[0][1][3])
+            for start in range(0, len(members), size):
+                part = members[start : start + size]
+                replies.update(self._train_chunk(part))
+                chunks += 1
+        self.stacked_clients, self.chunks = self.stacked_clients + len(replies), self.chunks + chunks
+        if replies:
+            log(INFO, "vectorized engine: %d clients trained in %d stacked chunk(s)", len(replies), chunks)
+        return replies
+
+    def _auto_chunk(self, model: nn.Module, job: Any, rnd: ClientRound) -> int:
+        batch = len(job.x) if rnd.full_batch else int(rnd.config.get("batch-size", 32))
+        return max(1, int(self.memory_mb // memory_estimate_mb(model, job.x[0], batch, 1)))
+
+    def _train_chunk(self, part: list[tuple[int, tuple]]) -> dict[int, Message]:
+        from client_app.app import finish_train
+        from client_app.task import TASK_SPECS
+
+        msgs, ctxs, jobs, rnds, models = (list(t) for t in zip(*(m for _, m in part)))
+        fed, model = jobs[0].fed, models[0]
+        spec = TASK_SPECS[fed.task]
+        device = next(model.parameters()).device
+        data = [TensorPartition(j.x.to(device), j.y.to(device)) for j in jobs]
+        states = [dict(ctx.state.items()) for ctx in ctxs]  # records are replaced, never mutated, by a reply
+        try:
+            contents = train_stacked(model, rnds, data, spec.loss_fn(), spec.example_losses(),
+                                     loss_before=fed.train_loss_before)
+        except NotVectorizable:
+            raise
+        except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
+            log(WARNING, "vectorized engine: a chunk of %d clients failed (%s: %s); training it sequentially",
+                len(part), type(err).__name__, err)
+            for ctx, before in zip(ctxs, states):  # as if the stacked pass had never run
+                for name in list(ctx.state.keys()):
+                    del ctx.state[name]
+                for name, record in before.items():
+                    ctx.state[name] = record
+            return {}
+        out = {}
+        for (i, _), msg, ctx, job, content in zip(part, msgs, ctxs, jobs, contents):
+            out[i] = finish_train(job, content, msg, ctx)
+        return out
+
+
+def _layout(rnd: ClientRound, n: int) -> tuple:
+    """What must be equal for clients trained in one stacked pass besides the round content and settings: the saved
+    client state's records, entries and shapes (a client sampled for the first time has none), and K when the
+    optimizer needs the planned number of steps in advance (FedLADA's family)."""
+    state = tuple(sorted((rec, tuple(sorted((k, tuple(v.shape)) for k, v in arrays.items())))
+                         for rec, arrays in load_client_state(rnd.state).items()))
+    planned = rnd.num_steps(n) if rnd.spec.local_optimizer.needs_planned_steps else None
+    return state, planned
+
+
+def _stack_state(states: list[dict[str, dict[str, Tensor]]]) -> dict[str, dict[str, Tensor]]:
+    """The clients' saved state, every entry stacked on a client axis (its layout is equal within a chunk)."""
+    return {rec: {k: torch.stack([s[rec][k] for s in states]) for k in arrays} for rec, arrays in states[0].items()}
+
+
+def _client_view(mask: Tensor, like: Tensor) -> Tensor:
+    return mask.reshape(-1, *([1] * (like.dim() - 1)))
+
+
+def _stacked_entries(opt: LocalOptimizer, clients: int) -> list[tuple[dict, str, Tensor, Tensor]]:
+    """``(state dict, key, tensor, copy)`` of every stacked optimizer-state tensor (for freezing clients)."""
+    out = []
+    for key, st in opt.state.items():
+        if key == ROUND:
+            continue
+        for name, v in st.items():
+            if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == clients:
+                out.append((st, name, v, v.clone()))
+    return out
+
+
+def _restore_frozen(params: Mapping[str, Tensor], saved_params: Mapping[str, Tensor],
+                    entries: list[tuple[dict, str, Tensor, Tensor]], active: Tensor) -> None:
+    """Put back the parameters and optimizer state of the clients not ``active`` in this step."""
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(torch.where(_client_view(active, p), p, saved_params[name]))
+        for st, key, before, old in entries:
+            cur = st[key]
+            merged = torch.where(_client_view(active, cur), cur, old)
+            if cur is before:
+                cur.copy_(merged)  # in place: entries that alias one another stay aliased
+            else:
+                st[key] = merged
+
+
+def _client_slice(value: Any, c: int, clients: int) -> Any:
+    if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == clients:
+        return value[c].clone()
+    return value.clone() if isinstance(value, Tensor) else value
+
+
+def _batch_plan(rnds: list[ClientRound], sizes: list[int], steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(index, count)``: ``index[s, c]`` = positions (in the chunk's concatenated data) of client c's batch at step
+    s, padded with its first example; ``count[s, c]`` = the real batch size (0 after its last step)."""
+    batches = []
+    for rnd, n, k in zip(rnds, sizes, steps):
+        size = n if rnd.full_batch else int(rnd.config.get("batch-size", 32))
+        batches.append(batch_indices(n, size, k, rnd.seed, rnd.server_round, rnd.client_key))
+    width = max(len(b) for bs in batches for b in bs)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    index = np.repeat(offsets[None, :, None], max(steps), axis=0).repeat(width, axis=2)
+    count = np.zeros((max(steps), len(rnds)), dtype=np.int64)
+    for c, bs in enumerate(batches):
+        for s, b in enumerate(bs):
+            index[s, c, : len(b)] = b + offsets[c]
+            count[s, c] = len(b)
+    return index, count
+
+
+def train_stacked(
+    model: nn.Module,
+    rnds: list[ClientRound],
+    data: list[TensorPartition],
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    example_losses: Callable[[Tensor, Tensor], Tensor],
+    *,
+    loss_before: bool = True,
+) -> list[RecordDict]:
+    """One round of ``len(rnds)`` clients that received the same content, trained together; returns each client's
+    reply content exactly as :func:`~flower_strategies.core.client.train_reply` builds it (and saves each client's
+    state into its ``rnd.state``).  ``example_losses``: per-example losses whose batch mean is ``loss_fn``."""
+    clients, rnd0 = len(rnds), rnds[0]
+    rnd0.load_model(model)
+    sizes = [len(d) for d in data]
+    befores = [r.loss_before(model, d, loss_fn, n) if loss_before else None for r, d, n in zip(rnds, data, sizes)]
+    fulls = [full_gradient_from(model, d, loss_fn) if rnd0.needs_full_gradient else None for d in data]
+    steps = [r.num_steps(n) for r, n in zip(rnds, sizes)]
+    named = dict(model.named_parameters())
+    params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
+    opt = rnd0.build_optimizer(
+        params.items(), client_state=_stack_state([load_client_state(r.state) for r in rnds]),
+        full_gradient=None if fulls[0] is None else {n: torch.stack([f[n] for f in fulls if f]) for n in named},
+        planned_steps=steps[0] if len(set(steps)) == 1 else None,
+    )
+    opt.clients = clients
+
+    device = next(model.parameters()).device
+    x_all, y_all = torch.cat([d.x for d in data]), torch.cat([d.y for d in data])
+    index_np, count_np = _batch_plan(rnds, sizes, steps)
+    index, count = torch.from_numpy(index_np).to(device), torch.from_numpy(count_np).to(device)
+    width = index.shape[2]
+    positions = torch.arange(width, device=device)
+
+    def client_loss(p: dict[str, Tensor], x: Tensor, y: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
+        weight = (positions < n).to(x_all.dtype if x_all.is_floating_point() else torch.float32)
+        loss = (example_losses(functional_call(model, p, (x,)), y) * weight).sum() / n.clamp(min=1)
+        return loss, loss.detach()
+
+    grad_fn = vmap(grad(client_loss, has_aux=True))
+    model.train()
+    losses = []
+    for s in range(max(steps)):
+        idx = index[s]
+        grads, loss = grad_fn(params, x_all[idx], y_all[idx], count[s])
+        for n, p in params.items():
+            p.grad = grads[n]
+        active = count[s] > 0
+        frozen = not bool(active.all())
+        if frozen:
+            saved_params = {n: p.detach().clone() for n, p in params.items()}
+            entries = _stacked_entries(opt, clients)
+        opt.step()
+        if frozen:
+            _restore_frozen(params, saved_params, entries, active)
+        losses.append(loss)
+    per_step = torch.stack(losses).cpu().tolist()
+
+    replies = []
+    opt_c: LocalOptimizer | None = None
+    for c, rnd in enumerate(rnds):
+        with torch.no_grad():
+            for n, p in named.items():
+                p.copy_(params[n][c])
+        if opt_c is None:
+            opt_c = rnd.optimizer(model, num_examples=sizes[c], full_gradient=fulls[c])
+        else:
+            opt_c.rebind(load_client_state(rnd.state), fulls[c], steps[c])
+        for n, p in named.items():
+            opt_c.state[p] = {k: _client_slice(v, c, clients) for k, v in opt.state[params[n]].items()}
+        opt_c.state[ROUND]["steps"] = steps[c]  # type: ignore[index]
+        total = 0.0
+        for s in range(steps[c]):  # the sequential loop's float sum, in its order
+            total += per_step[s][c]
+        replies.append(rnd.reply(model, opt_c, num_examples=sizes[c], train_loss=total / max(steps[c], 1),
+                                 train_loss_before=befores[c]))
+    return replies
+
+
+def memory_estimate_mb(model: nn.Module, example: Tensor, batch: int, clients: int) -> float:
+    """The chunk-size estimate (MiB) for ``clients`` clients: see :data:`PARAM_FACTOR`."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return clients * (PARAM_FACTOR * params + INPUT_FACTOR * batch * example.numel() * example.element_size()) / 2**20
+
+
+__all__ = ["DEFAULT_MEMORY_MB", "NotVectorizable", "VectorGrid", "check_vectorizable", "memory_estimate_mb",
+           "train_stacked", "vectorizable"]

@@ -1,0 +1,138 @@
+"""The vectorized in-process engine (simulations.vectorized) equals the sequential one for every registered method.
+
+Both engines drive the real strategy and the real ClientApp; the vectorized one trains each round's clients stacked
+(torch.func) with the method's own local optimizer.  float64, 10 rounds, on the synthetic least-squares task
+(clients of 32–51 examples, batch 16: epochs mode gives unequal step counts and partial last batches, so masking and
+padding are used):
+
+* fixed steps, every client every round; epochs mode, half of the clients per round (persistent client state of
+  clients sampled at different times, fresh and returning clients in one round) — 1e-12 relative;
+* digits-mlp (a ReLU MLP, cross-entropy, Dirichlet partitions): float64 (1e-12) and float32 (1e-5).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from client_app.task import build_model
+import flower_strategies  # noqa: F401  (registers every method)
+from flower_strategies.core.registry import METHODS, build_strategy
+from simulations.engine import simulate
+from simulations.vectorized import NotVectorizable, VectorGrid, check_vectorizable
+
+ROUNDS = 10
+BASE = {"task": "synthetic-linear", "precision": "float64", "seed": 3, "batch-size": 16, "client-lr": 0.02,
+        "fraction-evaluate": 0.0, "synthetic-heterogeneity": 1.0}
+MODES = {
+    "steps-full": {"local-steps": 2, "fraction-train": 1.0},
+    "epochs-partial": {"local-steps": 0, "local-epochs": 1, "fraction-train": 0.5},
+}
+#: learning rates at which the method is numerically stable on this task (an unstable run amplifies rounding)
+LR = {"fedlamb": 0.005, "fedams": 0.005, "adpfed": 0.005}
+
+
+def _run(rc, engine, nodes, **grid):
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    strat, _ = build_strategy({k: v for k, v in rc.items() if k not in ("task", "precision", "seed", "partitioner",
+                                                                       "synthetic-heterogeneity")})
+    model = build_model(rc["task"], rc["seed"], precision=rc["precision"])
+    snaps, g = simulate(strat, ArrayRecord(model.state_dict()), ROUNDS, nodes, rc, engine=engine, **grid)
+    return snaps, g
+
+
+def _rel(a, b):
+    return max(float(np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(a[k]), 1e-300)) for k in a)
+
+
+def _compare(rc, nodes, tol, **grid):
+    seq, _ = _run(rc, "inprocess", nodes)
+    vec, grid_ = _run(rc, "vectorized", nodes, **grid)
+    assert len(seq) == len(vec) == ROUNDS + 1
+    assert isinstance(grid_, VectorGrid) and grid_.stacked_clients > 0  # the stacked path did train
+    err = max(_rel(a, b) for a, b in zip(seq, vec))
+    assert err <= tol, f"relative difference {err:.3e} > {tol}"
+    assert _rel(seq[0], seq[-1]) > 1e-3  # the runs did move the model
+    return grid_
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("mode", list(MODES))
+def test_vectorized_engine_equals_sequential_engine(method, mode):
+    rc = {**BASE, **MODES[mode], "method": method, "client-lr": LR.get(method, BASE["client-lr"])}
+    grid = _compare(rc, 4, 1e-12)
+    if mode == "steps-full":
+        assert grid.chunks == ROUNDS  # one stacked pass per round: all 4 clients together
+
+
+@pytest.mark.parametrize(("method", "precision", "tol"), [("fedlamb", "float64", 1e-12), ("scaffold", "float32", 1e-5)])
+def test_digits_mlp(method, precision, tol):
+    rc = {**BASE, "task": "digits-mlp", "method": method, "local-steps": 0, "local-epochs": 1, "batch-size": 32,
+          "fraction-train": 0.75, "client-lr": LR.get(method, 0.05), "partitioner": "dirichlet", "precision": precision}
+    _compare(rc, 4, tol)
+
+
+def test_chunks_split_a_round_and_give_the_same_result():
+    rc = {**BASE, **MODES["epochs-partial"], "method": "scaffold", "fraction-train": 1.0}
+    grid = _compare(rc, 6, 1e-12, chunk=4)
+    assert grid.chunks == 2 * ROUNDS  # 6 clients in chunks of 4 and 2
+
+
+def test_models_that_cannot_be_stacked_name_the_sequential_engine():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    with pytest.raises(NotVectorizable, match="--engine inprocess"):
+        check_vectorizable(model, "my-task")
+    check_vectorizable(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GroupNorm(2, 4)), "ok")
+
+
+def test_a_failing_stacked_pass_falls_back_to_the_sequential_clientapp(monkeypatch):
+    import simulations.vectorized as V
+
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("stacked pass failed")
+
+    monkeypatch.setattr(V, "train_stacked", broken)
+    rc = {**BASE, **MODES["epochs-partial"], "method": "scaffold"}
+    seq, _ = _run(rc, "inprocess", 4)
+    vec, grid = _run(rc, "vectorized", 4)
+    assert calls and grid.stacked_clients == 0  # every chunk was tried, then answered sequentially
+    assert max(_rel(a, b) for a, b in zip(seq, vec)) == 0.0  # the sequential ClientApp's exact results
+
+
+def test_launcher_engine_vectorized_gives_the_sequential_run(tmp_path):
+    import json
+
+    from simulations.launch.__main__ import main
+
+    rc = ("num-server-rounds=2 local-steps=2 learning-curve=false precision='float64' "
+          f"output-dir='{tmp_path}'")
+    for engine in ("inprocess", "vectorized"):
+        assert main(["sim", "--engine", engine, "--num-supernodes", "3", "--run-config",
+                     f"{rc} run-name='{engine}'"]) == 0
+    rows = {e: json.loads((tmp_path / e / "metrics.jsonl").read_text().splitlines()[-1])
+            for e in ("inprocess", "vectorized")}
+    assert rows["vectorized"]["round"] == 2
+    assert rows["vectorized"]["test-loss"] == pytest.approx(rows["inprocess"]["test-loss"], rel=1e-12, abs=0)
+    assert rows["vectorized"]["train-loss"] == pytest.approx(rows["inprocess"]["train-loss"], rel=1e-12, abs=0)
+
+
+@pytest.mark.slow  # child processes
+@pytest.mark.parametrize("task", ["digits-mlp", "cifar-gn-cnn"])
+def test_bench_vectorized_runs(task, capsys):
+    import re
+
+    from simulations import bench_vectorized
+
+    args = ["--task", task, "--nodes", "3", "--epochs", "1", "--rounds", "2", "--examples", "10", "--batch-size", "4"]
+    assert bench_vectorized.main(args) == 0
+    out = capsys.readouterr().out
+    assert "sequential" in out and "vectorized" in out and "plain" in out
+    if task == "cifar-gn-cnn":  # float32 local models of both engines agree
+        assert float(re.search(r"sequential\): ([0-9.e+-]+)", out).group(1)) < 1e-5
