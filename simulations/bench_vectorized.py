@@ -99,6 +99,8 @@ def cnn_child(kind: str, args: argparse.Namespace) -> dict:
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
     device = torch.device(args.device)
+    # Full float32 on CUDA (no TF32 in convolutions/matmuls), so that the engines' difference is the engines'.
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     model = cifar_gn_cnn().to(device)
     gen = torch.Generator().manual_seed(1)
@@ -203,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     what = (f"digits-mlp, fedavg, {args.rounds} rounds (whole engine runs, lean settings)" if args.task == "digits-mlp"
             else f"cifar-gn-cnn, one round of local training, {args.examples} examples/client (client level)")
     print(f"\n{what}; N={args.nodes} clients/round, E={args.epochs}, batch {args.batch_size}, device {args.device}, "
-          f"vectorized memory budget {args.memory_mb:g} MiB")
+          + (f"vectorized memory budget {args.memory_mb:g} MiB" if args.task == "digits-mlp"
+             else f"vectorized chunk {args.chunk or args.nodes} clients per stacked pass"))
     print(f"{'':12s} {'seconds':>9s} {'vs sequential':>13s} {'vs plain':>9s} {'peak MiB':>9s}")
     for kind in ("sequential", "vectorized", "plain"):
         if kind not in res:
