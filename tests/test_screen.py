@@ -75,7 +75,8 @@ def test_max_update_norm_measures_the_update_not_the_model():
 @pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
 def test_robust_aggregation_ignores_one_outlier(rule):
     replies = [model_reply(1, 1.0), model_reply(2, 2.0), model_reply(3, 3.0), model_reply(4, 1e6)]
-    out = screen(ScreenPolicy(aggregator=rule, byzantine_fraction=0.25, update_norm_ratio=0, update_clip_ratio=0)).run(1, replies)
+    policy = ScreenPolicy(aggregator=rule, byzantine_fraction=0.25, update_norm_ratio=0, update_clip_ratio=0)
+    out = screen(policy).run(1, replies)
     assert len(out.kept) == 4
     # median of 4 = mean of the middle two; trimmed-mean(0.25) drops floor(0.25·4) = 1 value at each end
     np.testing.assert_array_equal(out.aggregates[R.MODEL]["w"], np.full(4, 2.5, np.float32))
