@@ -16,17 +16,15 @@ rows with their own attack; the table in docs/robustness.md is ``python -m simul
 
 from __future__ import annotations
 
-import logging
 from functools import cache
 from pathlib import Path
 
 import pytest
-import torch
-from flwr.common.logger import FLOWER_LOGGER
 
 from simulations.bench_robustness import run_case
+from tests.test_attacks import one_thread  # noqa: F401 - the same module-wide autouse fixture (1 thread, quiet logs)
 
-pytestmark = pytest.mark.slow  # ~40 short federated runs; the full suite (CI) runs them
+pytestmark = pytest.mark.slow  # 34 short federated runs (~30 s); the full suite (CI) runs them
 
 NOISE = 0.05
 ROUNDS = 10
@@ -72,16 +70,6 @@ CASES: list[tuple[str, str, str | None, tuple[str, float]]] = [
     ("non-iid", "multi-krum", "flip-1x", (">=", 0.70)),  # 0.750
     ("non-iid", "multi-krum", "flip-50x", (">=", 0.70)),  # 0.753
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads, level = torch.get_num_threads(), FLOWER_LOGGER.level
-    torch.set_num_threads(1)
-    FLOWER_LOGGER.setLevel(logging.CRITICAL)
-    yield
-    torch.set_num_threads(threads)
-    FLOWER_LOGGER.setLevel(level)
 
 
 @pytest.fixture(scope="module")
