@@ -33,16 +33,17 @@ NODES = 5
 DIGITS = {"task": "digits-mlp", "local-epochs": 2, "client-lr": 0.1, "batch-size": 32,
           "learning-curve": False, "train-loss-before": False}
 PARTITIONS = {"iid": {"partitioner": "iid", "seed": 0}, "non-iid": {"partitioner": "dirichlet", "seed": 2}}
-#: Aggregators: run-config overrides (``mean`` = the defaults, update clip on; ``mean-off`` = no defence beyond the
-#: 100× rejection: the methods' own algorithm).
+#: Aggregators: run-config overrides (``mean`` = the defaults: the methods' own mean, no update clip, only the 100×
+#: rejection; ``mean-clip1`` / ``mean-clip2`` = the update clip at 1× / 2× the round's median norm; the robust
+#: aggregators with the clip at 1×).
 AGGREGATORS: dict[str, dict[str, Any]] = {
     "mean": {},
-    "mean-off": {"update-clip-ratio": 0.0},
+    "mean-clip1": {"update-clip-ratio": 1.0},
     "mean-clip2": {"update-clip-ratio": 2.0},
-    "trimmed-mean": {"aggregator": "trimmed-mean"},
-    "median": {"aggregator": "median"},
-    "krum": {"aggregator": "krum"},
-    "multi-krum": {"aggregator": "multi-krum"},
+    "trimmed-mean": {"aggregator": "trimmed-mean", "update-clip-ratio": 1.0},
+    "median": {"aggregator": "median", "update-clip-ratio": 1.0},
+    "krum": {"aggregator": "krum", "update-clip-ratio": 1.0},
+    "multi-krum": {"aggregator": "multi-krum", "update-clip-ratio": 1.0},
 }
 
 #: ``(attacking partitions, fn(x_t, {partition: its honest model}) -> {partition: the model it sends})``.

@@ -100,13 +100,6 @@ def synthetic_initial_arrays() -> ArrayRecord:
     return ArrayRecord(model.state_dict())
 
 
-def paper(strategy):
-    """``strategy`` set to run its paper's algorithm exactly: the default-on update clip off (it scales an honest
-    update above ``update-clip-ratio`` × the round's median norm; docs/robustness.md).  For float64 reference tests."""
-    strategy.update_clip_ratio = 0.0
-    return strategy
-
-
 def recorded_run(cls, hp, rounds, capture, *, fraction=0.5, client_lr=0.05, local_steps=5, local_epochs=1, batch_size=8,
                  weighting=None, **kwargs):
     """Run strategy class ``cls`` (real strategy + real ClientApp, in-process) on the synthetic federation.
@@ -132,7 +125,7 @@ def recorded_run(cls, hp, rounds, capture, *, fraction=0.5, client_lr=0.05, loca
 
     strat = Recording(hp, client_lr=client_lr, local_steps=local_steps, local_epochs=local_epochs,
                       batch_size=batch_size, fraction_train=fraction, weighting=weighting, seed=0, **kwargs)
-    snaps, grid = simulate(paper(strat), synthetic_initial_arrays(), rounds, SYNTH_NODES, SYNTH_RC)
+    snaps, grid = simulate(strat, synthetic_initial_arrays(), rounds, SYNTH_NODES, SYNTH_RC)
     return [s["w.weight"] for s in snaps], schedule, captured, strat, grid
 
 

@@ -23,7 +23,6 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.records import to_record
 from flower_strategies.core.registry import METHODS, build_strategy
 from simulations.engine import LoopbackGrid, simulate
-from tests.helpers import paper
 from tests.reference import fedda_ref as ref
 
 DIM = 5
@@ -62,7 +61,7 @@ def run_sim(strategy, rounds: int = ROUNDS, nodes: int = NODES, w0: np.ndarray =
         return msgs
 
     strategy.configure_train = configure_train
-    snaps, _ = simulate(paper(strategy), initial_arrays(w0), rounds, nodes, RUN_CONFIG)
+    snaps, _ = simulate(strategy, initial_arrays(w0), rounds, nodes, RUN_CONFIG)
     return [s["w.weight"] for s in snaps], sampled
 
 
@@ -409,7 +408,7 @@ def _round_content(name: str, server_round: int) -> RecordDict:
     hp = spec.default_hparams().replace(prox_mu=0.3)
     kw = dict(client_lr=CLIENT_LR, local_steps=STEPS, batch_size=BATCH, seed=SEED)
     warm = spec.build(hp, **kw)
-    snaps, _ = simulate(paper(warm), initial_arrays(), 1, NODES, RUN_CONFIG)
+    snaps, _ = simulate(warm, initial_arrays(), 1, NODES, RUN_CONFIG)
     strategy = spec.build(hp, num_rounds=ROUNDS, **kw)
     strategy.load_state_dict(warm.state_dict())
     content = strategy.prepare_round(server_round, to_record(snaps[-1]), ConfigRecord(), num_sampled=1)

@@ -23,7 +23,7 @@ from flower_strategies.core.strategy import RecordSpec, RoundInputs
 from tests.helpers import (
     SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
     recorded_run,
-    synthetic_initial_arrays, with_server_state, paper,
+    synthetic_initial_arrays, with_server_state,
 )
 from simulations.engine import simulate
 from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada
@@ -487,7 +487,7 @@ def test_communication_per_round():
     """FedLADA: download x, v̄, g_a (3× FedAvg), upload x_i, v̂_i (2×)."""
     _, _, _, lada = run_engine(FedLADA, FedLADAHParams(), 2)
     avg = FedAvg(client_lr=0.01, local_steps=5, batch_size=8, fraction_train=0.5, seed=0)
-    simulate(paper(avg), initial_arrays(), 2, NODES, RC)
+    simulate(avg, initial_arrays(), 2, NODES, RC)
     for h_l, h_a in zip(lada.history, avg.history):
         assert h_l.sampled == h_a.sampled == 5
         assert h_l.bytes_down == 3 * h_a.bytes_down

@@ -19,7 +19,6 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import get_method, parse_run_config
 from flower_strategies.core.strategy import RoundInputs
 from simulations.engine import simulate
-from tests.helpers import paper
 from tests.reference.fedlamb_ref import RefConfig, linear_grad, mlp_grad, run_reference
 
 torch.set_num_threads(1)  # tiny models: intra-op threads only contend on the shared CPUs
@@ -87,7 +86,7 @@ def run_engine(method: str, hp: dict, *, task="digits-mlp", rounds=ROUNDS, lr=0.
     strategy = cls(hparams, client_lr=lr, local_steps=steps, batch_size=batch, fraction_train=fraction,
                    weighting=weighting, seed=0, trainable_keys=[n for n, _ in model.named_parameters()])
     init = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    snaps, grid = simulate(paper(strategy), ArrayRecord(model.state_dict()), rounds, NUM_NODES, run_config)
+    snaps, grid = simulate(strategy, ArrayRecord(model.state_dict()), rounds, NUM_NODES, run_config)
     return strategy, snaps, grid, init, run_config, grad
 
 
@@ -326,7 +325,7 @@ def test_adpfed_sign_and_first_step_magnitude():
     hp = FL.AdpFed.make_hparams(server_lr=0.01)
     s = FL.AdpFed(hp, client_lr=0.05, local_steps=5, batch_size=8, fraction_train=1.0, seed=0)
     assert s.weighting == "uniform"
-    snaps, _ = simulate(paper(s), ArrayRecord(model.state_dict()), 1, NUM_NODES, run_config)
+    snaps, _ = simulate(s, ArrayRecord(model.state_dict()), 1, NUM_NODES, run_config)
     w0, w1 = snaps[0]["w.weight"], snaps[1]["w.weight"]
     data = client_data("synthetic-linear", run_config)
 

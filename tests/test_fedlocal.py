@@ -29,7 +29,6 @@ from flower_strategies.core.registry import build_strategy, get_method, parse_ru
 from flower_strategies.core.server_opt import ServerOptimizer
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 from simulations.engine import LoopbackGrid, simulate
-from tests.helpers import paper
 from tests.reference import fedlocal_ref as ref
 
 DIM = 5
@@ -89,7 +88,7 @@ def run_sim(hp_kwargs: dict, *, method: str = "fedlocal", rounds: int = 10, node
 
     strategy.server_update = recording_update  # type: ignore[method-assign]
     x0 = x_start() if x0 is None else x0
-    snaps, _ = simulate(paper(strategy), initial_arrays(x0), rounds, nodes, RUN_CONFIG)
+    snaps, _ = simulate(strategy, initial_arrays(x0), rounds, nodes, RUN_CONFIG)
     traj = [s["w.weight"].reshape(-1) for s in snaps]
     return traj, strategy, sampled
 
@@ -198,7 +197,7 @@ def test_sgd_no_correction_server_sgd_lr1_is_fedavg():
     sim, _, sampled = run_sim(hp, fraction_train=0.5, nodes=4)
     fedavg = FedAvg(FedAvg.make_hparams(server_lr=1.0), client_lr=0.05, local_steps=3, batch_size=8, fraction_train=0.5,
                     min_train_nodes=2, seed=SEED)
-    snaps, _ = simulate(paper(fedavg), initial_arrays(x_start()), 10, 4, RUN_CONFIG)
+    snaps, _ = simulate(fedavg, initial_arrays(x_start()), 10, 4, RUN_CONFIG)
     for a, b in zip(sim, snaps):
         np.testing.assert_array_equal(a, b["w.weight"].reshape(-1))  # bit for bit
     assert np.linalg.norm(sim[-1] - sim[0]) > 1e-2
@@ -385,7 +384,7 @@ def _reply(src: int, records: dict[str, dict[str, np.ndarray]], n: int) -> Messa
 
 def test_mocked_joint_replies():
     hp = FL.FedLocalHParams(client_opt="adagrad", correction="joint", server_opt="sgd", server_lr=0.5)
-    strategy = paper(FL.FedLocal(hp, client_lr=0.1, local_steps=3))
+    strategy = FL.FedLocal(hp, client_lr=0.1, local_steps=3)
     x0 = x_start()
     grid = LoopbackGrid(None, 3)
     msgs = list(strategy.configure_train(1, initial_arrays(x0), ConfigRecord({}), grid))
@@ -531,7 +530,7 @@ def _train_content(method: str) -> tuple:
     strategy = spec.build(spec.default_hparams().replace(**hp), client_lr=0.05, local_steps=5, batch_size=8)
     arrays = initial_arrays(x_start())
     if rounds_before:
-        snaps, _ = simulate(paper(strategy), arrays, rounds_before, 3, RUN_CONFIG)
+        snaps, _ = simulate(strategy, arrays, rounds_before, 3, RUN_CONFIG)
         arrays = R.to_record(snaps[-1])
     return spec, strategy.prepare_round(rounds_before + 1, arrays, ConfigRecord(), num_sampled=1)
 

@@ -12,7 +12,7 @@ import flower_strategies as fs
 from client_app.task import build_model
 from flower_strategies.core.server_opt import ServerOptimizer
 from simulations.engine import simulate
-from tests.helpers import NodesGrid, config, record, reply, paper
+from tests.helpers import NodesGrid, config, record, reply
 from tests.reference import fedopt_ref
 
 DIM, CLIENTS, ROUNDS = 5, 4, 10
@@ -28,7 +28,7 @@ def initial_arrays() -> ArrayRecord:
 
 
 def run_ours(strategy, rounds=ROUNDS):
-    snaps, _ = simulate(paper(strategy), initial_arrays(), rounds, CLIENTS, RUN_CONFIG)
+    snaps, _ = simulate(strategy, initial_arrays(), rounds, CLIENTS, RUN_CONFIG)
     return [s["w.weight"] for s in snaps]
 
 
@@ -105,7 +105,7 @@ def test_same_global_model_as_flower_builtin(make_flwr, make_ours):
     rng = np.random.default_rng(1)
     start = {k: rng.normal(size=s).astype(np.float32) for k, s in keys.items()}
     grid = NodesGrid([1, 2, 3])
-    theirs, ours = make_flwr(), paper(make_ours())
+    theirs, ours = make_flwr(), make_ours()
     arr_t = arr_o = record(start)
     for rnd in range(1, 5):
         replies = _replies(np.random.default_rng(rnd), keys, rnd)

@@ -20,7 +20,6 @@ from flower_strategies.core.registry import METHODS, parse_run_config
 from client_app.task import build_model, half_mse
 from flower_strategies.core.client import batch_indices, train_reply
 from simulations.engine import LoopbackGrid, simulate
-from tests.helpers import paper
 from tests.reference import localupdate_ref as ref
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
@@ -59,7 +58,7 @@ class RecLUD(Recording, LU.LocalUpdateDecay):
 
 
 def run(strategy, rounds, nodes, offset=0.5):
-    snaps, _ = simulate(paper(strategy), ArrayRecord(start_model(offset).state_dict()), rounds, nodes, RC)
+    snaps, _ = simulate(strategy, ArrayRecord(start_model(offset).state_dict()), rounds, nodes, RC)
     return snaps
 
 
@@ -320,7 +319,7 @@ def test_real_strategy_fixed_point_is_surrogate_minimizer():
             model.w.weight.copy_(torch.tensor(start)[None, :])
         s = LU.LocalUpdate(LU.LocalUpdateHParams(theta="fedavg", theta_steps=4, server_lr=eta), client_lr=gamma,
                            batch_size=1000)
-        snaps, _ = simulate(paper(s), ArrayRecord(model.state_dict()), 1, 4, RC)
+        snaps, _ = simulate(s, ArrayRecord(model.state_dict()), 1, 4, RC)
         expected = start - eta * QT.expected_round_update(start, mats, cs, gamma, theta)
         np.testing.assert_allclose(w_of(snaps[1]), expected, atol=1e-10)
     np.testing.assert_allclose(QT.expected_round_update(xstar, mats, cs, gamma, theta), 0.0, atol=1e-10)

@@ -6,7 +6,7 @@ second, warm run in the same process must give them again.  They are pinned for 
 reproduction suite uses): the last bits of ``train-loss`` depend on the thread count (the loss reduction is split
 across threads), so the test fixes it.  Any deliberate change of results regenerates the rows (they were regenerated
 when float32 server arithmetic moved to the model's dtype, the scaffold row again when SCAFFOLD's control variate
-did, and all three when the update clip, ``update-clip-ratio``, became a default).
+did; ``updates-clipped`` was added as 0, the update clip being off by default).
 
 What is exact and what is not:
 

@@ -32,29 +32,29 @@ NEAR_CLEAN = ("near-clean", NOISE)
 
 #: ``(partition, aggregator, attack, expectation)``; aggregators and attacks as in simulations.bench_robustness.
 CASES: list[tuple[str, str, str | None, tuple[str, float]]] = [
-    # defaults (mean + update clip at 1× the round's median norm): one attacker of 5
-    ("iid", "mean", "flip-1e4x", NEAR_CLEAN),  # rejected (update-norm-ratio 100)
-    ("iid", "mean", "boost-50x", NEAR_CLEAN),
-    ("iid", "mean", "noise-50x", NEAR_CLEAN),
-    ("iid", "mean", "flip-1x", (">=", 0.80)),  # measured 0.839: 1/5 of an update against the 4 others, every round
-    ("iid", "mean", "flip-50x", (">=", 0.80)),  # clipped onto the median norm: the same as flip-1x
-    ("non-iid", "mean", "boost-50x", NEAR_CLEAN),
-    ("non-iid", "mean", "flip-1e4x", (">=", 0.70)),  # 0.742: the 4 others' classes (non-iid) without the attacker's
-    ("non-iid", "mean", "flip-50x", (">=", 0.66)),  # 0.700
-    ("non-iid", "mean", "flip-1x", (">=", 0.60)),  # 0.639
-    ("non-iid", "mean", "noise-50x", (">=", 0.67)),  # 0.711
-    # defaults: two coordinated attackers of 5
-    ("iid", "mean", "alie-2of5", NEAR_CLEAN),
-    ("iid", "mean", "flip-2of5-99x", (">=", 0.84)),  # 0.872
-    ("iid", "mean", "flip-2of5-1x", ("<=", 0.50)),  # 0.425: beyond what a mean can take
-    ("non-iid", "mean", "flip-2of5-1x", ("<=", 0.45)),  # 0.403
-    # the methods' own mean, no clip (update-clip-ratio 0): what the clip is for
-    ("iid", "mean-off", None, NEAR_CLEAN),
-    ("iid", "mean-off", "flip-50x", ("<=", 0.15)),  # 0.100
-    ("iid", "mean-off", "boost-50x", ("<=", 0.15)),  # 0.100
-    ("non-iid", "mean-off", "flip-50x", ("<=", 0.15)),  # 0.097
-    ("iid", "mean-off", "flip-2of5-99x", ("<=", 0.15)),  # 0.097
-    # robust aggregators (byzantine-fraction 0.2: one of 5), iid
+    # the mean with the update clip at 1× the round's median norm: one attacker of 5
+    ("iid", "mean-clip1", "flip-1e4x", NEAR_CLEAN),  # rejected (update-norm-ratio 100)
+    ("iid", "mean-clip1", "boost-50x", NEAR_CLEAN),
+    ("iid", "mean-clip1", "noise-50x", NEAR_CLEAN),
+    ("iid", "mean-clip1", "flip-1x", (">=", 0.80)),  # 0.839: 1/5 of an update against the 4 others, every round
+    ("iid", "mean-clip1", "flip-50x", (">=", 0.80)),  # clipped onto the median norm: the same as flip-1x
+    ("non-iid", "mean-clip1", "boost-50x", NEAR_CLEAN),
+    ("non-iid", "mean-clip1", "flip-1e4x", (">=", 0.70)),  # 0.742: the attacker's classes are missing
+    ("non-iid", "mean-clip1", "flip-50x", (">=", 0.66)),  # 0.700
+    ("non-iid", "mean-clip1", "flip-1x", (">=", 0.60)),  # 0.639
+    ("non-iid", "mean-clip1", "noise-50x", (">=", 0.67)),  # 0.711
+    # the mean with the update clip at 1×: two coordinated attackers of 5
+    ("iid", "mean-clip1", "alie-2of5", NEAR_CLEAN),
+    ("iid", "mean-clip1", "flip-2of5-99x", (">=", 0.84)),  # 0.872
+    ("iid", "mean-clip1", "flip-2of5-1x", ("<=", 0.50)),  # 0.425: beyond what a mean can take
+    ("non-iid", "mean-clip1", "flip-2of5-1x", ("<=", 0.45)),  # 0.403
+    # the defaults: the methods' own mean, no clip (update-clip-ratio 0), only the 100× rejection
+    ("iid", "mean", None, NEAR_CLEAN),
+    ("iid", "mean", "flip-50x", ("<=", 0.15)),  # 0.100
+    ("iid", "mean", "boost-50x", ("<=", 0.15)),  # 0.100
+    ("non-iid", "mean", "flip-50x", ("<=", 0.15)),  # 0.097
+    ("iid", "mean", "flip-2of5-99x", ("<=", 0.15)),  # 0.097
+    # robust aggregators (byzantine-fraction 0.2: one of 5; update clip at 1×), iid
     ("iid", "trimmed-mean", "flip-50x", NEAR_CLEAN),
     ("iid", "trimmed-mean", "flip-2of5-1x", ("<=", 0.70)),  # 0.617: two attackers, one tolerated
     ("iid", "median", "flip-2of5-1x", NEAR_CLEAN),

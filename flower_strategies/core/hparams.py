@@ -286,10 +286,10 @@ class StrategyConfig(HParams):
              "1-of-5 liar then weighs at most 1.5 honest clients, see docs/robustness.md)",
     )
     update_clip_ratio: float = param(
-        1.0, lo=0.0,
+        0.0, lo=0.0,
         help="scale each reply's update (and every other uplink record) back onto this multiple of the round's "
-             "median norm of that record (needs ≥ 3 replies; 0 = off: the methods' own algorithms, no clip; see "
-             "docs/robustness.md)",
+             "median norm of that record (needs ≥ 3 replies; 1 = the median, see docs/robustness.md; 0 = off: the "
+             "methods' own algorithms)",
     )
     aggregator: str = param(
         "mean", choices=AGGREGATORS,

@@ -65,7 +65,7 @@ class ScreenPolicy:
     byzantine_fraction: float = 0.2
     max_update_norm: float = 0.0
     update_norm_ratio: float = 100.0
-    update_clip_ratio: float = 1.0
+    update_clip_ratio: float = 0.0
     max_weight_ratio: float = 1.5
     #: The round's plan (what :func:`.client.num_local_steps` gives a client): K, else E·⌈n/B⌉.
     local_steps: int = 0
