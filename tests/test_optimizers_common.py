@@ -76,8 +76,9 @@ def _content(name: str) -> RecordDict:
 def test_plain_torch_loop_gives_the_reply_train_reply_gives(name):
     content = _content(name)
     model, opt, rnd, _ = _plain_loop(name, content)
-    mine = rnd.reply(model, opt, num_examples=N)
     x, y = _data()
+    before = rnd.loss_before(_model(), [(x, y)], F.cross_entropy, N) if rnd.needs_loss_before else None
+    mine = rnd.reply(model, opt, num_examples=N, train_loss_before=before)  # LocalUpdateDecay's server reads it
     theirs = fs.train_reply(_model(), content, x, y, F.cross_entropy, state=RecordDict(), seed=SEED, client_key=KEY)
     a, b = _arrays(mine), _arrays(theirs)
     assert set(a) == set(b) and a

@@ -66,8 +66,8 @@ def test_every_client_erroring_fails_the_users_run_naming_the_error(make):
 
 
 def test_every_reply_rejected_fails_at_the_end_naming_the_reason():
-    with pytest.raises(policy.RunFailed, match=r"no round of the run updated the model \(2 rounds\); last rejections: "
-                                               r"node \d+: .*NaN/Inf"):
+    with pytest.raises(policy.RunFailed, match=r"no round of the run updated the model \(2 rounds\); last round 2: "
+                                               r"2 replies rejected \(node \d+: .*NaN/Inf"):
         user_server_app(fedavg(max_idle_rounds=0), client(lambda r: "nan"), num_rounds=2)
 
 
@@ -85,6 +85,22 @@ def test_max_idle_rounds_stops_the_users_run_after_that_many_idle_rounds():
         strategy.start(grid, R.to_record(INIT), 10, 60.0, None, None, evaluate_fn)  # evaluate_fn positionally
     assert seen == [0, 1, 2, 3]  # stopped at once, not after 10 rounds
     assert [h.updated for h in strategy.history] == [True, False, False]
+
+
+def test_an_idle_round_is_described_by_what_happened_not_as_zero_rejections():
+    """A round in which no reply arrived, or valid replies did not update, says so (not "0 replies rejected")."""
+    silent = policy.RoundLog(4, sampled=5)
+    with pytest.raises(policy.RunFailed, match=r"round 4: 5 of 5 sampled nodes sent no reply \(lost, or too slow "
+                                               r"for round-timeout\)$"):
+        policy.check_progress([silent], 1)
+    mixed = policy.RoundLog(2, sampled=5, replies_used=1, replies_rejected=1, rejections=["node 7: bad"])
+    assert policy.what_happened(mixed) == (
+        "1 replies rejected (node 7: bad); 3 of 5 sampled nodes sent no reply (lost, or too slow for round-timeout); "
+        "1 valid replies but no model update (fewer than min-replies, or the server update was not finite; see the "
+        "round's warnings)")
+    with pytest.raises(policy.RunFailed, match=r"\(1 rounds\); last round 2: 1 replies rejected \(node 7: bad\)"):
+        policy.check_progress([mixed], 0, final=True)
+    assert policy.what_happened(policy.RoundLog(1)) == "no reply arrived (0 nodes sampled)"
 
 
 def test_a_healthy_run_completes_with_and_without_an_evaluate_fn():

@@ -7,12 +7,19 @@ The test checks: the registered nodes train (run ``finished:completed``, 2 repli
 unregistered node is refused (its process exits with Flower's 305 "Failed to activate SuperNode" and it never appears
 in the federation), a plaintext client cannot connect (``flwr ls`` over an ``insecure = true`` connection fails while
 the same call over TLS works, and plain HTTP to the port gets no answer), and nothing is left running.
+
+With a non-loopback address of this machine (``public_host``) the SuperLink listens on all interfaces, the SuperNodes
+connect through that address as node hosts would, and an outsider holding only ``ca.crt`` connects through it too:
+it can neither list runs (``flwr ls``) nor register a key of its own (``flwr supernode register``) — the Control API
+is served to loopback peers only (``simulations.launch.guarded_superlink``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
+import socket
 import subprocess
 
 import pytest
@@ -25,9 +32,26 @@ pytestmark = pytest.mark.slow
 def _our_processes(home, ports) -> list[str]:
     """Live processes whose command line names the test's FLWR_HOME or one of its loopback ports (the SuperNodes'
     ``flower-superexec`` children only name their SuperNode's port)."""
-    pattern = re.compile("|".join([re.escape(str(home)), *(rf"127\.0\.0\.1:{p}\b" for p in ports)]))
+    pattern = re.compile("|".join([re.escape(str(home)), *(rf"[0-9.]+:{p}\b" for p in ports)]))
     out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if pattern.search(line) and not line.startswith("Z")]
+
+
+def public_ipv4() -> str | None:
+    """A non-loopback IPv4 address of this machine: the source address of its default route (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1; connect() on UDP only picks the route
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if ipaddress.ip_address(addr).is_loopback or addr == "0.0.0.0" else addr
+
+
+def outsider_refused(res) -> bool:
+    """With ca.crt alone, through the public address: no run listed, no key registered (HTTP 403 from the guard)."""
+    return (res.outsider_ls.get("success") is False and res.outsider_register.get("success") is False
+            and "runs" not in res.outsider_ls and "node-id" not in res.outsider_register)
 
 
 def plaintext_refused(res) -> bool:
@@ -48,8 +72,9 @@ def unregistered_refused(res) -> bool:
 
 def test_tls_auth_deployment_registered_trains_unregistered_and_plaintext_refused(tmp_path):
     home, out = tmp_path / "flwr", tmp_path / "out"
+    public = public_ipv4()
     res = launch_secure_deploy(2, f"num-server-rounds=1 local-steps=3 output-dir='{out}' run-name='secure'", home,
-                               timeout=300, unregistered=1)
+                               timeout=300, unregistered=1, public_host=public)
 
     # A registered node trains: the run completed with exactly the 2 registered nodes' replies.
     assert res.status == "finished:completed"
@@ -76,3 +101,10 @@ def test_tls_auth_deployment_registered_trains_unregistered_and_plaintext_refuse
     # Keys and certificates were generated for this test only, and every process was stopped.
     assert (home / "pki" / "ca.crt").is_file() and (home / "pki" / "sn0_key.pub").is_file()
     assert _our_processes(home, [res.port, *res.node_ports]) == []
+
+    # A node host's view (ca.crt alone, through the public address): the Control API refuses it; the registered
+    # SuperNodes, connected through the same address, trained above (Fleet API served).
+    if public is None:
+        pytest.skip("this machine has no non-loopback IPv4 address: the outsider probe was not run")
+    assert outsider_refused(res), (res.outsider_ls, res.outsider_register)
+    assert "403" in res.outsider_ls["error-message"] + res.outsider_register["error-message"]

@@ -84,5 +84,5 @@ def test_downlink_is_cast_to_the_model_dtypes_in_the_base():
 def test_declarations_and_state_format():
     assert fs.FedAdaptStrategy.needs_train_loss_before is False
     s = fs.FedAvg()
-    assert set(s.state_dict()) == {"server_state", "rng", "num_updates", "nodes_seen", "history"}
+    assert set(s.state_dict()) == {"server_state", "rng", "num_updates", "nodes_seen", "history", "reply_digests"}
     assert {f.name for f in dataclasses.fields(StrategyConfig)} >= {"client_lr", "aggregator", "max_weight_ratio"}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from logging import ERROR, INFO, WARNING
 from typing import Any, cast
 
@@ -44,13 +44,15 @@ from flwr.server.strategy import Strategy as LegacyBase
 from torch import Tensor, nn
 
 from ..core import records as R
-from ..core.client import LossFn, train_reply
+from ..core.client import ClientRound, TensorPartition, mean_loss, num_examples_of, train_reply
 from ..core.ops import NamedArrays
 from ..core.policy import RunFailed, check_strategy
 from ..core.rounds import mean_reply_metrics
 from ..core.strategy import FedAdaptStrategy
 
 LAYOUT = "fedadapt.layout"
+#: Your training function for :class:`FedAdaptNumPyClient`: ``train(model, loader, lr, optimizer) -> train loss``.
+TrainFn = Callable[[nn.Module, Iterable[Any], float, "torch.optim.Optimizer | None"], "float | None"]
 #: ``FitRes.metrics`` key naming the method whose client half produced the reply (the Message API's marker).
 METHOD_KEY = "fedadapt.method"
 
@@ -86,14 +88,27 @@ def _scalars(record: ConfigRecord | MetricRecord) -> dict[str, Scalar]:
 class FedAdaptNumPyClient(NumPyClient):
     """A ``NumPyClient`` that runs whatever fedadapt method the server's config names.
 
+    ``FedAdaptNumPyClient(model, trainloader, loss_fn, train=...)``: your DataLoader and your training function
+    ``train(model, loader, lr, optimizer) -> train loss`` run the round, exactly as :class:`ClientRound` does in a
+    Message-API app (``loader`` is :attr:`ClientRound.loader`: the round's planned batches; ``optimizer`` is the
+    method's local optimizer, or ``None`` for a method without a client half — then train with your own, e.g. SGD
+    with momentum, at ``lr``).  Without ``train``, fedadapt's own loop runs on the loader (:func:`train_reply`).
+    ``FedAdaptNumPyClient(model, x, y, loss_fn)``: whole-partition tensors (seeded mini-batches, :func:`train_reply`).
+
     ``state`` should be the node's ``context.state`` (pass it from your ``client_fn``) so that methods with persistent
-    client state (control variates, carried moments) keep it between rounds.
+    client state (control variates, carried moments) keep it between rounds.  ``evaluate_fn(model) -> (loss,
+    num_examples, metrics)`` is the client-side evaluation (default: the mean loss over the training data).
     """
 
-    def __init__(self, model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn, *, state: RecordDict | None = None,
-                 seed: int = 0, client_key: int = 0,
+    def __init__(self, model: nn.Module, data: Tensor | Iterable[Any], *args: Any, state: RecordDict | None = None,
+                 seed: int = 0, client_key: int = 0, train: TrainFn | None = None,
                  evaluate_fn: Callable[[nn.Module], tuple[float, int, dict[str, Scalar]]] | None = None) -> None:
-        self.model, self.x, self.y, self.loss_fn = model, x, y, loss_fn
+        if isinstance(data, Tensor):
+            y, loss_fn = args
+            data = TensorPartition(data, y)
+        else:
+            (loss_fn,) = args
+        self.model, self.data, self.loss_fn, self.train = model, data, loss_fn, train
         self.state, self.seed, self.client_key = state, seed, client_key
         self.evaluate_fn = evaluate_fn
 
@@ -108,8 +123,15 @@ class FedAdaptNumPyClient(NumPyClient):
         cfg = ConfigRecord({k: v for k, v in config.items() if k != LAYOUT})
         content = RecordDict({name: R.to_record(a) for name, a in records.items()})
         content[R.CONFIG] = cfg
-        reply = train_reply(self.model, content, self.x, self.y, self.loss_fn, state=self.state, seed=self.seed,
-                            client_key=self.client_key)
+        if self.train is None:
+            reply = train_reply(self.model, content, self.data, self.loss_fn, state=self.state, seed=self.seed,
+                                client_key=self.client_key)
+        else:
+            rnd = ClientRound(content, self.state, self.data, self.loss_fn, seed=self.seed, client_key=self.client_key)
+            rnd.load_model(self.model)
+            opt = rnd.optimizer(self.model) if rnd.needs_client_half else None
+            loss = self.train(self.model, rnd.loader, rnd.lr, opt)
+            reply = rnd.reply(self.model, opt, train_loss=None if loss is None else float(loss))
         arrays, layout = pack({name: R.to_numpy(rec) for name, rec in reply.array_records.items()})
         metrics = _scalars(reply.metric_records[R.METRICS])
         metrics[LAYOUT] = layout
@@ -120,9 +142,7 @@ class FedAdaptNumPyClient(NumPyClient):
         keys = list(self.model.state_dict())
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, parameters)})
         if self.evaluate_fn is None:
-            from ..core.client import TensorPartition, mean_loss
-
-            return mean_loss(self.model, TensorPartition(self.x, self.y), self.loss_fn), len(self.x), {}
+            return mean_loss(self.model, self.data, self.loss_fn), num_examples_of(self.data), {}
         return self.evaluate_fn(self.model)
 
 

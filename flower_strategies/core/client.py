@@ -1,22 +1,23 @@
 """The client half of every method, inside any training loop.
 
-Your own loop (your DataLoader, device, augmentation) with :class:`ClientRound`::
+Your own loop (your DataLoader, device, augmentation, batch objects) with :class:`ClientRound`::
 
     from flower_strategies import ClientRound
 
     @app.train()
     def train(msg, context):
-        model = Net().to(device)
-        rnd = ClientRound(msg.content, state=context.state)   # method, lr, plan and downlink of this round
-        rnd.load_model(model)                                  # the global model x_t
-        opt = rnd.optimizer(model, num_examples=len(trainloader.dataset))
-        for x, y in rnd.batches(trainloader):                  # exactly the round's planned local steps
-            opt.zero_grad()
-            loss_fn(model(x.to(device)), y.to(device)).backward()
-            opt.step()
-        return Message(rnd.reply(model, opt, num_examples=len(trainloader.dataset)), reply_to=msg)
+        model = Net()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())   # the global model x_t
+        rnd = ClientRound(msg.content, context.state, trainloader, loss_fn)   # method, lr, plan, downlink, loader
+        opt = rnd.optimizer(model) if rnd.needs_client_half else None         # None: keep your own optimizer
+        train_loss = my_train(model, rnd.loader, rnd.lr, optimizer=opt)       # your loop over rnd.loader
+        return Message(rnd.reply(model, opt, train_loss=train_loss), reply_to=msg)
 
-or the one-call convenience :func:`train_reply` on any iterable of ``(x, y)`` batches or on whole-partition tensors
+``rnd.loader`` yields your loader's own batch objects — exactly the round's planned steps in its first pass (one
+batch of every example in FedDA's full-batch rounds), nothing in later passes — and MimeLite's full gradient is
+computed from the loader and ``loss_fn`` by :meth:`ClientRound.optimizer`.
+
+Or the one-call convenience :func:`train_reply` on any iterable of ``(x, y)`` batches or on whole-partition tensors
 (a :class:`TensorPartition`: seeded mini-batches — what the fedadapt ClientApp and the exactness tests use); both
 go through the same loop (:meth:`ClientRound.batches`, :meth:`ClientRound.loss_before`, :func:`full_gradient_from`).
 The round's ConfigRecord names the method; the matching local optimizer comes from the registry and is built from
@@ -37,7 +38,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from . import records as R
-from .local import LocalOptimizer
+from .local import LocalOptimizer, SGDOptimizer
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 Batch = tuple[Tensor, Tensor]
@@ -152,13 +153,26 @@ class ClientRound:
     state
         The node's ``Context.state`` (persistent client state of methods such as SCAFFOLD and Fed-LAMB is read from
         it and written back by :meth:`reply`); ``None`` for methods without one.
+    loader, loss_fn
+        Your training data (a DataLoader or any re-iterable of batches, or a :class:`TensorPartition`) and loss
+        (``loss_fn(model(inputs), targets)``, averaging over its batch): with them the round plans its steps from
+        ``len(loader.dataset)``, :attr:`loader` yields the round's batches, and :meth:`optimizer` computes the full
+        local gradient for methods that need one (MimeLite).  Optional: without them pass ``num_examples=`` and
+        ``full_gradient=`` yourself.
     seed, client_key
         Seed the mini-batch order of a :class:`TensorPartition` and the ``loss-before-max-examples`` sample
         (with the round number).
+    unpack
+        ``unpack(batch) -> (inputs, targets)`` for the library's own passes over ``loader`` (full gradient,
+        :meth:`loss_before`, :func:`train_reply`); tensors are then moved to the model's device.  Default
+        (:func:`as_xy`): ``(x, y, ...)`` sequences, and mappings with one key of :data:`INPUT_KEYS` and one of
+        :data:`TARGET_KEYS` (e.g. flwr-datasets' ``{"img": ..., "label": ...}``).  Your loop always gets the
+        loader's own batch objects.
     """
 
-    def __init__(self, content: RecordDict, state: RecordDict | None = None, *, seed: int = 0,
-                 client_key: int = 0) -> None:
+    def __init__(self, content: RecordDict, state: RecordDict | None = None, loader: Iterable[Any] | None = None,
+                 loss_fn: LossFn | None = None, *, seed: int = 0, client_key: int = 0,
+                 unpack: Callable[[Any], Batch] | None = None) -> None:
         from .registry import get_method  # local import: the registry imports the strategy base
 
         config = content.get(R.CONFIG)
@@ -172,6 +186,10 @@ class ClientRound:
         self.config: dict[str, Any] = dict(config)
         self.spec = get_method(str(self.config[R.METHOD]))
         self.seed, self.client_key = int(seed), int(client_key)
+        self.data, self.loss_fn, self.unpack = loader, loss_fn, unpack
+        self.batches_yielded = 0
+        self.loss_before_value: float | None = None
+        self._round_loader: RoundLoader | None = None
 
     # ----------------------------------------------------------------- the round's plan
     @property
@@ -196,31 +214,37 @@ class ClientRound:
         """The planned local steps K for ``num_examples`` examples (``local-steps``, else epochs·⌈n/B⌉)."""
         return num_local_steps(num_examples, self.config)
 
-    def batches(self, loader: Iterable[Any], num_examples: int | None = None,
-                batch_fn: Callable[[Any], Batch] | None = None) -> Iterator[Batch]:
-        """Yield exactly the round's planned number of ``(x, y)`` batches from ``loader``, re-iterating it (epochs)
-        as needed; in the full-batch phase yield one batch holding every example.
+    def batches(self, loader: Iterable[Any] | None = None, num_examples: int | None = None,
+                batch_fn: Callable[[Any], Any] | None = None) -> Iterator[Any]:
+        """Yield exactly the round's planned number of batches from ``loader`` (default: the one given to the
+        constructor), re-iterating it (epochs) as needed; in the full-batch phase yield one batch holding every
+        example (the loader's batches concatenated, same structure: tensors, ``(x, y)`` sequences, dicts).
 
-        A :class:`TensorPartition` yields seeded mini-batches (a permutation per epoch, :func:`batch_indices`).
-        ``num_examples`` defaults to ``len(loader.dataset)``; ``batch_fn`` maps a loader item to ``(x, y)``
-        (e.g. ``lambda b: (b["img"], b["label"])`` for a Hugging Face/flwr-datasets loader)."""
+        The batches are the loader's own objects (``batch_fn``, if given, is applied to each; e.g.
+        ``lambda b: (b["img"], b["label"])``).  A :class:`TensorPartition` yields seeded ``(x, y)`` mini-batches
+        (a permutation per epoch, :func:`batch_indices`).  ``num_examples`` defaults to ``len(loader.dataset)``."""
+        loader = self._data(loader, "batches")
         if isinstance(loader, TensorPartition):
             n = len(loader)
             size = n if self.full_batch else int(self.config.get(R.BATCH_SIZE, 32))
             for idx in batch_indices(n, size, self.num_steps(n), self.seed, self.server_round, self.client_key):
-                yield loader.take(idx)
+                self.batches_yielded += 1
+                yield loader.take(idx) if batch_fn is None else batch_fn(loader.take(idx))
             return
-        to_xy = batch_fn or _as_xy
+        def one_pass() -> Iterable[Any]:
+            return loader if batch_fn is None else map(batch_fn, loader)
+
         if self.full_batch:
-            xs, ys = zip(*(to_xy(b) for b in loader))
-            yield torch.cat(xs), torch.cat(ys)
+            self.batches_yielded += 1
+            yield concat_batches(list(one_pass()), self.method)
             return
         n = num_examples if num_examples is not None else num_examples_of(loader)
         remaining = self.num_steps(n)
         while remaining > 0:
             produced = 0
-            for item in loader:
-                yield to_xy(item)
+            for item in one_pass():
+                self.batches_yielded += 1
+                yield item
                 produced += 1
                 remaining -= 1
                 if remaining == 0:
@@ -228,31 +252,84 @@ class ClientRound:
             if produced == 0:
                 raise ValueError("the loader yielded no batch")
 
-    def loss_before(self, model: nn.Module, loader: Iterable[Any], loss_fn: LossFn, num_examples: int | None = None,
-                    batch_fn: Callable[[Any], Batch] | None = None) -> float:
+    @property
+    def loader(self) -> RoundLoader:
+        """The constructor's loader as the round sees it: its first pass yields :meth:`batches` (every planned step,
+        all local epochs), later passes yield nothing — so your ``for epoch in range(E): for batch in loader``
+        loop takes exactly the round's steps.  Other attributes (``.dataset``, …) are the loader's."""
+        if self._round_loader is None:
+            self._round_loader = RoundLoader(self, self._data(None, "loader"))
+        return self._round_loader
+
+    def _data(self, loader: Iterable[Any] | None, what: str) -> Iterable[Any]:
+        if loader is not None:
+            return loader
+        if self.data is None:
+            raise ValueError(
+                f"ClientRound.{what} needs your training data: ClientRound(msg.content, context.state, trainloader, "
+                "loss_fn)"
+            )
+        return self.data
+
+    def loss_before(self, model: nn.Module, loader: Iterable[Any] | None = None, loss_fn: LossFn | None = None,
+                    num_examples: int | None = None, batch_fn: Callable[[Any], Batch] | None = None) -> float:
         """``train-loss-before``: the mean loss of ``model`` (call it before training: the received model) over one
         pass of ``loader`` — or, when the round's config sets ``loss-before-max-examples = m > 0`` (and m < n), over
         a sample of m of the pass's example positions seeded by ``(seed, round, client_key)``
-        (:func:`loss_before_sample`); the pass then stops after the last sampled position."""
+        (:func:`loss_before_sample`); the pass then stops after the last sampled position.  ``loader``,
+        ``loss_fn`` and ``batch_fn`` default to the constructor's ``loader``, ``loss_fn`` and ``unpack``."""
+        loader = self._data(loader, "loss_before")
+        loss_fn = self._loss(loss_fn, "loss_before")
         n = num_examples if num_examples is not None else num_examples_of(loader)
         sample = loss_before_sample(n, self.config, self.seed, self.client_key)
-        return mean_loss(model, loader, loss_fn, batch_fn, sample=sample)
+        return mean_loss(model, loader, loss_fn, batch_fn or self.unpack, sample=sample)
+
+    def _loss(self, loss_fn: LossFn | None, what: str) -> LossFn:
+        if loss_fn is not None:
+            return loss_fn
+        if self.loss_fn is None:
+            raise ValueError(
+                f"ClientRound.{what} needs your loss: ClientRound(msg.content, context.state, trainloader, loss_fn)"
+            )
+        return self.loss_fn
 
     # ----------------------------------------------------------------- model, optimizer, reply
     def load_model(self, model: nn.Module) -> None:
         """Load the global model x_t into ``model`` (on whatever device it lives)."""
+        model.load_state_dict(record_tensors(self._received(), copy=False), strict=True)
+
+    def _received(self) -> ArrayRecord:
         received = R.get(self.content, R.MODEL, ArrayRecord)
         if received is None:
             raise ValueError(f"the train message has no '{R.MODEL}' ArrayRecord (the global model x_t)")
-        model.load_state_dict(record_tensors(received, copy=False), strict=True)
+        return received
+
+    @property
+    def needs_client_half(self) -> bool:
+        """Whether this round's method runs more than plain local SGD on the client (a method optimizer, or a
+        non-zero client hyper-parameter such as FedProx's ``mu``); ``False``: your own optimizer (e.g. SGD with
+        momentum) may train, as with a stock Flower client."""
+        kwargs = self.spec.hparams.client_kwargs_from_wire(self.config, self.method)
+        return self.spec.local_optimizer is not SGDOptimizer or any(bool(v) for v in kwargs.values())
 
     def optimizer(
         self, model: nn.Module, *, num_examples: int | None = None, full_gradient: Mapping[str, Tensor] | None = None
     ) -> LocalOptimizer:
-        """The method's local optimizer for ``model`` with this round's lr, downlink records, saved client state and
-        client hyper-parameters.  ``num_examples`` is needed by methods that plan their steps (LocalUpdate,
-        FedLADA's ``K-1``); ``full_gradient`` by MimeLite (see :func:`full_gradient_from`)."""
+        """The method's local optimizer for ``model`` (holding the received model x_t) with this round's lr,
+        downlink records, saved client state and client hyper-parameters.  ``num_examples`` (default:
+        ``len(loader.dataset)`` of the constructor's loader) plans the steps of methods that need the plan
+        (LocalUpdate, FedLADA's ``K-1``); ``full_gradient`` (default: computed from the constructor's loader and
+        loss by :func:`full_gradient_from`) is MimeLite's gradient over all local data at x_t.  For a method whose
+        server reads ``train-loss-before`` (LocalUpdateDecay) it also computes that (:meth:`loss_before`) for
+        :meth:`reply`."""
         cls = self.spec.local_optimizer
+        if num_examples is None and self.data is not None:
+            num_examples = num_examples_of(self.data)
+        if cls.needs_full_gradient and full_gradient is None:
+            full_gradient = self._full_gradient(model)
+        if self.needs_loss_before and self.loss_before_value is None and self.data is not None \
+                and self.loss_fn is not None:
+            self.loss_before_value = self.loss_before(model)  # at x_t: before any step
         planned = None if num_examples is None else self.num_steps(num_examples)
         return cls(
             model.named_parameters(),
@@ -264,37 +341,85 @@ class ClientRound:
             **self.spec.hparams.client_kwargs_from_wire(self.config, self.method),
         )
 
+    def _full_gradient(self, model: nn.Module) -> dict[str, Tensor]:
+        if self.data is None or self.loss_fn is None:
+            raise ValueError(
+                f"{self.method} needs the gradient of the mean loss over all local data at the received model: pass "
+                "your loader and loss, ClientRound(msg.content, context.state, trainloader, loss_fn), or "
+                "ClientRound.optimizer(model, full_gradient=flower_strategies.full_gradient_from(model, "
+                "trainloader, loss_fn))"
+            )
+        own = dict(model.named_parameters())
+        received = R.views(self._received())
+        stale = [k for k, p in own.items() if k in received and not np.array_equal(
+            p.detach().cpu().numpy(), received[k])]
+        if stale:
+            raise ValueError(
+                f"{self.method}'s full gradient is taken at the received model, but the model's {stale[0]!r} differs "
+                "from it: load the global model first (ClientRound.load_model(model)), then call "
+                "ClientRound.optimizer(model)"
+            )
+        return full_gradient_from(model, self.data, self.loss_fn, self.unpack)
+
     @property
     def needs_full_gradient(self) -> bool:
         return self.spec.local_optimizer.needs_full_gradient
 
+    @property
+    def needs_loss_before(self) -> bool:
+        """Whether the method's server reads ``train-loss-before`` (the received model's loss before training)."""
+        return bool(self.spec.strategy.needs_train_loss_before)
+
     def reply(
         self,
         model: nn.Module,
-        optimizer: LocalOptimizer,
+        optimizer: LocalOptimizer | None,
         *,
-        num_examples: int,
+        num_examples: int | None = None,
         train_loss: float | None = None,
         train_loss_before: float | None = None,
         metrics: Mapping[str, float] | None = None,
     ) -> RecordDict:
         """The reply content: model (if the method sends it), the optimizer's uplink records, ``metrics``
         (``num-examples``, ``num-steps`` = steps actually taken, losses) and the method marker; saves the
-        client state into ``state``."""
+        client state into ``state``.
+
+        ``optimizer=None`` (your own optimizer trained; only for a round without a client half,
+        :attr:`needs_client_half`): the reply is the model and the metrics, ``num-steps`` = the batches
+        :meth:`batches` / :attr:`loader` yielded.  ``train_loss_before`` defaults to the one :meth:`optimizer`
+        computed (methods that need it).  ``num_examples`` defaults to ``len(loader.dataset)`` of the
+        constructor's loader.  A full-batch round (FedDA) must have taken its one full-batch step (iterate
+        :attr:`loader`), else this raises."""
+        if num_examples is None and self.data is not None:
+            num_examples = num_examples_of(self.data)
         if not isinstance(num_examples, int) or isinstance(num_examples, bool) or num_examples <= 0:
             raise ValueError(f"num_examples must be a positive int, got {num_examples!r}")
-        check_bound(optimizer, model)
-        uplink = optimizer.uplink()
-        if self.state is not None:
-            save_client_state(self.state, optimizer.client_state())
+        steps = self._check_steps(optimizer)
+        if train_loss_before is None:
+            train_loss_before = self.loss_before_value
+        if train_loss_before is None and self.needs_loss_before:
+            raise ValueError(
+                f"{self.method}'s server reads train-loss-before (the received model's loss): pass your loader and "
+                "loss, ClientRound(msg.content, context.state, trainloader, loss_fn), or before training compute "
+                "before = ClientRound.loss_before(model, trainloader, loss_fn) and pass "
+                "ClientRound.reply(..., train_loss_before=before)"
+            )
         reply = RecordDict()
-        if optimizer.sends_model:
+        if optimizer is None:
             reply[R.MODEL] = tensor_record(model.state_dict())
-        for name, arrays in uplink.items():
-            reply[name] = tensor_record({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
+        else:
+            check_bound(optimizer, model)
+            uplink = optimizer.uplink()
+            if self.state is not None:
+                save_client_state(self.state, optimizer.client_state())
+            if optimizer.sends_model:
+                reply[R.MODEL] = tensor_record(model.state_dict())
+            for name, arrays in uplink.items():
+                reply[name] = tensor_record({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
         out: dict[str, Any] = dict(metrics or {})
         out[R.NUM_EXAMPLES] = int(num_examples)
-        out[R.NUM_STEPS] = float(optimizer.steps_taken)
+        if steps:
+            out[R.NUM_STEPS] = float(steps)
         if train_loss is not None:
             out[R.TRAIN_LOSS] = float(train_loss)
         if train_loss_before is not None:
@@ -302,6 +427,25 @@ class ClientRound:
         reply[R.METRICS] = MetricRecord(out)
         reply[R.REPLY_INFO] = ConfigRecord({R.METHOD: self.method})
         return reply
+
+    def _check_steps(self, optimizer: LocalOptimizer | None) -> int:
+        """The steps taken; raises when the round's plan was not followed where the method depends on it."""
+        if optimizer is None:
+            if self.needs_client_half:
+                raise ValueError(
+                    f"{self.method} needs its client half: train with opt = ClientRound.optimizer(model) and pass "
+                    "that optimizer to ClientRound.reply(model, opt)"
+                )
+            steps = self.batches_yielded
+        else:
+            steps = optimizer.steps_taken
+        if self.full_batch and steps != 1:
+            raise ValueError(
+                f"{self.method}: this round is a full-batch round (one step on all local examples) but {steps} steps "
+                "were taken: iterate ClientRound.loader (or ClientRound.batches(trainloader)) in your loop, not your "
+                "own DataLoader"
+            )
+        return steps
 
 
 def check_bound(optimizer: LocalOptimizer, model: nn.Module) -> None:
@@ -318,11 +462,67 @@ def check_bound(optimizer: LocalOptimizer, model: nn.Module) -> None:
         )
 
 
-def _as_xy(item: Any) -> Batch:
+#: Keys :func:`as_xy` reads the inputs and the targets of a mapping batch from (exactly one of each must be present).
+INPUT_KEYS = ("x", "input", "inputs", "img", "image", "pixel_values", "input_ids")
+TARGET_KEYS = ("y", "label", "labels", "target", "targets")
+
+
+def as_xy(item: Any) -> Batch:
+    """The default ``unpack``: ``(inputs, targets)`` of a batch — the first two entries of a sequence (a
+    DataLoader over a ``TensorDataset`` yields ``[x, y]``), or of a mapping the value of its one key in
+    :data:`INPUT_KEYS` and its one key in :data:`TARGET_KEYS`."""
     if isinstance(item, Mapping):
-        raise TypeError("the loader yields mappings: pass batch_fn=lambda b: (b['<input>'], b['<label>'])")
-    x, y = item[0], item[1]
-    return x, y
+        found = [[k for k in keys if k in item] for keys in (INPUT_KEYS, TARGET_KEYS)]
+        if all(len(keys) == 1 for keys in found):
+            return item[found[0][0]], item[found[1][0]]
+        raise TypeError(
+            f"a batch with keys {sorted(item)[:8]} has no single input key of {INPUT_KEYS} and target key of "
+            f"{TARGET_KEYS}: pass ClientRound(..., unpack=lambda b: (b['<input>'], b['<label>']))"
+        )
+    if isinstance(item, (tuple, list)) and len(item) >= 2:
+        return item[0], item[1]
+    raise TypeError(
+        f"a batch of type {type(item).__name__} is not an (inputs, targets) pair: pass ClientRound(..., "
+        "unpack=lambda b: (<inputs>, <targets>))"
+    )
+
+
+def concat_batches(items: list[Any], method: str = "the method") -> Any:
+    """One batch of every example: ``items`` (batches of the same structure — tensors, sequences, mappings of them)
+    concatenated along the first dimension, keeping their structure."""
+    if not items:
+        raise ValueError("the loader yielded no batch")
+    first = items[0]
+    if isinstance(first, Tensor):
+        return torch.cat(items)
+    if isinstance(first, Mapping):
+        return type(first)({k: concat_batches([b[k] for b in items], method) for k in first})  # type: ignore[call-arg]
+    if isinstance(first, (tuple, list)):
+        parts = [concat_batches(list(col), method) for col in zip(*items)]
+        return type(first)(parts) if not hasattr(first, "_fields") else type(first)(*parts)
+    raise TypeError(
+        f"{method}'s full-batch round needs one batch of every example, and the loader's batches of type "
+        f"{type(first).__name__} cannot be concatenated: map them to tensors with "
+        "ClientRound.batches(trainloader, batch_fn=lambda b: (<inputs>, <targets>))"
+    )
+
+
+class RoundLoader:
+    """:attr:`ClientRound.loader`: the first pass yields the round's batches (:meth:`ClientRound.batches`), later
+    passes nothing; attributes other than iteration are the wrapped loader's (``.dataset``, ``.batch_size``, …)."""
+
+    def __init__(self, rnd: ClientRound, loader: Iterable[Any]) -> None:
+        self._round, self._loader, self._passes = rnd, loader, 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self._passes += 1
+        if self._passes == 1:
+            yield from self._round.batches(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # private and dunder names are this wrapper's (copy/pickle probe them)
+            raise AttributeError(name)
+        return getattr(self._loader, name)
 
 
 def num_examples_of(data: Iterable[Any]) -> int:
@@ -336,11 +536,12 @@ def num_examples_of(data: Iterable[Any]) -> int:
 
 
 def _on_device(data: Iterable[Any], batch_fn: Callable[[Any], Batch] | None, device: torch.device) -> Iterator[Batch]:
-    """The ``(x, y)`` batches of one pass over ``data``, on ``device``."""
-    to_xy = _as_xy if isinstance(data, TensorPartition) else batch_fn or _as_xy
+    """The ``(inputs, targets)`` of each batch of one pass over ``data`` (``batch_fn``, default :func:`as_xy`),
+    tensors moved to ``device``."""
+    to_xy = as_xy if isinstance(data, TensorPartition) else batch_fn or as_xy
     for item in data:
         x, y = to_xy(item)
-        yield x.to(device), y.to(device)
+        yield (x.to(device) if isinstance(x, Tensor) else x), (y.to(device) if isinstance(y, Tensor) else y)
 
 
 #: Examples per forward pass of :func:`mean_loss` (bounds its memory; larger batches are split).
@@ -429,21 +630,23 @@ def train_reply(
     ``train-loss-before`` (the received model's mean loss over the local data, or over a seeded sample of at most
     ``loss-before-max-examples`` of them: one forward pass) — for methods whose server does not read it.
     """
-    rnd = ClientRound(content, state, seed=seed, client_key=client_key)
-    rnd.load_model(model)
     device = next(model.parameters()).device
     if isinstance(data, Tensor):
         x, (y, loss_fn) = data, args
         data = TensorPartition(x.to(device), y.to(device))
     else:
         (loss_fn,) = args
+    rnd = ClientRound(content, state, data, loss_fn, seed=seed, client_key=client_key, unpack=batch_fn)
+    rnd.load_model(model)
     n = num_examples_of(data)
-    before = rnd.loss_before(model, data, loss_fn, n, batch_fn) if loss_before else None
+    before = rnd.loss_before_value = rnd.loss_before(model) if loss_before else None
     grad = full_gradient_from(model, data, loss_fn, batch_fn) if rnd.needs_full_gradient else None
     optimizer = rnd.optimizer(model, num_examples=n, full_gradient=grad)
+    to_xy = as_xy if isinstance(data, TensorPartition) else batch_fn or as_xy
     model.train()
     total, steps = 0.0, 0
-    for x, y in rnd.batches(data, n, batch_fn):
+    for item in rnd.batches(data, n):
+        x, y = to_xy(item)
         optimizer.zero_grad(set_to_none=False)
         loss = loss_fn(model(x.to(device)), y.to(device))
         loss.backward()

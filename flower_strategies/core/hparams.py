@@ -302,6 +302,11 @@ class StrategyConfig(HParams):
         help="fraction of replies the robust aggregators tolerate as Byzantine: trimmed-mean drops ⌈f·N⌉ values "
              "at each end per coordinate, krum / multi-krum score against the N − ⌈f·N⌉ − 2 nearest replies",
     )
+    max_reply_bytes: int = param(
+        0, lo=0,
+        help="reject train replies larger than this many bytes before reading them; 0 = 2 × the bytes of the "
+             "method's declared uplink records + 1 MiB",
+    )
     loss_before_max_examples: int = param(
         0, lo=0,
         help="clients compute train-loss-before (metrics, LocalUpdateDecay's controller) on a seeded sample of at "

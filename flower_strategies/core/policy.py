@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from .strategy import FedAdaptStrategy
 
-__all__ = ["RunFailed", "check_progress", "check_strategy", "run_checked"]
+__all__ = ["RunFailed", "check_progress", "check_strategy", "run_checked", "what_happened"]
 
 #: How many rejection reasons a failure message quotes.
 QUOTED = 3
@@ -55,12 +55,26 @@ def check_progress(history: Sequence[RoundLog], max_idle_rounds: int, *, final: 
             break
         idle += 1
     if max_idle_rounds and idle >= max_idle_rounds:
-        reasons = "; ".join(last.rejections[:QUOTED]) or "no valid replies"
         raise RunFailed(f"the last {idle} rounds updated nothing (max-idle-rounds = {max_idle_rounds}); round "
-                        f"{last.server_round}: {last.replies_rejected} replies rejected ({reasons})")
+                        f"{last.server_round}: {what_happened(last)}")
     if final and idle == len(history):
-        raise RunFailed(f"no round of the run updated the model ({len(history)} rounds); "
-                        f"last rejections: {'; '.join(last.rejections[:QUOTED]) or 'none (no replies)'}")
+        raise RunFailed(f"no round of the run updated the model ({len(history)} rounds); last round "
+                        f"{last.server_round}: {what_happened(last)}")
+
+
+def what_happened(rlog: RoundLog) -> str:
+    """Why round ``rlog`` updated nothing, in words: its rejections with their first reasons, the sampled nodes
+    that sent no reply, and replies that were used without an update."""
+    parts = []
+    if rlog.replies_rejected:
+        parts.append(f"{rlog.replies_rejected} replies rejected ({'; '.join(rlog.rejections[:QUOTED])})")
+    missing = rlog.sampled - rlog.replies_used - rlog.replies_rejected
+    if missing > 0:
+        parts.append(f"{missing} of {rlog.sampled} sampled nodes sent no reply (lost, or too slow for round-timeout)")
+    if rlog.replies_used:
+        parts.append(f"{rlog.replies_used} valid replies but no model update (fewer than min-replies, or the server "
+                     f"update was not finite; see the round's warnings)")
+    return "; ".join(parts) or f"no reply arrived ({rlog.sampled} nodes sampled)"
 
 
 def check_strategy(strategy: FedAdaptStrategy, *, final: bool = False) -> None:

@@ -60,12 +60,31 @@ class MethodSpec:
     def hparams_from_run_config(self, run_config: Mapping[str, Any]) -> HParams:
         return self.hparams.from_run_config(run_config, self.name, self.overrides)
 
+    @property
+    def needs_client_half(self) -> bool:
+        """Whether this method (with its default hyper-parameters) needs its client half in your ClientApp."""
+        return self.build().needs_client_half
+
+    @property
+    def client_lr_factor(self) -> float:
+        """The client lr to start from, as a multiple of an app's own SGD lr (:data:`CLIENT_LR_FACTOR`)."""
+        return CLIENT_LR_FACTOR.get(self.name, 1.0)
+
     def build(self, hparams: HParams | None = None, **kwargs: Any) -> FedAdaptStrategy:
         """The strategy under this name (``hparams`` default: this name's defaults)."""
         return self.strategy(self.default_hparams() if hparams is None else hparams, method=self.name, **kwargs)
 
 
 METHODS: dict[str, MethodSpec] = {}
+
+#: Client lr to start from per method, as a multiple of the SGD(-momentum) lr an app already uses (1.0 where absent):
+#: the best of ×0.1 / ×1 / ×10 in a short sweep on the example app, a near-tie going to the smaller lr
+#: (docs/results/plugin_lr).  ×10 for the plain-SGD local steps (they replace SGD with momentum 0.9, whose steps are
+#: ~1/(1-0.9) = 10 times longer), and, on that app, for FedAvg/FedAvgM with the app's own loop.
+CLIENT_LR_FACTOR: dict[str, float] = {
+    "fedavg": 10.0, "fedavgm": 10.0, "fedprox": 10.0, "scaffold": 10.0, "fedcm": 10.0, "mimelite": 10.0,
+    "fedda": 10.0, "fedda-sgdm": 10.0, "fedda-adam": 10.0, "fedda-adagrad": 10.0,
+}
 
 
 def register(

@@ -179,7 +179,7 @@ class ReplyScreen:
                 f"every reply of round {server_round} lacks the client half of method '{self.method}' "
                 f"(e.g. the ClientApp trains with its own optimizer). Fix: build the reply with "
                 f"flower_strategies.train_reply(...) or flower_strategies.ClientRound(...) in @app.train() "
-                f"(legacy apps: FedAdaptNumPyClient); see the README section 'Use a method in your own Flower app'."
+                f"(legacy apps: FedAdaptNumPyClient); see the README section 'Use fedadapt in your own Flower app'."
             )
         weights, aggregates, norms = self._fold(kept, measure=True)
         survivors = [j for j in range(len(kept)) if self._norm_ok(out, server_round, kept[j], [n[j] for n in norms])]

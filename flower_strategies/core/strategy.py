@@ -8,9 +8,10 @@ A method writes only its math, through five hooks (none of them touches Flower m
 * :meth:`~FedAdaptStrategy.client_config` — per-round client values beyond the declared client hyper-parameters;
 * :meth:`~FedAdaptStrategy.server_update` — ``(RoundInputs, state) → (arrays, state, round metrics)``.
 
-The base wires three parts around them, each usable and tested on its own:
+The base wires four parts around them, each usable and tested on its own:
 
 * :class:`.sampler.NodeSampler` — live nodes (heartbeats), the seeded draw, node order, silent nodes;
+* :class:`.binding.ReplyBinder` — each reply bound to its round: stale, oversized and replayed replies rejected;
 * :class:`.screen.ReplyScreen` — client half, reply validation, weight clipping, norm screening, the fold into the
   aggregates (:func:`.ops.fold`) and robust aggregation;
 * :class:`.rounds.RoundBook` — round logs and history, the finite check before a commit, the update counter.
@@ -34,6 +35,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from . import records as R
+from .binding import ReplyBinder
 from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
@@ -43,10 +45,8 @@ from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
 from .validation import RecordSpec
 
-__all__ = [
-    "ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState", "cast_like",
-    "weighted_mean",
-]
+__all__ = ["ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState", "cast_like",
+           "weighted_mean"]
 
 #: The settings a strategy reads as attributes (``self.client_lr``, …); ``method`` is the class's registry name and
 #: ``weighting`` resolves ``"default"`` to the method's own (see :attr:`FedAdaptStrategy.weighting`).
@@ -112,8 +112,7 @@ class FedAdaptStrategy(Strategy):
     ) -> None:
         self.hparams = hparams if hparams is not None else self.make_hparams()
         if not isinstance(self.hparams, self.hparams_class):
-            raise TypeError(f"{type(self).__name__} needs {self.hparams_class.__name__}, "
-                            f"got {type(self.hparams).__name__}")
+            raise TypeError(f"{type(self).__name__} needs {self.hparams_class.__name__}, got {self.hparams!r}")
         unknown = sorted(set(overrides) - SETTINGS - {"weighting"})
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unknown setting(s) {unknown}; "
@@ -131,6 +130,7 @@ class FedAdaptStrategy(Strategy):
         self.num_rounds = num_rounds
         self.sampler = NodeSampler(self.settings.seed)
         self.rounds = RoundBook()
+        self.binder = ReplyBinder()  # replies bound to their round (stale, oversized, replayed: rejected)
         self.current: NamedArrays | None = None
         self.server_state: ServerState | None = None
 
@@ -223,9 +223,8 @@ class FedAdaptStrategy(Strategy):
     def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
         """Wait (at most ``wait_for_nodes`` s) for ``min_available_nodes`` live nodes, then draw from them
         (:meth:`.NodeSampler.sample`: live = heartbeat since any missed reply; seeded; in :attr:`node_order`)."""
-        s = self.settings
-        return self.sampler.sample(grid, fraction, minimum, min_available=s.min_available_nodes,
-                                   wait_s=s.wait_for_nodes)
+        return self.sampler.sample(grid, fraction, minimum, min_available=self.min_available_nodes,
+                                   wait_s=self.wait_for_nodes)
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
@@ -247,7 +246,7 @@ class FedAdaptStrategy(Strategy):
         content = self.prepare_round(server_round, arrays, config, len(node_ids))
         self.sampler.expect(node_ids)
         log(INFO, "configure_train: sampled %d of %d nodes", len(node_ids), len(list(grid.get_node_ids())))
-        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in node_ids]
+        return self.binder.expect(Message(content, n, MessageType.TRAIN) for n in node_ids)
 
     def prepare_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                       num_sampled: int) -> RecordDict:
@@ -283,7 +282,7 @@ class FedAdaptStrategy(Strategy):
         replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error()
                             for _, r in R.of_type(m.content, ArrayRecord))
-        screened = self.reply_screen().run(server_round, replies)
+        screened = self.binder.run(server_round, replies, self.reply_screen(), self.settings.max_reply_bytes)
         rlog.rejections += screened.rejections
         rlog.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
@@ -323,14 +322,15 @@ class FedAdaptStrategy(Strategy):
     # ------------------------------------------------------------------ checkpoint state (data only)
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue bit-exactly, as data: the server state (arrays and
-        scalars), the sampling RNG, the update counter, the nodes seen and the per-round history."""
-        return {"server_state": self.server_state, **self.sampler.state_dict(), **self.rounds.state_dict()}
+        scalars), the sampling RNG, the update counter, the nodes seen, the per-round history and the reply digests."""
+        parts = (self.sampler, self.rounds, self.binder)
+        return {"server_state": self.server_state, **{k: v for p in parts for k, v in p.state_dict().items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Inverse of :meth:`state_dict` on a freshly built strategy of the same class and settings."""
-        self.sampler.load_state_dict(state)
+        for part in (self.sampler, self.rounds, self.binder):
+            part.load_state_dict(state)
         self.server_state = None if state["server_state"] is None else dict(state["server_state"])
-        self.rounds.load_state_dict(state)
 
     # ------------------------------------------------------------------ client-side evaluation (off by default)
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -338,10 +338,8 @@ class FedAdaptStrategy(Strategy):
         if self.settings.fraction_evaluate <= 0.0:
             return []
         node_ids = self.sample(grid, self.settings.fraction_evaluate, self.min_evaluate_nodes)
-        cfg = ConfigRecord(dict(config))
-        cfg[R.SERVER_ROUND] = server_round
-        content = RecordDict({R.MODEL: arrays, R.CONFIG: cfg})
-        return [Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=n) for n in node_ids]
+        content = RecordDict({R.MODEL: arrays, R.CONFIG: ConfigRecord({**config, R.SERVER_ROUND: server_round})})
+        return [Message(content, n, MessageType.EVALUATE) for n in node_ids]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         found = (R.get(m.content, R.METRICS, MetricRecord) for m in replies if not m.has_error())

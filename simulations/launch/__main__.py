@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy); registered SuperNodes (secure)")
     ap.add_argument("--unregistered", type=int, default=1,
                     help="secure: extra SuperNodes whose keys are not registered (they must be refused)")
+    ap.add_argument("--public-host", default=None, metavar="ADDR",
+                    help="secure: a non-loopback address of this machine; SuperNodes connect through it and an "
+                         "outsider with ca.crt alone is shown to be refused the Control API")
     ap.add_argument("--run-config", default=None,
                     help="run-config overrides, TOML-typed: \"method='fedadam' num-server-rounds=5\"")
     ap.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(APP_DIR / ".flwr")))
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                               ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus)
         if args.mode == "secure":
             res = launch_secure_deploy(args.nodes, args.run_config, home, args.timeout, app,
-                                       unregistered=args.unregistered)
+                                       unregistered=args.unregistered, public_host=args.public_host)
             return 0 if res.status == "finished:completed" else 1
         return launch_deploy(args.nodes, args.run_config, home, args.timeout, app,
                              node_data=args.node_data, task_poll_interval=args.task_poll_interval,

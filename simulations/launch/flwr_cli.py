@@ -24,14 +24,18 @@ def write_connection(flwr_home: Path, name: str, port: int) -> None:
     )
 
 
-def write_secure_connections(flwr_home: Path, name: str, port: int, ca: Path, plaintext_name: str) -> None:
+def write_secure_connections(flwr_home: Path, name: str, port: int, ca: Path, plaintext_name: str,
+                             outsider: tuple[str, str] | None = None) -> None:
     """``name``: TLS connection verified against ``ca``; ``plaintext_name``: the same address with
-    ``insecure = true`` (used only to show that a plaintext client is refused)."""
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{name}"\n\n'
-        f'[superlink.{name}]\naddress = "127.0.0.1:{port}"\nroot-certificates = "{ca.resolve()}"\n\n'
-        f'[superlink.{plaintext_name}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
+    ``insecure = true`` (used only to show that a plaintext client is refused); ``outsider`` = ``(name, host)``: a
+    TLS connection with ``ca`` to ``host:port`` (a node host's view of the SuperLink, which must not reach the
+    Control API)."""
+    text = (f'[superlink]\ndefault = "{name}"\n\n'
+            f'[superlink.{name}]\naddress = "127.0.0.1:{port}"\nroot-certificates = "{ca.resolve()}"\n\n'
+            f'[superlink.{plaintext_name}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    if outsider is not None:
+        text += f'\n[superlink.{outsider[0]}]\naddress = "{outsider[1]}:{port}"\nroot-certificates = "{ca.resolve()}"\n'
+    (flwr_home / "config.toml").write_text(text)
 
 
 # ------------------------------------------------------------------ run-config strings

@@ -29,9 +29,12 @@ def report(run_id: int | None, status: str, log_dir: Path) -> int:
     return 0 if status == "finished:completed" else 1
 
 
-def superlink_argv(port: int, database: Path, *flags: str) -> list[str]:
-    return [bin_path("flower-superlink"), *flags, "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(port), "--database", str(database)]
+def superlink_argv(port: int, database: Path, *flags: str, host: str = "127.0.0.1", guarded: bool = False) -> list[str]:
+    """``flower-superlink`` on ``host:port``; ``guarded``: through :mod:`.guarded_superlink` (only the Fleet API
+    served to non-loopback peers)."""
+    exe = [sys.executable, "-m", "simulations.launch.guarded_superlink"] if guarded else [bin_path("flower-superlink")]
+    return [*exe, *flags, "--disable-runtime-dependency-installation",
+            "--host", host, "--port", str(port), "--database", str(database)]
 
 
 def ray_address_check(address: str, timeout: float = 5.0) -> str:
@@ -182,6 +185,8 @@ class SecureDeployResult:
     tls_client: dict = field(default_factory=dict)  # `flwr ls` over TLS verified against the CA
     plaintext_client: dict = field(default_factory=dict)  # the same call over an `insecure = true` connection
     plaintext_http_error: str | None = None  # why plain HTTP to the port got no answer (None: it answered)
+    outsider_ls: dict = field(default_factory=dict)  # `flwr ls` from `public_host` with ca.crt alone
+    outsider_register: dict = field(default_factory=dict)  # `flwr supernode register` of its own key, from there
     unregistered_rc: list[int | None] = field(default_factory=list)  # exit codes of the unregistered SuperNodes
     unregistered_logs: list[str] = field(default_factory=list)
     log_dir: Path | None = None
@@ -200,32 +205,45 @@ def _plain_http_error(port: int) -> str | None:
 
 def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
                          app_dir: Path = APP_DIR, unregistered: int = 1,
-                         pki_dir: Path | None = None) -> SecureDeployResult:
-    """SuperLink (TLS + ``--enable-supernode-auth``), ``nodes`` registered SuperNodes and ``unregistered``
-    SuperNodes with unknown keys, all on 127.0.0.1; probes a plaintext client; runs the app on the registered nodes
-    (``min-available-nodes = min-train-nodes = nodes`` unless the run-config sets them).  Every process is stopped
-    on return."""
+                         pki_dir: Path | None = None, public_host: str | None = None) -> SecureDeployResult:
+    """SuperLink (TLS + ``--enable-supernode-auth``, :mod:`.guarded_superlink`: only the Fleet API served to
+    non-loopback peers), ``nodes`` registered SuperNodes and ``unregistered`` SuperNodes with unknown keys; probes a
+    plaintext client; runs the app on the registered nodes (``min-available-nodes = min-train-nodes = nodes`` unless
+    the run-config sets them).  Every process is stopped on return.
+
+    ``public_host`` (a non-loopback address of this machine): the SuperLink listens on all interfaces, its
+    certificate names ``public_host`` too, the SuperNodes connect through ``public_host`` (as node hosts would), and
+    an outsider holding only ``ca.crt`` tries ``flwr ls`` and ``flwr supernode register`` through it (both must
+    fail).  ``None``: everything on 127.0.0.1."""
     if nodes < 1:
         raise ValueError("nodes must be >= 1")
     cfg = build_run_config(run_config, app_dir, {"min-available-nodes": nodes, "min-train-nodes": nodes})
     port = free_port()
     log_dir = flwr_home / "logs"
-    names = [f"sn{i}" for i in range(nodes)] + [f"unregistered{j}" for j in range(unregistered)]
-    pki = make_test_pki((pki_dir or flwr_home / "pki").resolve(), names)
-    conn, plain = "fedadapt-secure", "fedadapt-plaintext"
+    names = [f"sn{i}" for i in range(nodes)] + [f"unregistered{j}" for j in range(unregistered)] + ["outsider"]
+    hosts = ("127.0.0.1", "::1", "localhost", *([public_host] if public_host else []))
+    pki = make_test_pki((pki_dir or flwr_home / "pki").resolve(), names, hosts)
+    conn, plain, outsider = "fedadapt-secure", "fedadapt-plaintext", "fedadapt-outsider"
+    node_host = public_host or "127.0.0.1"
     res = SecureDeployResult(port=port, node_ports=[], log_dir=log_dir)
     with Cluster(flwr_home, log_dir) as cluster:
         link = cluster.start("superlink", superlink_argv(
             port, flwr_home / "state.db", "--enable-supernode-auth", "--ssl-ca-certfile", str(pki["ca"]),
-            "--ssl-certfile", str(pki["cert"]), "--ssl-keyfile", str(pki["key"])),
+            "--ssl-certfile", str(pki["cert"]), "--ssl-keyfile", str(pki["key"]),
+            host="0.0.0.0" if public_host else "127.0.0.1", guarded=True),
             env={"FLWR_HOME": str(flwr_home / "link")})
         wait_health(f"https://127.0.0.1:{port}/health", 60, link, cafile=pki["ca"])
-        write_secure_connections(flwr_home, conn, port, pki["ca"], plain)
+        write_secure_connections(flwr_home, conn, port, pki["ca"], plain,
+                                 (outsider, public_host) if public_host else None)
 
         # 1. The same CLI call over TLS and over plaintext; plain HTTP to the port.
         res.tls_client = flwr_json(cluster, ["ls", conn])
         res.plaintext_client = flwr_json(cluster, ["ls", plain])
         res.plaintext_http_error = _plain_http_error(port)
+        if public_host:  # a node host with ca.crt alone: neither a SuperNode of its own nor the runs
+            res.outsider_ls = flwr_json(cluster, ["ls", outsider])
+            res.outsider_register = flwr_json(cluster, ["supernode", "register", f"{pki['outsider']}.pub", outsider,
+                                                        "--name", "outsider"])
 
         # 2. Register the public keys of the first `nodes` SuperNodes (not the unregistered ones).
         for i in range(nodes):
@@ -239,8 +257,9 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
             node_port = free_port()
             res.node_ports.append(node_port)
             return cluster.start(name, [
-                bin_path("flower-supernode"), "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(pki["ca"]),
-                "--auth-supernode-private-key", str(pki[name]), "--port", str(node_port), "--node-config", node_cfg,
+                bin_path("flower-supernode"), "--superlink", f"{node_host}:{port}", "--root-certificates",
+                str(pki["ca"]), "--auth-supernode-private-key", str(pki[name]), "--port", str(node_port),
+                "--node-config", node_cfg,
             ], env={"FLWR_HOME": str(flwr_home / name),
                     "FEDADAPT_CLIENT_STATE_DIR": str(flwr_home / name / "client-state")})
 

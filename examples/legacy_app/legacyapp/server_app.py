@@ -1,28 +1,27 @@
-"""The user's legacy ServerApp: the fedadapt strategy is wrapped in LegacyStrategy (switch methods on the marked
-line)."""
+"""The user's legacy ServerApp: the fedadapt strategy named by the run-config's `method` key, wrapped in
+LegacyStrategy; every client also evaluates the global model on its own test split each round."""
 
 import json
 
+import torch
 from flwr.app import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
-from flower_strategies import LegacyStrategy, get_method
+from flower_strategies import LegacyStrategy, strategy_from_run_config
 
-from .task import new_model
+from .task import Net
 
 
 def server_fn(context: Context) -> ServerAppComponents:
-    net = new_model()
-    trainable = [n for n, _ in net.named_parameters()]
-    # the one line that picks the method: any name in flower_strategies.METHODS
-    method = str(context.run_config["method"])
-    inner = get_method(method).build(client_lr=0.1, local_epochs=1, batch_size=32, seed=0, trainable_keys=trainable)
+    torch.manual_seed(0)
+    net = Net()
+    inner = strategy_from_run_config(context.run_config, names={"learning-rate": "client-lr"})
     out = str(context.run_config.get("output", ""))
 
     def record(server_round, arrays):
         if out and server_round > 0:
             with open(out, "w") as fh:
-                json.dump({"method": method, "round": server_round,
+                json.dump({"method": inner.method, "round": server_round,
                            "train-loss": inner.history[-1].train_metrics.get("train-loss")}, fh)
         return None
 

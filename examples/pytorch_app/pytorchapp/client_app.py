@@ -19,10 +19,10 @@ def train(msg: Message, context: Context):
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     pid, n = context.node_config["partition-id"], context.node_config["num-partitions"]
     trainloader, _ = load_data(pid, n, context.run_config["batch-size"])
-    rnd = ClientRound(msg.content, context.state)
-    opt = rnd.optimizer(model)
-    train_loss = train_fn(model, trainloader, context.run_config["local-epochs"], rnd.lr, device, optimizer=opt)
-    content = rnd.reply(model, opt, num_examples=len(trainloader.dataset), train_loss=train_loss)
+    rnd = ClientRound(msg.content, context.state, trainloader, torch.nn.functional.cross_entropy)
+    opt = rnd.optimizer(model) if rnd.needs_client_half else None  # None: the app's own SGD with momentum
+    train_loss = train_fn(model, rnd.loader, context.run_config["local-epochs"], rnd.lr, device, optimizer=opt)
+    content = rnd.reply(model, opt, train_loss=train_loss)
     return Message(content=content, reply_to=msg)
 
 

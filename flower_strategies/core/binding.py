@@ -1,0 +1,187 @@
+"""Reply binding: a train reply counts only as the answer to this round's message to its node, never as an earlier
+reply sent again, and never beyond the round's size bound.
+
+:class:`ReplyBinder` checks every train reply before anything reads its payload (the :class:`.screen.ReplyScreen`
+comes after), in this order, and rejects with a reason that starts with the check's name:
+
+1. **stale** — the reply's ``reply_to_message_id`` must name the message this round sent to the reply's source node
+   (Flower assigns message ids when the grid pushes the messages; a runtime that assigns none — the legacy API's
+   adapter — skips this check).  A reply to an earlier round's message, or to another node's, is stale.
+2. **oversized** — the reply's bytes (array payloads, plus the strings, bytes and numbers of its config/metric
+   records) must not exceed ``max-reply-bytes``; 0 (default) derives the cap from the model:
+   :data:`REPLY_BYTES_FACTOR` × the bytes of the records the method's uplink declares + :data:`REPLY_BYTES_SLACK`.
+   Counted from the lengths Flower already holds: nothing is viewed or parsed.
+3. **replay** — a reply whose array records are byte-identical to a reply used in an earlier round is rejected when
+   the global model it answered then differs from this round's.  The replies the screen keeps are remembered as
+   digests (SHA-256 truncated to 16 bytes: the reply's array records; the global model).  An honest client answers
+   a changed model with changed bytes, while an unchanged model (a round that did not update; ``client-lr = 0`` on
+   a model that stayed put) may legitimately be answered with the same bytes again, and is accepted.
+   Byte-identical replies of two nodes in the same round are not replays (identical data and seeds give them).  A
+   reply the screen rejected is not remembered: sent again, it is rejected again for its own reason (e.g. NaN/Inf),
+   not as a replay.
+
+:meth:`ReplyBinder.run` is the whole step: the checks, then the round's :class:`.screen.ReplyScreen`, then the kept
+replies remembered.
+
+A replayed reply with some bytes changed is not recognised: no check on content can tell it from a slow honest
+client's update; it is left to the screen's norm bounds and robust aggregation (docs/robustness.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.common import log
+
+from .ops import NamedArrays
+from .screen import ReplyScreen, Screened
+from .validation import RecordSpec, layout
+
+#: A derived ``max-reply-bytes`` is this many times the bytes of the method's declared uplink records …
+REPLY_BYTES_FACTOR = 2
+#: … plus this much for ``.npy`` headers, metrics and configs.
+REPLY_BYTES_SLACK = 2**20
+#: Bytes of one digest (reply or model).
+DIGEST_BYTES = 16
+
+
+def expected_reply_bytes(current: NamedArrays, specs: Sequence[RecordSpec], trainable: Sequence[str]) -> int:
+    """Payload bytes of the uplink records ``specs`` declare (``keys="params"``: ``trainable`` only) for the global
+    arrays ``current``."""
+    total = 0
+    for spec in specs:
+        for shape, dtype in layout(current, trainable if spec.keys == "params" else None).values():
+            total += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return total
+
+
+def reply_cap(max_reply_bytes: int, current: NamedArrays, specs: Sequence[RecordSpec],
+              trainable: Sequence[str]) -> int:
+    """``max_reply_bytes`` when > 0, else the cap derived from the model (see the module docstring)."""
+    if max_reply_bytes > 0:
+        return max_reply_bytes
+    return REPLY_BYTES_FACTOR * expected_reply_bytes(current, specs, trainable) + REPLY_BYTES_SLACK
+
+
+def _payload(data: Any) -> bytes | bytearray | memoryview:
+    """An Array's payload as a buffer (what a malformed Array holds instead of bytes counts as empty)."""
+    return data if isinstance(data, (bytes, bytearray, memoryview)) else b""
+
+
+def _value_nbytes(value: Any) -> int:
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, list):  # Flower's record lists are homogeneous
+        return sum(map(len, value)) if value and isinstance(value[0], (str, bytes)) else 8 * len(value)
+    return 8
+
+
+def content_nbytes(content: RecordDict) -> int:
+    """The bytes a reply carries: array payloads, plus keys and values of its config/metric records (numbers: 8)."""
+    total = 0
+    for _, rec in content.items():
+        if isinstance(rec, ArrayRecord):
+            total += sum(memoryview(_payload(arr.data)).nbytes for arr in rec.values())
+        else:
+            total += sum(len(key) + _value_nbytes(value) for key, value in rec.items())
+    return total
+
+
+def reply_digest(content: RecordDict) -> bytes:
+    """Digest of a reply's array records (names, keys, dtypes, shapes and payload bytes)."""
+    h = hashlib.sha256()
+    for name, rec in sorted(((n, r) for n, r in content.items() if isinstance(r, ArrayRecord)), key=lambda x: x[0]):
+        for key, arr in rec.items():
+            data = _payload(arr.data)
+            meta = (name, key, arr.dtype, arr.shape, arr.stype, type(arr.data), memoryview(data).nbytes)
+            h.update(repr(meta).encode())
+            h.update(data)
+    return h.digest()[:DIGEST_BYTES]
+
+
+def model_digest(arrays: NamedArrays) -> bytes:
+    """Digest of the global arrays (keys, dtypes, shapes, values)."""
+    h = hashlib.sha256()
+    for key, value in arrays.items():
+        arr = np.ascontiguousarray(value)
+        h.update(repr((key, arr.dtype.str, arr.shape)).encode())
+        h.update(arr.data)
+    return h.digest()[:DIGEST_BYTES]
+
+
+class ReplyBinder:
+    """The binding checks of a run (module docstring); the digests of earlier replies are checkpointed
+    (:meth:`state_dict`)."""
+
+    def __init__(self) -> None:
+        self._sent: list[Message] = []
+        #: ``{reply digest: digest of the global model that reply answered}`` of every earlier round.
+        self.seen: dict[bytes, bytes] = {}
+
+    def expect(self, messages: Iterable[Message]) -> list[Message]:
+        """Remember this round's train messages (their ids are assigned in place when the grid pushes them)."""
+        self._sent = list(messages)
+        return self._sent
+
+    def run(self, server_round: int, replies: Sequence[Message], screen: ReplyScreen,
+            max_reply_bytes: int) -> Screened:
+        """``screen.run`` on the replies that pass the checks, with the checks' rejections (``"node <id>:
+        <reason>"``) first; the digests of the replies the screen kept join :attr:`seen` (after the round: two
+        nodes' identical replies in one round are no replay)."""
+        model = model_digest(screen.current)
+        cap = reply_cap(max_reply_bytes, screen.current, screen.specs, screen.trainable)
+        passed, rejections, digests = self.check(server_round, replies, model, cap)
+        screened = screen.run(server_round, passed)
+        screened.rejections[:0] = rejections
+        self.seen.update({digests[id(msg)]: model for msg, _ in screened.kept})
+        return screened
+
+    def check(self, server_round: int, replies: Sequence[Message], model: bytes,
+              cap: int) -> tuple[list[Message], list[str], dict[int, bytes]]:
+        """``(the replies that pass, the rejections, {id(reply): its digest})`` for the global model of digest
+        ``model`` and the size bound ``cap``; client errors pass through (the screen counts them)."""
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
+        self._sent = []
+        kept: list[Message] = []
+        rejections: list[str] = []
+        digests: dict[int, bytes] = {}
+        for msg in replies:
+            reason = None if msg.has_error() else self._reason(msg, sent, model, cap, digests)
+            if reason is None:
+                kept.append(msg)
+                continue
+            rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
+            log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id, reason)
+        return kept, rejections, digests
+
+    def _reason(self, msg: Message, sent: Mapping[str, int], model: bytes, cap: int,
+                digests: dict[int, bytes]) -> str | None:
+        md = msg.metadata
+        if sent and sent.get(md.reply_to_message_id) != md.src_node_id:
+            return (f"stale: it answers message {md.reply_to_message_id!r}, not this round's message to node "
+                    f"{md.src_node_id}")
+        size = content_nbytes(msg.content)
+        if size > cap:
+            return f"oversized: {size} bytes > max-reply-bytes {cap}"
+        digest = reply_digest(msg.content)
+        then = self.seen.get(digest)
+        if then is not None and then != model:
+            return "replay: byte-identical to a reply to an earlier round's (different) global model"
+        digests[id(msg)] = digest
+        return None
+
+    def state_dict(self) -> dict[str, list[str]]:
+        """:attr:`seen` as data: one hex string per reply, its digest then its model's."""
+        return {"reply_digests": [(reply + model).hex() for reply, model in self.seen.items()]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (a checkpoint without the entry: nothing remembered)."""
+        rows = [bytes.fromhex(row) for row in state.get("reply_digests", [])]
+        if any(len(row) != 2 * DIGEST_BYTES for row in rows):
+            raise ValueError(f"reply_digests must be hex strings of {2 * DIGEST_BYTES} bytes")
+        self.seen = {row[:DIGEST_BYTES]: row[DIGEST_BYTES:] for row in rows}

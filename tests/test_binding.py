@@ -1,0 +1,180 @@
+"""A reply is bound to its round (``flower_strategies.core.binding``): a stale reply (answering an earlier round's
+message), an oversized reply (beyond ``max-reply-bytes``) and a replayed reply (the bytes of an earlier round's reply,
+sent again after the global model changed) are rejected with their reason and counted; the model is what it is
+without them.  In-process (``LoopbackGrid`` and its ``intercept`` hook), stock Message-API clients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+import flower_strategies as fs
+from flower_strategies.core import records as R
+from flower_strategies.core.binding import (REPLY_BYTES_FACTOR, REPLY_BYTES_SLACK, ReplyBinder, content_nbytes,
+                                            expected_reply_bytes)
+from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.screen import ReplyScreen
+from flower_strategies.core.validation import RecordSpec
+from simulations.engine import LoopbackGrid
+
+INIT = {"w": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)}
+ROUNDS = 4
+
+
+def stock_client() -> ClientApp:
+    """A plain Flower client (no fedadapt import): node ``p`` answers model + 0.1·(p+1) with 10 + p examples."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        p = int(context.node_config["partition-id"])
+        step = np.float32(0.1 * (p + 1))
+        arrays = {k: (v.numpy() + step).astype(np.float32) for k, v in msg.content["arrays"].items()}
+        content = RecordDict({"arrays": R.to_record(arrays), "metrics": MetricRecord({"num-examples": 10 + p})})
+        return Message(content=content, reply_to=msg)
+
+    return app
+
+
+def run(intercept, **settings):
+    """FedAvg, 3 nodes, ``ROUNDS`` rounds: ``(final arrays, history)``."""
+    strategy = fs.FedAvg(min_available_nodes=3, min_train_nodes=3, fraction_evaluate=0.0, **settings)
+    grid = LoopbackGrid(stock_client(), 3, {}, intercept=intercept)
+    result = strategy.start(grid=grid, initial_arrays=R.to_record(INIT), num_rounds=ROUNDS)
+    return R.to_numpy(result.arrays), strategy.history
+
+
+def replaying(partitions, *, stale=False):
+    """``intercept``: from round 2 on, ``partitions`` re-send their round-1 reply — its content as the answer to this
+    round's message (a Byzantine client), or (``stale``) the round-1 reply message itself."""
+    first: dict[int, Message] = {}
+
+    def intercept(request, reply, p):
+        if p not in partitions:
+            return reply
+        if int(request.content["config"]["server-round"]) == 1:
+            first[p] = reply
+            return reply
+        return first[p] if stale else Message(content=first[p].content, reply_to=request)
+
+    return intercept
+
+
+def dropping(partitions):
+    """``intercept``: from round 2 on, ``partitions`` answer with a client error (the run without them)."""
+    def intercept(request, reply, p):
+        if p in partitions and int(request.content["config"]["server-round"]) > 1:
+            return Message(Error(code=0, reason="left"), reply_to=request)
+        return reply
+
+    return intercept
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["replayed-content", "stale-message"])
+def test_one_client_replaying_its_round1_reply_is_rejected_and_the_model_is_as_without_it(stale):
+    arrays, history = run(replaying({0}, stale=stale))
+    reference, ref_history = run(dropping({0}))  # the same rounds without node 0's replies after round 1
+    for key in INIT:
+        np.testing.assert_array_equal(arrays[key], reference[key])
+    assert [h.updated for h in history] == [True] * ROUNDS
+    assert [h.replies_used for h in history] == [3] + [2] * (ROUNDS - 1)
+    assert [h.replies_rejected for h in history] == [0] + [1] * (ROUNDS - 1)
+    reason = "stale: it answers message" if stale else "replay: byte-identical to a reply to an earlier round"
+    assert all(h.rejections[0].startswith(f"node 1: {reason}") for h in history[1:]), history[1].rejections
+    clean, _ = run(None)
+    assert not np.array_equal(arrays["w"], clean["w"])  # node 0's fresh replies would have moved the model
+
+
+def test_every_client_replaying_updates_nothing_after_round1_and_is_counted():
+    arrays, history = run(replaying({0, 1, 2}), max_idle_rounds=0)
+    assert [h.updated for h in history] == [True] + [False] * (ROUNDS - 1)
+    assert [h.replies_rejected for h in history] == [0] + [3] * (ROUNDS - 1)
+    assert all(r.split(": ", 1)[1].startswith("replay:") for h in history[1:] for r in h.rejections)
+    # the model is round 1's: the example-weighted mean of 0.1·(p+1), weights 10, 11, 12
+    expected = np.float32(sum(np.float32(0.1 * (p + 1)) * (10 + p) for p in range(3)) / 33)
+    np.testing.assert_allclose(arrays["w"], expected, rtol=1e-6)
+
+
+def reply_to(request: Message, arrays: dict[str, np.ndarray], node: int = 1, **records) -> Message:
+    content = RecordDict({"arrays": R.to_record(arrays), "metrics": MetricRecord({"num-examples": 10}), **records})
+    reply = Message(content=content, reply_to=request)
+    reply.metadata.__dict__["_src_node_id"] = node
+    return reply
+
+
+def train_request(node: int = 1) -> Message:
+    msg = Message(RecordDict(), node, "train")
+    msg.metadata.__dict__["_message_id"] = f"m{node}-{np.random.default_rng().integers(1 << 62)}"
+    return msg
+
+
+def check(binder: ReplyBinder, current, replies, max_reply_bytes=0, sent=()):
+    """One round of ``binder.run`` with FedAvg's screen: ``(the replies kept, the rejections)``."""
+    binder.expect(sent)
+    screen = ReplyScreen(current, (RecordSpec(R.MODEL, "mean", "model"),), list(current))
+    screened = binder.run(1, replies, screen, max_reply_bytes)
+    return [msg for msg, _ in screened.kept], screened.rejections
+
+
+def test_identical_bytes_are_a_replay_only_when_the_global_model_changed():
+    """An unchanged model (a round without update; client-lr = 0) may get the same bytes again: no replay."""
+    binder = ReplyBinder()
+    x0 = {"w": np.zeros(3, np.float32)}
+    x1 = {"w": np.ones(3, np.float32)}
+    answer = {"w": np.full(3, 0.5, np.float32)}
+    kept, rejected = check(binder, x0, [reply_to(train_request(), answer)])
+    assert len(kept) == 1 and not rejected
+    kept, rejected = check(binder, x0, [reply_to(train_request(), answer)])  # same model again: legitimate
+    assert len(kept) == 1 and not rejected
+    kept, rejected = check(binder, x1, [reply_to(train_request(), answer, node=4)])  # any node's old bytes
+    assert not kept and rejected == ["node 4: replay: byte-identical to a reply to an earlier round's (different) "
+                                     "global model"]
+    same_round = [reply_to(train_request(), {"w": np.full(3, 2.0, np.float32)}, node=n) for n in (1, 2)]
+    kept, rejected = check(binder, x1, same_round)  # two nodes with identical data and seeds in one round
+    assert len(kept) == 2 and not rejected
+    # the digests survive a checkpoint (data only: hex strings) and a forged entry is refused
+    restored = ReplyBinder()
+    restored.load_state_dict(binder.state_dict())
+    assert restored.seen == binder.seen and len(restored.seen) == 2
+    with pytest.raises(ValueError, match="reply_digests must be hex strings of 32 bytes"):
+        restored.load_state_dict({"reply_digests": ["00ff"]})
+
+
+def test_a_reply_must_answer_this_rounds_message_to_its_own_node():
+    binder = ReplyBinder()
+    x0 = {"w": np.zeros(3, np.float32)}
+    mine, other, old = train_request(1), train_request(2), train_request(1)
+    replies = [reply_to(mine, x0, node=1), reply_to(old, x0, node=1), reply_to(other, x0, node=3)]
+    kept, rejected = check(binder, x0, replies, sent=[mine, other])
+    assert kept == replies[:1]
+    assert rejected == [f"node 1: stale: it answers message '{old.metadata.message_id}', not this round's message to "
+                        f"node 1", f"node 3: stale: it answers message '{other.metadata.message_id}', not this "
+                        f"round's message to node 3"]
+
+
+def test_an_oversized_reply_is_refused_before_its_payload_is_read():
+    binder = ReplyBinder()
+    x0 = {"w": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)}
+    spec = (RecordSpec(R.MODEL, "mean", "model"),)
+    assert expected_reply_bytes(x0, spec, list(x0)) == 16
+    derived = REPLY_BYTES_FACTOR * 16 + REPLY_BYTES_SLACK
+    garbage = ArrayRecord({"w": Array(dtype="float32", shape=(3,), stype="numpy.ndarray", data=b"\0" * derived),
+                           "b": Array(dtype="float32", shape=(1,), stype="numpy.ndarray", data=b"junk")})
+    huge = Message(RecordDict({"arrays": garbage, "metrics": MetricRecord({"num-examples": 10})}),
+                   reply_to=train_request())
+    huge.metadata.__dict__["_src_node_id"] = 1
+    kept, rejected = check(binder, x0, [huge])  # never parsed: its malformed payload is not what it is rejected for
+    size = derived + 4 + len("num-examples") + 8
+    assert not kept and rejected == [f"node 1: oversized: {size} bytes > max-reply-bytes {derived}"]
+    small = reply_to(train_request(), x0)
+    payload = sum(len(a.data) for a in small.content["arrays"].values())  # .npy bytes: 16 of data + 2 headers
+    assert payload == 16 + 2 * 128 and content_nbytes(small.content) == payload + len("num-examples") + 8
+    big_metrics = reply_to(train_request(), x0, extra=MetricRecord({"spam": [1.0] * 20}),
+                           info=ConfigRecord({"note": "x" * 10}))
+    assert content_nbytes(big_metrics.content) == payload + 20 + (4 + 160) + (4 + 10)
+    kept, rejected = check(binder, x0, [small, big_metrics], max_reply_bytes=300)
+    assert kept == [small] and rejected == [f"node 1: oversized: {payload + 198} bytes > max-reply-bytes 300"]
+    with pytest.raises(ConfigError, match="max_reply_bytes = -1 is out of range"):
+        fs.FedAvg(max_reply_bytes=-1)
