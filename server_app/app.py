@@ -220,8 +220,9 @@ def round_row(server_round: int, test_metrics: Mapping[str, float], history: lis
         "replies-missing": max(0, h.sampled - h.replies_used - h.replies_rejected),
         "bytes-down": h.bytes_down, "bytes-up": h.bytes_up, "updated": h.updated,
     })
-    if "weights-clipped" in h.train_metrics:
-        row["weights-clipped"] = h.train_metrics["weights-clipped"]
+    for key in ("weights-clipped", "updates-clipped"):
+        if key in h.train_metrics:
+            row[key] = h.train_metrics[key]
     row.update(h.round_metrics)
     if h.rejections:
         row["rejections"] = "; ".join(h.rejections)

@@ -45,7 +45,7 @@ def test_policy_rules_and_weights():
 
 def test_weight_clipping_bounds_a_liar_and_is_counted():
     replies = [model_reply(1, 1.0), model_reply(2, 1.0), model_reply(3, 100.0, n=1e12)]
-    out = screen(ScreenPolicy(max_weight_ratio=1.5, update_norm_ratio=0)).run(1, replies)
+    out = screen(ScreenPolicy(max_weight_ratio=1.5, update_norm_ratio=0, update_clip_ratio=0)).run(1, replies)
     assert out.weights == [10, 10, 15.0]
     metrics, clipped = out.reply_metrics()
     assert clipped == 1 and [m[R.NUM_EXAMPLES] for m in metrics] == [10, 10, 15.0]
@@ -75,7 +75,8 @@ def test_max_update_norm_measures_the_update_not_the_model():
 @pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
 def test_robust_aggregation_ignores_one_outlier(rule):
     replies = [model_reply(1, 1.0), model_reply(2, 2.0), model_reply(3, 3.0), model_reply(4, 1e6)]
-    out = screen(ScreenPolicy(aggregator=rule, trim_fraction=0.25, update_norm_ratio=0)).run(1, replies)
+    policy = ScreenPolicy(aggregator=rule, byzantine_fraction=0.25, update_norm_ratio=0, update_clip_ratio=0)
+    out = screen(policy).run(1, replies)
     assert len(out.kept) == 4
     # median of 4 = mean of the middle two; trimmed-mean(0.25) drops floor(0.25·4) = 1 value at each end
     np.testing.assert_array_equal(out.aggregates[R.MODEL]["w"], np.full(4, 2.5, np.float32))
@@ -103,3 +104,83 @@ def test_params_records_have_the_trainable_layout():
     out = screen(specs=specs).run(1, [ok, with_int])
     assert len(out.kept) == 1 and "wrong keys" in out.rejections[0]
     np.testing.assert_array_equal(out.aggregates["v"]["w"], np.ones(4, np.float32))
+
+
+# ------------------------------------------------------------------------------------------ update clip, Krum, f
+def test_update_clip_scales_only_replies_above_ratio_times_the_median_and_is_counted():
+    """Norms 2·(0.1, 0.2, 0.3, 5): median (lower) 0.4; at ratio 1 the 0.6 and 10 updates are scaled onto 0.4 (around
+    the global model), the others are untouched and the aggregate is the mean of the clipped replies."""
+    current = dict(CURRENT, w=np.full(4, 1.0, np.float32))
+    values = [1.1, 1.2, 1.3, 6.0]
+    out = ReplyScreen(current, MODEL, ["w"], ScreenPolicy(update_clip_ratio=1.0)).run(
+        1, [model_reply(i + 1, v) for i, v in enumerate(values)])
+    assert out.updates_clipped == 2 and not out.rejections
+    clipped = [1.1, 1.2, 1.2, 1.2]  # 1 + 0.2·sign(update): scaled onto the median norm
+    np.testing.assert_allclose(out.aggregates[R.MODEL]["w"], np.full(4, np.mean(clipped)), rtol=1e-6)
+    off = ReplyScreen(current, MODEL, ["w"], ScreenPolicy(update_clip_ratio=0)).run(
+        1, [model_reply(i + 1, v) for i, v in enumerate(values)])
+    assert off.updates_clipped == 0
+    np.testing.assert_allclose(off.aggregates[R.MODEL]["w"], np.full(4, np.mean(values)), rtol=1e-6)
+
+
+def test_update_clip_leaves_replies_within_the_bound_bit_for_bit():
+    honest = [model_reply(i, 0.1 * i, n=5 + i) for i in range(1, 5)]
+    wide = screen(ScreenPolicy(update_clip_ratio=4.0)).run(1, honest)  # max/median = 0.4/0.2 = 2 < 4
+    off = screen(ScreenPolicy(update_clip_ratio=0)).run(1, honest)
+    assert wide.updates_clipped == 0
+    assert wide.aggregates[R.MODEL]["w"].tobytes() == off.aggregates[R.MODEL]["w"].tobytes()
+
+
+def test_update_clip_of_a_non_model_record_scales_it_towards_zero():
+    specs = (*MODEL, RecordSpec("v", "mean", "params"))
+    replies = [reply(i, {R.MODEL: {"w": np.zeros(4, np.float32), "n": np.array(1, np.int64)},
+                         "v": {"w": np.full(4, v, np.float32)}}) for i, v in enumerate([1.0, 2.0, 3.0, 100.0], 1)]
+    out = screen(ScreenPolicy(update_clip_ratio=1.0, update_norm_ratio=0), specs=specs).run(1, replies)
+    np.testing.assert_allclose(out.aggregates["v"]["w"], np.full(4, (1 + 2 + 2 + 2) / 4), rtol=1e-6)
+
+
+def test_krum_and_multi_krum_keep_the_replies_closest_to_their_neighbours():
+    """5 replies, f = 0.2 (t = 1): each score sums the squared distances to the n − t − 2 = 2 nearest others."""
+    from flower_strategies.core.robust import krum_scores
+
+    values = [1.0, 1.1, 0.9, 1.3, -20.0]
+    vectors = np.array([np.full(4, v) for v in values])
+    brute = [sorted(float(np.sum((vectors[i] - vectors[j]) ** 2)) for j in range(5) if j != i)[:2] for i in range(5)]
+    assert krum_scores(vectors, 1) == pytest.approx([sum(b) for b in brute], rel=1e-12)
+    replies = [model_reply(i + 1, v) for i, v in enumerate(values)]
+    krum = screen(ScreenPolicy(aggregator="krum", update_clip_ratio=0, update_norm_ratio=0)).run(1, replies)
+    assert [m.metadata.src_node_id for m, _ in krum.kept] == [1]  # 1.0: nearest to 1.1 and 0.9
+    np.testing.assert_array_equal(krum.aggregates[R.MODEL]["w"], np.full(4, 1.0, np.float32))
+    multi = screen(ScreenPolicy(aggregator="multi-krum", update_clip_ratio=0, update_norm_ratio=0)).run(1, replies)
+    assert [m.metadata.src_node_id for m, _ in multi.kept] == [1, 2, 3, 4]
+    assert len(multi.rejections) == 1 and "node 5: left out by aggregator multi-krum" in multi.rejections[0]
+    np.testing.assert_allclose(multi.aggregates[R.MODEL]["w"], np.full(4, 1.075), rtol=1e-6)
+
+
+@pytest.mark.parametrize("aggregator,need", [("trimmed-mean", 3), ("krum", 5), ("multi-krum", 5)])
+def test_too_few_replies_for_the_byzantine_fraction_are_rejected_with_the_fix(aggregator, need):
+    replies = [model_reply(i, 1.0 + 0.1 * i) for i in range(1, need)]  # one short: t = ⌈0.2·(need − 1)⌉ = 1
+    out = screen(ScreenPolicy(aggregator=aggregator, byzantine_fraction=0.2)).run(1, replies)
+    assert not out.kept and len(out.rejections) == need - 1
+    assert f"aggregator {aggregator} needs at least {need} usable replies to tolerate 1 Byzantine" in out.rejections[0]
+    assert "lower byzantine-fraction" in out.rejections[0]
+    ok = screen(ScreenPolicy(aggregator=aggregator, byzantine_fraction=0.0)).run(1, replies)  # f = 0: t = 0
+    assert len(ok.kept) == (1 if aggregator == "krum" else need - 1)
+
+
+def test_a_reply_rejected_for_its_norm_counts_against_the_tolerated_byzantine_ones():
+    """f = 0.2 of 5 received = 1 tolerated; the 1e6 reply is rejected (update-norm-ratio), so Krum runs on the 4
+    others with t = 0 (needs 3) instead of refusing the round."""
+    replies = [model_reply(i, 1.0 + 0.1 * i) for i in range(1, 5)] + [model_reply(5, 1e6)]
+    out = screen(ScreenPolicy(aggregator="multi-krum", byzantine_fraction=0.2)).run(1, replies)
+    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
+    assert len(out.rejections) == 1 and "update-norm-ratio" in out.rejections[0]
+
+
+def test_byzantine_count_is_the_ceiling_of_f_times_n():
+    from flower_strategies.core.robust import byzantine_count
+
+    assert [byzantine_count(0.2, n) for n in (1, 4, 5, 6, 10, 11)] == [1, 1, 1, 2, 2, 3]
+    assert byzantine_count(0.1, 30) == 3 and byzantine_count(0.0, 7) == 0  # 0.1·30 = 3.0000000000000004
+    with pytest.raises(ValueError, match=r"byzantine-fraction must be in \[0, 0.5\)"):
+        byzantine_count(0.5, 4)

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .robust import AGGREGATORS
+
 T = TypeVar("T", bound="HParams")
 
 
@@ -283,15 +285,22 @@ class StrategyConfig(HParams):
         help="clip each reply's num-examples weight at this multiple of the round's median count (0 = off; a "
              "1-of-5 liar then weighs at most 1.5 honest clients, see docs/robustness.md)",
     )
-    aggregator: str = param(
-        "mean", choices=("mean", "median", "trimmed-mean"),
-        help="mean = the method's own rule; median / trimmed-mean = robust coordinate-wise aggregation of every "
-             "mean-rule record (O(N·model) memory)",
+    update_clip_ratio: float = param(
+        0.0, lo=0.0,
+        help="scale each reply's update (and every other uplink record) back onto this multiple of the round's "
+             "median norm of that record (needs ≥ 3 replies; 1 = the median, see docs/robustness.md; 0 = off: the "
+             "methods' own algorithms)",
     )
-    trim_fraction: float = param(
-        0.1, lo=0.0, hi=0.49,
-        help="fraction of the largest and of the smallest values dropped per coordinate by aggregator = trimmed-"
-             "mean",
+    aggregator: str = param(
+        "mean", choices=AGGREGATORS,
+        help="mean = the method's own rule; median / trimmed-mean = coordinate-wise robust aggregation of every "
+             "mean-rule record (O(N·model) memory); krum / multi-krum = use only the best-scored reply / the "
+             "N − ⌈byzantine-fraction·N⌉ best-scored replies",
+    )
+    byzantine_fraction: float = param(
+        0.2, lo=0.0, hi=0.49,
+        help="fraction of replies the robust aggregators tolerate as Byzantine: trimmed-mean drops ⌈f·N⌉ values "
+             "at each end per coordinate, krum / multi-krum score against the N − ⌈f·N⌉ − 2 nearest replies",
     )
     max_reply_bytes: int = param(
         0, lo=0,

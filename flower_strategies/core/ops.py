@@ -322,32 +322,3 @@ def averaging_step(
 def decayed_lr(lr: float, decay: float, server_round: int) -> float:
     """``lr · decay^(round−1)``: a per-round exponential client-lr schedule (round 1 uses ``lr``)."""
     return lr * decay ** max(server_round - 1, 0)
-
-
-#: Robust replacements of the (weighted) mean for ``"mean"``-rule records.
-ROBUST_RULES = ("median", "trimmed-mean")
-
-
-def robust_aggregate(items: Sequence[Mapping[str, np.ndarray]], rule: str, trim: float = 0.1) -> NamedArrays:
-    """Coordinate-wise median or trimmed mean of ``items`` (weights ignored).  Memory: O(N·model) in float64 (one
-    key at a time).  ``trimmed-mean`` drops the ``floor(trim·N)`` smallest and largest values per coordinate."""
-    if rule not in ROBUST_RULES:
-        raise ValueError(f"unknown robust rule {rule!r}; valid: {', '.join(ROBUST_RULES)}")
-    check_trim(trim)
-    if not items:
-        raise ValueError("no arrays were folded into the aggregate")
-    out: NamedArrays = {}
-    for key, first in items[0].items():
-        stack = np.stack([np.asarray(item[key], dtype=np.float64) for item in items])
-        if rule == "median":
-            value = np.median(stack, axis=0)
-        else:
-            k = int(np.floor(trim * len(items)))
-            value = np.sort(stack, axis=0)[k : len(items) - k].mean(axis=0)
-        out[key] = value.astype(np.asarray(first).dtype, copy=False)
-    return out
-
-
-def check_trim(trim: float) -> None:
-    if not 0.0 <= trim < 0.5:
-        raise ValueError(f"trim must be in [0, 0.5), got {trim}")

@@ -11,7 +11,12 @@ Every defence of the server sits here, in this order:
    so that one reply cannot move K̄, the mean step count the server math reads;
 4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured in
    the same chunk-major pass that folds the replies into the aggregates (:func:`.ops.fold`);
-5. **robust aggregation** — ``aggregator`` = median / trimmed-mean replaces the mean of every ``"mean"``-rule record.
+5. **norm clip** — each surviving reply's record scaled back onto ``update_clip_ratio`` × the round's median norm
+   (:func:`.robust.clip_scales`; a model record around the global model, i.e. its update);
+6. **robust aggregation** — ``aggregator`` = krum / multi-krum keeps the best-scored replies
+   (:func:`.robust.krum_select`), median / trimmed-mean replaces the mean of every ``"mean"``-rule record; each needs
+   enough replies for ``byzantine_fraction`` (:func:`.robust.min_replies`), else the round's replies are rejected
+   with the reason.
 
 :class:`ReplyScreen` is built per round from the round's model, the method's uplink specs and a
 :class:`ScreenPolicy`; :meth:`ReplyScreen.run` returns a :class:`Screened`.  No strategy state is read or written.
@@ -23,7 +28,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -31,7 +36,9 @@ from flwr.app import ConfigRecord, Message, MetricRecord
 from flwr.common import log
 
 from . import records as R
-from .ops import ROBUST_RULES, NamedArrays, fold, robust_aggregate
+from .ops import NamedArrays, fold, is_float
+from .robust import COORDINATE_RULES, SELECTION_RULES, TooFewReplies, byzantine_count, check_replies, clip_scales, \
+    clipped, krum_select, robust_aggregate
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 CLIENT_HALF_REASON = "reply was not produced by the client half of fedadapt method"
@@ -55,9 +62,10 @@ class ScreenPolicy:
 
     weighting: str = "examples"
     aggregator: str = "mean"
-    trim_fraction: float = 0.1
+    byzantine_fraction: float = 0.2
     max_update_norm: float = 0.0
     update_norm_ratio: float = 100.0
+    update_clip_ratio: float = 0.0
     max_weight_ratio: float = 1.5
     #: The round's plan (what :func:`.client.num_local_steps` gives a client): K, else E·⌈n/B⌉.
     local_steps: int = 0
@@ -73,7 +81,7 @@ class ScreenPolicy:
     def rule(self, spec: RecordSpec) -> str:
         """The aggregation rule of ``spec`` under this policy."""
         if spec.rule == "mean":
-            if self.aggregator != "mean":
+            if self.aggregator in COORDINATE_RULES:
                 return self.aggregator
             return "wmean" if self.weighting == "examples" else "umean"
         return spec.rule
@@ -113,6 +121,8 @@ class Screened:
     rejections: list[str] = field(default_factory=list)
     #: Each kept reply's cap on ``num-steps`` (:meth:`ScreenPolicy.step_caps`; empty = none).
     step_caps: list[float] = field(default_factory=list)
+    #: How many kept replies the norm clip scaled (``update_clip_ratio``).
+    updates_clipped: int = 0
 
     def reply_metrics(self) -> tuple[list[dict[str, Any]], int]:
         """``(each kept reply's metrics with its weight as num-examples, its num-steps capped and its node-id,
@@ -182,14 +192,18 @@ class ReplyScreen:
                     survivors.remove(j)
                     self._reject(out, server_round, kept[j][0], f"record '{spec.name}' norm {norms[i][j]:.4g} exceeds "
                                  f"update-norm-ratio {ratio:g} × the round's median {median:.4g}")
-        if len(survivors) < len(kept):
-            kept = [kept[j] for j in survivors]
+        changed = len(survivors) < len(kept)
+        kept = [kept[j] for j in survivors]
+        out.updates_clipped = self._clip(server_round, kept, [[n[j] for j in survivors] for n in norms])
+        selected = self._select(out, server_round, kept, len(replies))
+        if changed or out.updates_clipped or len(selected) < len(kept):
+            kept = selected
             weights, aggregates, _ = self._fold(kept, measure=False)
+        trim = self.byzantine_left(len(replies), len(out.rejections))
         for spec in self.specs:
             rule = self.policy.rule(spec)
-            if rule in ROBUST_RULES and kept:
-                aggregates[spec.name] = robust_aggregate([p[spec.name] for _, p in kept], rule,
-                                                         self.policy.trim_fraction)
+            if rule in COORDINATE_RULES and kept:
+                aggregates[spec.name] = robust_aggregate([p[spec.name] for _, p in kept], rule, trim)
         out.kept, out.weights, out.aggregates = kept, weights, aggregates
         out.step_caps = self._step_caps(server_round, kept, weights)
         return out
@@ -220,7 +234,7 @@ class ReplyScreen:
         norms: list[list[float]] = []
         for spec in self.specs:
             rule: str | None = self.policy.rule(spec)
-            rule = None if rule in ROBUST_RULES or not kept else rule
+            rule = None if rule in COORDINATE_RULES or not kept else rule
             if rule is None and not measure:
                 continue
             items = [parsed[spec.name] for _, parsed in kept]
@@ -229,6 +243,59 @@ class ReplyScreen:
                 aggregates[spec.name] = agg
             norms.append(n)
         return weights, aggregates, norms
+
+    def _clip(self, server_round: int, kept: Sequence[Parsed], norms: list[list[float]]) -> int:
+        """Scale every record whose norm exceeds ``update_clip_ratio`` × the round's lower-median norm of that record
+        back onto that bound, in place in ``kept`` (``norms[spec][reply]``); how many replies were clipped.  Like the
+        ratio rejection it needs more than 2 replies (with 2 the median is one of them)."""
+        ratio = self.policy.update_clip_ratio
+        if ratio <= 0 or len(kept) <= 2:
+            return 0
+        hit: set[int] = set()
+        for spec, record_norms in zip(self.specs, norms):
+            scales, bound = clip_scales(record_norms, ratio)
+            for j, scale in enumerate(scales):
+                if scale < 1.0:
+                    msg, parsed = kept[j]
+                    reference = self.current if spec.keys == "model" else None
+                    parsed[spec.name] = clipped(parsed[spec.name], scale, reference)
+                    hit.add(j)
+                    log(INFO, "Round %d: node %s record '%s' norm %.4g clipped to %.4g (update-clip-ratio %g × the "
+                        "round's median)", server_round, msg.metadata.src_node_id, spec.name, record_norms[j], bound,
+                        ratio)
+        return len(hit)
+
+    def _select(self, out: Screened, server_round: int, kept: list[Parsed], received: int) -> list[Parsed]:
+        """The replies the aggregator uses: all but those Krum / multi-Krum leave out (each rejected with its score),
+        or none (each rejected with the reason) when the round has too few for ``byzantine_fraction``.  The
+        tolerated number is ``⌈f·received⌉`` less the replies already rejected (:meth:`byzantine_left`)."""
+        aggregator, fraction = self.policy.aggregator, self.policy.byzantine_fraction
+        if aggregator == "mean" or not kept:
+            return kept
+        t = self.byzantine_left(received, len(out.rejections))
+        try:
+            check_replies(aggregator, t, len(kept), fraction)
+        except TooFewReplies as err:
+            for msg, _ in kept:
+                self._reject(out, server_round, msg, str(err))
+            return []
+        if aggregator not in SELECTION_RULES:
+            return kept
+        names = [s.name for s in self.specs if s.rule == "mean"]
+        vectors = np.stack([np.concatenate([np.asarray(a, np.float64).reshape(-1) for name in names
+                                            for a in parsed[name].values() if is_float(np.asarray(a))])
+                            for _, parsed in kept])
+        chosen, scores = krum_select(vectors, t, multi=aggregator == "multi-krum")
+        for j, (msg, _) in enumerate(kept):
+            if j not in chosen:
+                self._reject(out, server_round, msg, f"left out by aggregator {aggregator} (score {scores[j]:.4g}, "
+                             f"best {min(scores):.4g}; byzantine-fraction {fraction:g})")
+        return [kept[j] for j in chosen]
+
+    def byzantine_left(self, received: int, rejected: int) -> int:
+        """How many of the usable replies the robust aggregators treat as possibly Byzantine: ``⌈f·received⌉`` of the
+        round's replies, less those the screen already rejected (a reply rejected for its norm is one of them)."""
+        return max(0, byzantine_count(self.policy.byzantine_fraction, received) - rejected)
 
     def _step_caps(self, server_round: int, kept: Sequence[Parsed], weights: Sequence[float]) -> list[float]:
         """:meth:`ScreenPolicy.step_caps` of the kept replies (a capped reply is logged)."""

@@ -289,7 +289,7 @@ class FedAdaptStrategy(Strategy):
         rlog.replies_used = len(reply_metrics)
         metrics_out: dict[str, Any] = mean_reply_metrics(reply_metrics)
         metrics_out.update({"replies-used": rlog.replies_used, "replies-rejected": rlog.replies_rejected,
-                            "weights-clipped": clipped})
+                            "weights-clipped": clipped, "updates-clipped": screened.updates_clipped})
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",

@@ -1,0 +1,126 @@
+"""Byzantine-robust pieces of the reply screen, as free functions on named arrays (no Flower, no strategy state).
+
+* :func:`clip_scales` / :func:`clipped` — the norm clip: every reply whose record norm exceeds ``ratio`` × the
+  round's lower-median norm of that record is scaled back onto that bound (a ``keys="model"`` record around the
+  round's global model, i.e. its update ``x_i − x_t`` is scaled; any other record around zero);
+* :func:`byzantine_count` — how many of ``n`` replies a tolerated Byzantine fraction ``f`` means, ``⌈f·n⌉``;
+* :func:`robust_aggregate` — coordinate-wise median / trimmed mean (trimming ``t`` values per side);
+* :func:`krum_select` — Krum / multi-Krum (Blanchard et al., 2017): the replies whose updates are closest to their
+  ``n − t − 2`` nearest neighbours.
+
+Each aggregator states the fewest replies it needs to tolerate ``t`` Byzantine ones (:func:`min_replies`);
+:class:`TooFewReplies` names the fix when a round has fewer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .ops import NamedArrays, is_float
+
+#: Coordinate-wise robust replacements of the (weighted) mean of ``"mean"``-rule records.
+COORDINATE_RULES = ("median", "trimmed-mean")
+#: Reply selections: the kept replies are then aggregated with the method's own rules.
+SELECTION_RULES = ("krum", "multi-krum")
+AGGREGATORS = ("mean", *COORDINATE_RULES, *SELECTION_RULES)
+
+
+class TooFewReplies(ValueError):
+    """A round has fewer replies than the aggregator needs to tolerate its Byzantine fraction."""
+
+
+def byzantine_count(fraction: float, n: int) -> int:
+    """``⌈f·n⌉``: the replies of ``n`` a tolerated fraction ``f`` may be Byzantine (a product that is a whole number up
+    to rounding, e.g. 0.2·5, counts as that number)."""
+    if not 0.0 <= fraction < 0.5:
+        raise ValueError(f"byzantine-fraction must be in [0, 0.5), got {fraction}")
+    return max(0, math.ceil(fraction * n - 1e-9))
+
+
+def min_replies(aggregator: str, t: int) -> int:
+    """The fewest replies ``aggregator`` needs when ``t`` of them may be Byzantine: trimmed mean 2t+1 (one value left
+    per coordinate), Krum / multi-Krum 2t+3 (Blanchard et al.: each score sums n−t−2 ≥ 1 distances and the honest
+    replies outnumber the others), mean and median 1."""
+    return {"trimmed-mean": 2 * t + 1, "krum": 2 * t + 3, "multi-krum": 2 * t + 3}.get(aggregator, 1)
+
+
+def check_replies(aggregator: str, t: int, n: int, fraction: float) -> None:
+    """Raise :class:`TooFewReplies` (naming the fix) when ``n`` replies are too few for ``aggregator`` to tolerate
+    ``t`` Byzantine ones (``fraction``: the setting ``t`` comes from, for the message)."""
+    need = min_replies(aggregator, t)
+    if n < need:
+        raise TooFewReplies(
+            f"aggregator {aggregator} needs at least {need} usable replies to tolerate {t} Byzantine "
+            f"(byzantine-fraction {fraction:g}), got {n}; sample more nodes (min-train-nodes), lower "
+            f"byzantine-fraction, or use aggregator = median")
+
+
+# ------------------------------------------------------------------------------------------ norm clip
+def clip_scales(norms: Sequence[float], ratio: float) -> tuple[list[float], float]:
+    """``(scale of each reply, bound)``: bound = ``ratio`` × the lower median of ``norms``; a reply above it gets
+    ``bound / norm`` (< 1), every other reply exactly 1.0."""
+    bound = ratio * float(np.quantile(norms, 0.5, method="lower"))
+    return [bound / n if n > bound else 1.0 for n in norms], bound
+
+
+def clipped(arrays: Mapping[str, np.ndarray], scale: float, reference: Mapping[str, np.ndarray] | None) -> NamedArrays:
+    """``reference + scale·(arrays − reference)`` for the floating arrays (``reference=None``: ``scale·arrays``), in
+    each array's dtype; integer arrays as they are (they are neither measured nor clipped)."""
+    out: NamedArrays = {}
+    for key, a in arrays.items():
+        arr = np.asarray(a)
+        if not is_float(arr):
+            out[key] = arr
+        elif reference is None:
+            out[key] = (arr * scale).astype(arr.dtype, copy=False)
+        else:
+            ref = np.asarray(reference[key])
+            out[key] = (ref + (arr - ref) * scale).astype(arr.dtype, copy=False)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ coordinate-wise rules
+def robust_aggregate(items: Sequence[Mapping[str, np.ndarray]], rule: str, t: int = 0) -> NamedArrays:
+    """Coordinate-wise median, or trimmed mean dropping the ``t`` smallest and largest values per coordinate (weights
+    are ignored).  Memory: O(N·model) in float64, one key at a time."""
+    if rule not in COORDINATE_RULES:
+        raise ValueError(f"unknown robust rule {rule!r}; valid: {', '.join(COORDINATE_RULES)}")
+    n = len(items)
+    if not n:
+        raise ValueError("no arrays were folded into the aggregate")
+    if rule == "trimmed-mean" and n < 2 * t + 1:
+        raise TooFewReplies(f"trimmed-mean of {n} values cannot drop {t} at each end")
+    out: NamedArrays = {}
+    for key, first in items[0].items():
+        stack = np.stack([np.asarray(item[key], dtype=np.float64) for item in items])
+        value = np.median(stack, axis=0) if rule == "median" else np.sort(stack, axis=0)[t:n - t].mean(axis=0)
+        out[key] = value.astype(np.asarray(first).dtype, copy=False)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ Krum
+def krum_scores(vectors: np.ndarray, t: int) -> list[float]:
+    """Krum score of each reply: the sum of its squared distances to its ``n − t − 2`` nearest other replies
+    (``t`` of the ``n`` may be Byzantine).  ``vectors``: one row per reply (its floating arrays flattened,
+    float64).  O(n²·d) time, O(n·d) memory."""
+    n = len(vectors)
+    if n < 2 * t + 3:
+        raise TooFewReplies(f"Krum needs at least {2 * t + 3} replies to tolerate {t} Byzantine, got {n}")
+    near = n - t - 2
+    scores = []
+    for i in range(n):
+        dist = np.square(vectors - vectors[i]).sum(axis=1)
+        scores.append(float(np.sort(np.delete(dist, i))[:near].sum()))
+    return scores
+
+
+def krum_select(vectors: np.ndarray, t: int, multi: bool) -> tuple[list[int], list[float]]:
+    """``(selected indices in reply order, scores)``: Krum keeps the best-scored reply, multi-Krum the ``n − t``
+    best (ties: the earlier reply)."""
+    scores = krum_scores(vectors, t)
+    m = len(vectors) - t if multi else 1
+    best = sorted(range(len(scores)), key=lambda i: (scores[i], i))[:m]
+    return sorted(best), scores
