@@ -38,15 +38,14 @@ from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
 from .policy import run_checked
+from .privacy import privatize, refuse_flower_dp
 from .rounds import RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, mean_reply_metrics, weighted_mean
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
 from .validation import RecordSpec
 
-__all__ = [
-    "ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState", "cast_like",
-    "weighted_mean",
-]
+__all__ = ["ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState",
+           "cast_like", "weighted_mean"]
 
 #: The settings a strategy reads as attributes (``self.client_lr``, …); ``method`` is the class's registry name and
 #: ``weighting`` resolves ``"default"`` to the method's own (see :attr:`FedAdaptStrategy.weighting`).
@@ -253,6 +252,7 @@ class FedAdaptStrategy(Strategy):
                       num_sampled: int) -> RecordDict:
         """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord
         (transport-agnostic; the legacy adapter uses it too)."""
+        refuse_flower_dp(self)  # Flower's DP wrappers compose only with model averaging (core/privacy.py)
         rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
         self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:
@@ -284,21 +284,21 @@ class FedAdaptStrategy(Strategy):
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error()
                             for _, r in R.of_type(m.content, ArrayRecord))
         screened = self.reply_screen().run(server_round, replies)
+        dp_metrics = privatize(self, screened, rlog.sampled)  # native DP: clipped, noised aggregates (or {})
         rlog.rejections += screened.rejections
         rlog.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
         rlog.replies_used = len(reply_metrics)
-        metrics_out: dict[str, Any] = mean_reply_metrics(reply_metrics)
-        metrics_out.update({"replies-used": rlog.replies_used, "replies-rejected": rlog.replies_rejected,
-                            "weights-clipped": clipped})
+        metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
+                                       "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped}
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
                 server_round, rlog.replies_used, self.settings.min_replies)
         else:
             new_arrays, round_metrics = self._update(server_round, screened.aggregates, reply_metrics)
-            metrics_out.update(round_metrics)
-            rlog.round_metrics = round_metrics
+            rlog.round_metrics = {**round_metrics, **(dp_metrics if new_arrays is not None else {})}
+            metrics_out.update(rlog.round_metrics)
             rlog.updated = new_arrays is not None
         self.rounds.close(rlog, metrics_out)
         return new_arrays, MetricRecord(metrics_out)
