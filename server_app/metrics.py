@@ -76,9 +76,10 @@ def progress_line(row: dict[str, Any], num_rounds: int) -> str:
         v = row.get(key)
         return "-" if v is None else format(v, fmt)
 
+    privacy = f" | DP ε {f('dp-epsilon', '.3g')}" if "dp-sampled" in row else ""  # native DP (core/privacy.py)
     return (
         f"[fedadapt] round {row['round']:>3}/{num_rounds} | test loss {f('test-loss', '.4f')} "
         f"acc {f('test-accuracy', '.4f')} | train loss {f('train-loss', '.4f')} | replies "
         f"{row.get('replies-used', '-')} ok / {row.get('replies-rejected', '-')} rejected | "
-        f"{row.get('bytes-up', 0) / 1e6:.2f} MB up | {row['seconds']:.1f}s"
+        f"{row.get('bytes-up', 0) / 1e6:.2f} MB up{privacy} | {row['seconds']:.1f}s"
     )

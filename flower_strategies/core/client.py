@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from . import records as R
 from .local import LocalOptimizer, SGDOptimizer
+from .privacy import refuse_flower_dp_mods
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 Batch = tuple[Tensor, Tensor]
@@ -433,6 +434,7 @@ class ClientRound:
             out[R.TRAIN_LOSS] = float(train_loss)
         if train_loss_before is not None:
             out[R.TRAIN_LOSS_BEFORE] = float(train_loss_before)
+        refuse_flower_dp_mods(self.method, list(reply.array_records))  # core/privacy.py
         reply[R.METRICS] = MetricRecord(out)
         reply[R.REPLY_INFO] = ConfigRecord({R.METHOD: self.method})
         return reply

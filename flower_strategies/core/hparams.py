@@ -313,8 +313,28 @@ class StrategyConfig(HParams):
              "most this many of their examples; 0 = all",
     )
 
+    dp_clip: float = param(
+        0.0, lo=0.0,
+        help="native user-level DP: clip each client's whole uplink (joint L2 norm of its model update and every "
+             "statistic record) at this bound and noise every aggregate; uniform weighting, no update-norm-ratio "
+             "screening (the clip bounds every reply); 0 = off (docs/privacy.md)",
+    )
+    dp_noise_multiplier: float = param(
+        0.0, lo=0.0,
+        help="native DP noise multiplier z: Gaussian noise of std z·dp-clip on every sum, z·dp-clip/n on a mean over "
+             "the n sampled clients; 0 = clipping only (no privacy guarantee)",
+    )
+    dp_delta: float = param(1e-5, lo=0.0, hi=1.0, lo_open=True, help="δ of the ε reported per round (native DP)")
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.dp_clip > 0:  # native DP (core/privacy.py): bounded, unweighted contributions
+            if self.weighting == "examples" or self.aggregator != "mean" or self.update_clip_ratio > 0:
+                raise ConfigError("dp-clip > 0 needs weighting = uniform (or default), aggregator = mean and "
+                                  "update-clip-ratio = 0: a weighted or robust aggregate, or a clip bound set by the "
+                                  "other clients' norms, has no bounded sensitivity to one client")
+            object.__setattr__(self, "weighting", "uniform")
+            object.__setattr__(self, "update_norm_ratio", 0.0)
         for f in dataclasses.fields(self):  # an int given for a float field is stored as that float
             value = getattr(self, f.name)
             if f.type in (float, "float") and isinstance(value, int) and not isinstance(value, bool):

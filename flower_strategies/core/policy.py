@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.common import log
 
+from .privacy import mod_refusal_hint
 from .rounds import RoundLog
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ def check_progress(history: Sequence[RoundLog], max_idle_rounds: int, *, final: 
     last = history[-1]
     errors = [r for r in last.rejections if ": client error:" in r]
     if not last.updated and last.replies_used == 0 and errors and len(errors) == last.replies_rejected:
-        raise RunFailed(f"round {last.server_round}: every client failed; first error: {errors[0]}")
+        raise RunFailed(f"round {last.server_round}: every client failed; first error: {errors[0]}"
+                        f"{mod_refusal_hint(errors[0])}")
     idle = 0
     for h in reversed(history):
         if h.updated:

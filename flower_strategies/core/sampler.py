@@ -44,6 +44,8 @@ class NodeSampler:
         self.rng = random.Random(seed)
         self.node_order: dict[int, Any] = {}
         self.nodes_seen = 0
+        #: Live nodes the last draw chose from (native DP's population N).
+        self.population = 0
         self.silent_since: dict[int, float] = {}
         self._awaiting: list[int] = []
 
@@ -92,6 +94,7 @@ class NodeSampler:
         """``max(int(fraction·len), minimum)`` nodes drawn with :attr:`rng`, in :attr:`node_order`."""
         ordered = sorted(nodes, key=self.sort_key)
         self.nodes_seen = max(self.nodes_seen, len(ordered))
+        self.population = len(ordered)
         k = min(len(ordered), max(int(len(ordered) * fraction), minimum))
         picked = self.rng.sample(ordered, k)
         return sorted(picked, key=ordered.index)

@@ -40,13 +40,14 @@ from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
 from .policy import run_checked
+from .privacy import privatize, refuse_flower_dp
 from .rounds import RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, mean_reply_metrics, weighted_mean
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
 from .validation import RecordSpec
 
-__all__ = ["ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState", "cast_like",
-           "weighted_mean"]
+__all__ = ["ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState",
+           "cast_like", "weighted_mean"]
 
 #: The settings a strategy reads as attributes (``self.client_lr``, …); ``method`` is the class's registry name and
 #: ``weighting`` resolves ``"default"`` to the method's own (see :attr:`FedAdaptStrategy.weighting`).
@@ -252,14 +253,14 @@ class FedAdaptStrategy(Strategy):
                       num_sampled: int) -> RecordDict:
         """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord
         (transport-agnostic; the legacy adapter uses it too)."""
+        refuse_flower_dp(self)  # Flower's DP wrappers compose only with model averaging (core/privacy.py)
         rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
         self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:
             self.server_state = self.init_server_state(self.current)
         cfg = ConfigRecord(dict(config))
         cfg[R.SERVER_ROUND] = server_round
-        for key, value in self.round_config(server_round).items():
-            cfg[key] = value
+        cfg.update(self.round_config(server_round))  # ConfigRecord validates each value as on item assignment
         extras = {name: cast_like(v, self.current) for name, v in self.downlink(server_round).items()}
         clash = set(extras) & {R.MODEL, R.CONFIG}
         if clash:
@@ -271,9 +272,9 @@ class FedAdaptStrategy(Strategy):
     def reply_screen(self) -> ReplyScreen:
         """This round's :class:`.ReplyScreen` (the current model, uplink specs, trainable keys and settings)."""
         assert self.current is not None
-        return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current),
-                           ScreenPolicy.from_settings(self.settings, self.weighting),
-                           self.method, self.needs_client_half)
+        policy = ScreenPolicy.from_settings(self.settings, self.weighting)
+        return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current), policy, self.method,
+                           self.needs_client_half)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -283,21 +284,22 @@ class FedAdaptStrategy(Strategy):
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error()
                             for _, r in R.of_type(m.content, ArrayRecord))
         screened = self.binder.run(server_round, replies, self.reply_screen(), self.settings.max_reply_bytes)
+        dp_metrics = privatize(self, screened, rlog.sampled)  # native DP: clipped, noised aggregates (or {})
         rlog.rejections += screened.rejections
         rlog.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
         rlog.replies_used = len(reply_metrics)
-        metrics_out: dict[str, Any] = mean_reply_metrics(reply_metrics)
-        metrics_out.update({"replies-used": rlog.replies_used, "replies-rejected": rlog.replies_rejected,
-                            "weights-clipped": clipped, "updates-clipped": screened.updates_clipped})
+        metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
+                                       "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped,
+                                       "updates-clipped": screened.updates_clipped}
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
                 server_round, rlog.replies_used, self.settings.min_replies)
         else:
             new_arrays, round_metrics = self._update(server_round, screened.aggregates, reply_metrics)
-            metrics_out.update(round_metrics)
-            rlog.round_metrics = round_metrics
+            rlog.round_metrics = {**round_metrics, **(dp_metrics if new_arrays is not None else {})}
+            metrics_out.update(rlog.round_metrics)
             rlog.updated = new_arrays is not None
         self.rounds.close(rlog, metrics_out)
         return new_arrays, MetricRecord(metrics_out)

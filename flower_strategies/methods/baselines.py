@@ -76,6 +76,12 @@ class FedOpt(FedAdaptStrategy):
         super().__init__(hparams, **kwargs)
         self.opt = self.hparams.server_optimizer()
 
+    @property
+    def averages_models(self) -> bool:
+        """Whether the new model is the mean of the replies (server-opt sgd, server-lr 1): Flower's DP wrappers
+        compose with such a strategy (:func:`flower_strategies.core.privacy.composes_with_flower_dp`)."""
+        return self.hparams.server_opt == "sgd" and self.hparams.server_lr == 1.0
+
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return dict(self.opt.init({k: arrays[k] for k in self.trainable(arrays)}))
 
