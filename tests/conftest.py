@@ -57,6 +57,7 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_app.py::", None),
     ("tests/test_attacks.py::", None),
     ("tests/test_docs_facts.py::", None),
+    ("tests/test_hub_data.py::", None),
     ("tests/test_presets.py::", None),
     ("tests/test_reproduce.py::", None),
     ("tests/test_shakespeare.py::", None),

@@ -39,7 +39,13 @@ def rows(path: Path) -> list[dict]:
 
 
 def wait_online(cluster, conn: str, n: int, timeout: float = 90.0) -> None:
+    """Until ``n`` SuperNodes are online.  Each ``flwr supernode list`` is a new interpreter (~2 CPU-s), so first
+    wait for every node to log its id (it has registered with the SuperLink), then confirm with the list."""
     deadline = time.monotonic() + timeout
+    logs = [cluster.log_dir / f"supernode{i}.log" for i in range(n)]
+    while not all(log.exists() and "SuperNode ID:" in log.read_text(errors="replace") for log in logs):
+        assert time.monotonic() < deadline, f"{n} SuperNodes did not register"
+        time.sleep(0.2)
     while sum(node.get("status") == "online" for node in list_supernodes(cluster, conn)) < n:
         assert time.monotonic() < deadline, f"{n} SuperNodes did not come online"
         time.sleep(1.0)
@@ -68,7 +74,7 @@ def wait_until(predicate, timeout: float, what: str, thread: threading.Thread | 
 
 def test_a_lost_supernode_costs_at_most_one_round_timeout(tmp_path):
     out, timeout = tmp_path / "out", 60.0
-    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
+    with deploy_cluster(NODES, tmp_path / "flwr", preloaded=True) as (cluster, conn):
         wait_online(cluster, conn, NODES)
         thread, result = start_run(cluster, conn, (
             f"method='fedavg' num-server-rounds=4 local-steps=2 round-timeout={timeout} min-available-nodes=2 "
@@ -126,7 +132,7 @@ def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_pa
     out = tmp_path / "out"
     base = (f"method='{method}' num-server-rounds=3 local-steps=2 checkpoint-every=1 min-available-nodes={NODES} "
             f"min-train-nodes={NODES} output-dir='{out}'")
-    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
+    with deploy_cluster(NODES, tmp_path / "flwr", preloaded=True) as (cluster, conn):
         wait_online(cluster, conn, NODES)
         killed_thread, killed = start_run(cluster, conn, base + " run-name='ck'")
         wait_until(lambda: _serverapp_pids(cluster), 120, "the ServerApp of the run to kill", killed_thread)
