@@ -74,7 +74,7 @@ def wait_until(predicate, timeout: float, what: str, thread: threading.Thread | 
 
 def test_a_lost_supernode_costs_at_most_one_round_timeout(tmp_path):
     out, timeout = tmp_path / "out", 60.0
-    with deploy_cluster(NODES, tmp_path / "flwr", preloaded=True) as (cluster, conn):
+    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
         wait_online(cluster, conn, NODES)
         thread, result = start_run(cluster, conn, (
             f"method='fedavg' num-server-rounds=4 local-steps=2 round-timeout={timeout} min-available-nodes=2 "
@@ -132,7 +132,7 @@ def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_pa
     out = tmp_path / "out"
     base = (f"method='{method}' num-server-rounds=3 local-steps=2 checkpoint-every=1 min-available-nodes={NODES} "
             f"min-train-nodes={NODES} output-dir='{out}'")
-    with deploy_cluster(NODES, tmp_path / "flwr", preloaded=True) as (cluster, conn):
+    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
         wait_online(cluster, conn, NODES)
         killed_thread, killed = start_run(cluster, conn, base + " run-name='ck'")
         wait_until(lambda: _serverapp_pids(cluster), 120, "the ServerApp of the run to kill", killed_thread)

@@ -86,7 +86,7 @@ def test_a_real_deployment_whose_superlink_dies_is_reported_and_stopped(tmp_path
     cfg = build_run_config(f"method='fedavg' num-server-rounds=50 local-steps=2 output-dir='{out}' run-name='r' "
                            "min-available-nodes=2 min-train-nodes=2", APP_DIR)
     result: dict = {}
-    with deploy_cluster(2, tmp_path / "flwr", preloaded=True) as (cluster, conn):
+    with deploy_cluster(2, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
         deadline = time.monotonic() + 90
         while sum(n.get("status") == "online" for n in list_supernodes(cluster, conn)) < 2:
             assert time.monotonic() < deadline, "the SuperNodes did not come online"

@@ -235,7 +235,7 @@ def test_local_deployment_where_each_supernode_trains_on_its_own_file(tmp_path):
             np.savez(own[-1], x=z["x"][:n], y=z["y"][:n])
     out = tmp_path / "out"
     rc = launch_deploy(2, f"num-server-rounds=1 output-dir='{out}' run-name='own'", tmp_path / "flwr",
-                       timeout=600, node_data=own, preloaded=True)
+                       timeout=600, node_data=own, task_poll_interval=0.1, preloaded=True)
     assert rc == 0
     got = rows(out / "own")
     assert [r["round"] for r in got] == [0, 1]

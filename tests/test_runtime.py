@@ -55,7 +55,7 @@ def test_preloaded_executor_deployment(tmp_path):
     out = tmp_path / "out"
     cfg = f"method='fedprox' num-server-rounds=2 local-steps=10 output-dir='{out}' run-name='%s'"
     home = tmp_path / "flwr"
-    rc = launch_deploy(2, cfg % "pre", home, timeout=600, task_poll_interval=1.0, preloaded=True)
+    rc = launch_deploy(2, cfg % "pre", home, timeout=600, task_poll_interval=0.1, preloaded=True)
     assert rc == 0
     rows = _rows(out / "pre" / "metrics.jsonl")
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["replies-used"] == 2 for r in rows[1:])
