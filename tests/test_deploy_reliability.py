@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -27,7 +28,7 @@ import torch
 
 from flower_strategies.core import checkpoint as ckpt
 from simulations.launch import APP_DIR, build_run_config, deploy_cluster
-from simulations.launch.flwr_cli import flwr_run, list_supernodes
+from simulations.launch.flwr_cli import flwr_json, flwr_run, list_supernodes
 from simulations.launch.processes import process_tree
 
 pytestmark = pytest.mark.slow
@@ -127,8 +128,8 @@ RESUME_METHODS = ["scaffold"] + (["fedlamb"] if os.environ.get("FEDADAPT_SLOW_AL
 def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_path, method):
     """The run to kill starts first; once its ServerApp is up, the uninterrupted reference starts on the same nodes
     (client state is keyed by each run's token, so the two never share it).  The resumed run starts right after the
-    kill, while the SuperLink still counts the killed run as running (it notices the dead ServerApp only when its
-    heartbeat expires) and the nodes may still run its in-flight messages (what they write late is never used)."""
+    kill, while the nodes may still run the killed run's in-flight messages (what they write late is never used);
+    the killed run is then stopped with ``flwr stop`` instead of waiting for its ServerApp's heartbeat to expire."""
     out = tmp_path / "out"
     base = (f"method='{method}' num-server-rounds=3 local-steps=2 checkpoint-every=1 min-available-nodes={NODES} "
             f"min-train-nodes={NODES} output-dir='{out}'")
@@ -149,6 +150,13 @@ def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_pa
         assert killed_at in (1, 2), killed_at
 
         resumed_thread, resumed = start_run(cluster, conn, base + f" run-name='ck' resume='{path}'")
+        # The SuperLink marks the killed run failed only when the dead ServerApp's heartbeat expires (about a minute);
+        # stop it now, as an operator would, so that its `flwr run --stream` ends (status `finished:stopped`).
+        first = (cluster.log_dir / "flwr-run.log").read_text(errors="replace")  # the cluster's first `flwr run`
+        killed_id = re.search(r"Successfully started run (\d+)", first)
+        assert killed_id, first[-2000:]
+        reply = flwr_json(cluster, ["stop", killed_id.group(1), conn])
+        assert reply.get("success") is True, reply
         for thread in (resumed_thread, ref_thread, killed_thread):
             thread.join(600)
         assert ref.get("status") == "finished:completed", ref.get("log", "")[-3000:]
