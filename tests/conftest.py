@@ -17,17 +17,60 @@ import os
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402 - after the environment, so the thread pools start with it
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests that start real processes (``slow``: Ray, SuperLink/SuperNodes, launcher signals, benchmarks) share one
-    xdist group, so that with ``-n`` they run one after another on one worker (no two Flower/Ray deployments compete
-    for ports and cores) while the in-process tests fill the other workers."""
-    import pytest
+@pytest.fixture(autouse=True)
+def _no_learning_curve(request, monkeypatch):
+    """In-process runs skip the learning-curve png unless the test is marked ``learning_curve``.
 
+    Drawing and saving the png costs 0.3-0.7 CPU-s per run (plus matplotlib's import), more than a whole short
+    federated run on the synthetic tasks, and the suite makes hundreds of such runs; skipping it is what
+    ``learning-curve = false`` does, which changes nothing else bit for bit (``test_app.py``'s lean-settings test,
+    marked, checks that).  Processes the tests start (deployments, Ray, the launcher) still draw it."""
+    if request.node.get_closest_marker("learning_curve") is None:
+        from server_app import plots
+
+        monkeypatch.setattr(plots, "write_learning_curve", lambda *args, **kwargs: None)
+
+
+#: xdist group of the slow tests that start a Flower deployment or Ray, by node-id prefix (first match wins).  The
+#: tests of one group run one after another on one worker; the two groups run side by side (every launch takes
+#: free loopback ports and its own directories, so they never collide), and each spends much of its time waiting on
+#: Flower's fixed 3 s polls and 30 s heartbeats, which the other group and the in-process tests fill.  A slow test
+#: listed under ``None`` starts no Flower or Ray process (in-process runs, plain child processes) and goes to any
+#: worker.  A slow test not listed joins ``"deploy"``: a new end-to-end test is serialised unless placed here.
+SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
+    ("tests/test_examples.py::", "ray"),
+    ("tests/test_engine_vs_ray.py::", "ray"),
+    ("tests/test_ray_cluster.py::", "ray"),
+    ("tests/test_runtime.py::test_ray_simulation_failure_is_reported", "ray"),
+    ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
+    ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),
+    ("tests/test_perf.py::", None),  # the bench smoke tests: child interpreters, no Ray (no --ray) or Flower
+    ("tests/test_node_data.py::test_converter_command_line", None),
+    ("tests/test_checkpoint.py::", None),
+    ("tests/test_app.py::", None),
+    ("tests/test_attacks.py::", None),
+    ("tests/test_docs_facts.py::", None),
+    ("tests/test_hub_data.py::", None),
+    ("tests/test_presets.py::", None),
+    ("tests/test_reproduce.py::", None),
+    ("tests/test_shakespeare.py::", None),
+)
+
+
+def slow_group(nodeid: str) -> str | None:
+    return next((group for prefix, group in SLOW_GROUPS if nodeid.startswith(prefix)), "deploy")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that start real Flower/Ray processes (``slow``: Ray, SuperLink/SuperNodes, launcher signals) get an xdist
+    group (:data:`SLOW_GROUPS`), so that with ``-n`` no two deployments of one kind compete for the cores while the
+    in-process tests fill the other workers."""
     for item in items:
-        if item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group("processes"))
+        if item.get_closest_marker("slow") is not None and (group := slow_group(item.nodeid)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -243,6 +243,7 @@ def test_metrics_row_carries_the_round_log_and_the_methods_round_metrics():
     assert round_row(0, {"loss": 1.0}, [log]) == {"round": 0, "test-loss": 1.0}  # round 0: evaluation only
 
 
+@pytest.mark.learning_curve
 def test_lean_settings_skip_only_loss_before_and_the_plot(tmp_path):
     """``train-loss-before = false`` and ``learning-curve = false`` (what bench_simulation's engine column uses) change
     nothing but the skipped metric and the png: the same model and every other metric, bit for bit."""

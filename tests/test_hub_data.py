@@ -196,6 +196,7 @@ def test_hub_offline_without_a_cached_copy_names_dataset_path(unknown_hub_name, 
     assert time.monotonic() - t0 < 5.0
 
 
+@pytest.mark.slow  # a child interpreter importing the apps (~3.5 CPU-s)
 def test_fedadapt_never_sets_the_hub_offline_variables():
     """Importing the apps leaves ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` alone; the launcher passes the user's
     environment through (its fixed variables name none of them)."""

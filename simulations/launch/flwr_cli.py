@@ -95,20 +95,26 @@ def build_run_config(run_config: str | None, app_dir: Path, defaults: Mapping[st
 # ------------------------------------------------------------------ flwr commands
 def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federation_config: str | None,
              timeout: float, app_dir: Path = APP_DIR) -> tuple[int | None, str, str]:
-    """``flwr run --stream`` (a process of ``cluster``, stopped with it); returns (run id, status, full output)."""
+    """``flwr run --stream`` (a process of ``cluster``, stopped with it); returns (run id, status, full output).
+
+    The output is also written to ``<log_dir>/flwr-run.log`` (``flwr-run-2.log``, … for further runs on the same
+    cluster, which may stream at the same time)."""
     argv = [bin_path("flwr"), "run", str(app_dir), connection, "--stream"]
     if run_config:
         argv += ["--run-config", run_config]
     if federation_config:
         argv += ["--federation-config", federation_config]
-    out_path = cluster.log_dir / "flwr-run.log"
+    runs = sum(name == "flwr-run" for name, _ in cluster.procs)
+    out_path = cluster.log_dir / ("flwr-run.log" if runs == 0 else f"flwr-run-{runs + 1}.log")
     proc = cluster.start("flwr-run", argv, capture=True)
     assert proc.stdout is not None
     watching = cluster.watch_superlink(proc)  # a dead SuperLink ends the stream at once (cluster.lost)
+    lines: list[bytes] = []
     try:
         with open(out_path, "wb") as fh:
             t_end = time.monotonic() + timeout
             for line in proc.stdout:  # echo the streamed logs live
+                lines.append(line)
                 fh.write(line)
                 fh.flush()
                 sys.stdout.write(line.decode(errors="replace"))
@@ -119,7 +125,7 @@ def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federati
             proc.wait()
     finally:
         watching.set()
-    text = out_path.read_text(errors="replace")
+    text = b"".join(lines).decode(errors="replace")
     m = re.search(r"Successfully started run (\d+)", text)
     run_id = int(m.group(1)) if m else None
     if cluster.lost:  # nothing to ask: the SuperLink that knew the run's status is gone
