@@ -470,7 +470,8 @@ def test_protocol_decay_reaches_next_round_config():
     for t, (l1, l2) in enumerate(losses, start=1):
         msgs = list(s.configure_train(t, x, ConfigRecord({}), grid))
         lrs.append(msgs[0].content["config"]["client-lr"])
-        x, metrics = s.aggregate_train(t, [_reply(1, g, 10, l1), _reply(2, g, 30, l2)])
+        # (q differs per round, as an honest client's does: the same bytes again would be rejected as a replay)
+        x, metrics = s.aggregate_train(t, [_reply(1, g * t, 10, l1), _reply(2, g * t, 30, l2)])
         assert metrics["decayed"] == (1.0 if t > 1 else 0.0)
         assert {"plateau-loss", "plateau-estimate", "plateau-best", "plateau-counter", "plateau-cooldown", "decayed",
                 "client-lr", "server-lr", "next-client-lr", "next-server-lr"} <= set(metrics.keys())
@@ -479,7 +480,7 @@ def test_protocol_decay_reaches_next_round_config():
     assert lrs == pytest.approx([0.4, 0.4, 0.04])
     assert s.server_state["client-lr"] == pytest.approx(0.004) and s.server_state["server-lr"] == pytest.approx(0.81)
     # round 3 stepped with η = 0.9 (decayed after round 2)
-    np.testing.assert_allclose(x["w.weight"].numpy(), -(1.0 + 1.0 + 0.9) * g)
+    np.testing.assert_allclose(x["w.weight"].numpy(), -(1.0 * 1 + 1.0 * 2 + 0.9 * 3) * g)  # server lr × round-t q
 
 
 def test_registry_and_run_config():
