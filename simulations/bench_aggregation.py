@@ -70,8 +70,10 @@ class Replies:
         size = sum(v.size for v in state.values() if v.dtype.kind == "f")
         self.noise = np.random.default_rng(0).normal(scale=1e-3, size=size).astype(np.float32)
 
-    def arrays(self, i: int, keys: list[str] | None = None, model: bool = True) -> dict[str, np.ndarray]:
-        noise = np.roll(self.noise, 7919 * i) * np.float32(1.0 + 0.01 * i)
+    def arrays(self, i: int, keys: list[str] | None = None, model: bool = True, r: int = 0) -> dict[str, np.ndarray]:
+        # client i's reply in round r: distinct per client and per round (a byte-identical reply to a changed model
+        # is a replay, which fedadapt's strategies reject)
+        noise = np.roll(self.noise, 7919 * i) * np.float32(1.0 + 0.01 * i + 1e-4 * r)
         out, at = {}, 0
         for k, v in self.state.items():
             if v.dtype.kind != "f":
@@ -101,8 +103,8 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
 
         strategy = getattr(fs, name)(min_available_nodes=1, min_train_nodes=n, fraction_evaluate=0.0)
 
-        def content_for(i: int) -> RecordDict:
-            return RecordDict({R.MODEL: ArrayRecord({k: Array(v) for k, v in replies.arrays(i).items()}),
+        def content_for(i: int, r: int) -> RecordDict:
+            return RecordDict({R.MODEL: ArrayRecord({k: Array(v) for k, v in replies.arrays(i, r=r).items()}),
                                R.METRICS: MetricRecord({R.NUM_EXAMPLES: 100 + i})})
     elif kind == "fedadapt":
         from flower_strategies.core.registry import get_method
@@ -111,10 +113,10 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
                                           num_rounds=10)
         specs = strategy.uplink_specs()
 
-        def content_for(i: int) -> RecordDict:
+        def content_for(i: int, r: int) -> RecordDict:
             recs: dict = {}
             for s in specs:
-                arrays = replies.arrays(i, None if s.keys == "model" else trainable, model=s.name == R.MODEL)
+                arrays = replies.arrays(i, None if s.keys == "model" else trainable, model=s.name == R.MODEL, r=r)
                 recs[s.name] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
             recs[R.METRICS] = MetricRecord({R.NUM_EXAMPLES: 100 + i, R.NUM_STEPS: 10})
             recs[R.REPLY_INFO] = ConfigRecord({R.METHOD: name})
@@ -122,17 +124,14 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     else:
         strategy = None
 
-        def content_for(i: int) -> RecordDict:
-            return RecordDict({R.MODEL: ArrayRecord({k: Array(v) for k, v in replies.arrays(i).items()}),
+        def content_for(i: int, r: int) -> RecordDict:
+            return RecordDict({R.MODEL: ArrayRecord({k: Array(v) for k, v in replies.arrays(i, r=r).items()}),
                                R.METRICS: MetricRecord({R.NUM_EXAMPLES: 100 + i})})
 
-    built: dict[int, RecordDict] = {}
-
     def client(msg: Message, context) -> Message:
-        i = msg.metadata.dst_node_id
-        if i not in built:
-            built[i] = content_for(i)
-        return Message(built[i], reply_to=msg)
+        config = msg.content.config_records.get(R.CONFIG)
+        r = int(config[R.SERVER_ROUND]) if config is not None and R.SERVER_ROUND in config else 0
+        return Message(content_for(msg.metadata.dst_node_id, r), reply_to=msg)
 
     grid = LoopbackGrid(client, n)
     floor_msgs = None
