@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 import flower_strategies as fs
 from flower_strategies.core import records as R
 from flower_strategies.core.binding import (REPLY_BYTES_FACTOR, REPLY_BYTES_SLACK, ReplyBinder, content_nbytes,
-                                            expected_reply_bytes)
+                                            expected_reply_bytes, reply_digest)
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.screen import ReplyScreen
 from flower_strategies.core.validation import RecordSpec
@@ -178,3 +178,25 @@ def test_an_oversized_reply_is_refused_before_its_payload_is_read():
     assert kept == [small] and rejected == [f"node 1: oversized: {payload + 198} bytes > max-reply-bytes 300"]
     with pytest.raises(ConfigError, match="max_reply_bytes = -1 is out of range"):
         fs.FedAvg(max_reply_bytes=-1)
+
+
+# empty, tail only, one word, words + tail, several fingerprint blocks + tail
+@pytest.mark.parametrize("size", [0, 7, 8, 4096 * 8 + 3, (1 << 18) * 8 * 2 + 5])
+def test_the_reply_digest_is_equal_for_equal_bytes_and_changes_with_any_bit(size):
+    rng = np.random.default_rng(size)
+    data = rng.integers(0, 256, size=size, dtype=np.uint8)
+
+    def digest(buf: np.ndarray) -> bytes:
+        arr = Array(dtype="uint8", shape=(buf.size,), stype="numpy.ndarray", data=buf.tobytes())
+        return reply_digest(RecordDict({R.MODEL: ArrayRecord({"w": arr})}))
+
+    assert digest(data) == digest(data.copy())
+    for pos in sorted({0, size // 2, size - 1}) if size else []:
+        for bit in (0, 7):
+            flipped = data.copy()
+            flipped[pos] ^= np.uint8(1 << bit)
+            assert digest(flipped) != digest(data), (pos, bit)
+    if size >= 16:  # two words swapped: a plain sum would not see it
+        swapped = data.copy()
+        swapped[:8], swapped[8:16] = data[8:16], data[:8].copy()
+        assert (digest(swapped) == digest(data)) == bool((data[:8] == data[8:16]).all())
