@@ -49,6 +49,7 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_ray_cluster.py::", "ray"),
     ("tests/test_runtime.py::test_ray_simulation_failure_is_reported", "ray"),
     ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
+    ("tests/test_launch_superlink_lost.py::", "ray"),  # a deployment, placed here to balance the two groups' time
     ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),
     ("tests/test_perf.py::", None),  # the bench smoke tests: child interpreters, no Ray (no --ray) or Flower
     ("tests/test_node_data.py::test_converter_command_line", None),
@@ -60,6 +61,10 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_presets.py::", None),
     ("tests/test_reproduce.py::", None),
     ("tests/test_shakespeare.py::", None),
+    ("tests/test_robustness_matrix.py::", None),  # in-process runs
+    ("tests/test_replay_attack.py::", None),
+    ("tests/test_privacy.py::", None),
+    ("tests/test_vectorized.py::", None),  # the bench smoke: child interpreters, no Flower processes
 )
 
 
