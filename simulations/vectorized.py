@@ -152,8 +152,7 @@ class VectorGrid(LoopbackGrid):
         data = [TensorPartition(j.x.to(device), j.y.to(device)) for j in jobs]
         states = [dict(ctx.state.items()) for ctx in ctxs]  # records are replaced, never mutated, by a reply
         try:
-            contents = train_stacked(model, rnds, data, spec.loss_fn(), spec.example_losses(),
-                                     loss_before=fed.train_loss_before)
+            contents = train_stacked(model, rnds, data, spec.example_losses(), loss_before=fed.train_loss_before)
         except NotVectorizable:
             raise
         except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
@@ -275,14 +274,13 @@ def train_stacked(
     model: nn.Module,
     rnds: list[ClientRound],
     data: list[TensorPartition],
-    loss_fn: Callable[[Tensor, Tensor], Tensor],
     example_losses: Callable[[Tensor, Tensor], Tensor],
     *,
     loss_before: bool = True,
 ) -> list[RecordDict]:
     """One round of ``len(rnds)`` clients that received the same content, trained together; returns each client's
     reply content exactly as :func:`~flower_strategies.core.client.train_reply` builds it (and saves each client's
-    state into its ``rnd.state``).  ``example_losses``: per-example losses whose batch mean is ``loss_fn``."""
+    state into its ``rnd.state``).  ``example_losses``: per-example losses whose batch mean is the task's loss."""
     clients, rnd0 = len(rnds), rnds[0]
     rnd0.load_model(model)
     device = next(model.parameters()).device

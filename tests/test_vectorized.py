@@ -100,7 +100,7 @@ def test_stacked_loss_before_and_full_gradient_equal_the_per_client_functions():
     loss_fn = torch.nn.functional.cross_entropy
     seq = [train_reply(model, content, x, y, loss_fn, seed=7, client_key=i) for i, (x, y) in enumerate(data)]
     vec = train_stacked(model, [ClientRound(content, None, seed=7, client_key=i) for i in range(len(data))],
-                        [TensorPartition(x, y) for x, y in data], loss_fn, example_cross_entropy)
+                        [TensorPartition(x, y) for x, y in data], example_cross_entropy)
     for a, b in zip(seq, vec):
         before = a["metrics"]["train-loss-before"]
         assert b["metrics"]["train-loss-before"] == pytest.approx(before, rel=1e-12, abs=0)
