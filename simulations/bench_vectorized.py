@@ -118,7 +118,7 @@ def cnn_child(kind: str, args: argparse.Namespace) -> dict:
             for s in range(0, args.nodes, size):
                 ids = range(s, min(args.nodes, s + size))
                 out += train_stacked(model, [ClientRound(content, None, client_key=i) for i in ids],
-                                     [TensorPartition(xs[i], ys[i]) for i in ids], loss_fn, example_cross_entropy,
+                                     [TensorPartition(xs[i], ys[i]) for i in ids], example_cross_entropy,
                                      loss_before=False)
             return out
         if kind == "sequential":

@@ -17,9 +17,10 @@ split into chunks that fit a memory budget, and every chunk trains in one pass p
 Every client then gets a real reply: its slice of the parameters and optimizer state goes into one per-client
 optimizer of the same class, and the sequential ClientApp's own code builds the reply and saves the client state
 (:meth:`~flower_strategies.core.client.ClientRound.reply`, :func:`client_app.app.finish_train`), so the Strategy
-validates, screens and aggregates them exactly as before.  ``train-loss-before`` and MimeLite's full-batch gradient
-are computed per client at ``x_t`` by the same functions as there.  Evaluate and query messages, and any chunk whose
-stacked pass fails, go to the sequential ClientApp.
+validates, screens and aggregates them exactly as before.  ``train-loss-before`` comes from one forward pass over
+the chunk's examples at ``x_t`` (each client's mean over its own examples or its seeded sample), MimeLite's
+full-batch gradient from one stacked gradient step whose batches are the clients' whole partitions.  Evaluate and
+query messages, and any chunk whose stacked pass fails, go to the sequential ClientApp.
 
 Limits: models with BatchNorm running statistics, dropout or recurrent layers (``shakespeare-lstm``) are refused
 with an error naming ``--engine inprocess``; a parameter that gets no gradient at all is stepped with a zero
@@ -40,11 +41,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from flower_strategies.core.client import (
+    EVAL_CHUNK,
     ClientRound,
     TensorPartition,
     batch_indices,
-    full_gradient_from,
     load_client_state,
+    loss_before_sample,
 )
 from flower_strategies.core.local import ROUND, LocalOptimizer
 
@@ -104,6 +106,7 @@ class VectorGrid(LoopbackGrid):
         from client_app.app import begin_train, device_of, model_for
 
         groups: dict[Any, list[tuple[int, Any]]] = {}
+        checked: set[int] = set()  # models (one per task and device) found stackable in this call
         for i, msg in enumerate(messages):
             if msg.metadata.message_type != MessageType.TRAIN:
                 continue
@@ -115,7 +118,9 @@ class VectorGrid(LoopbackGrid):
                 rnd = ClientRound(msg.content, ctx.state, seed=job.fed.seed, client_key=job.pid)
             except Exception:  # noqa: BLE001 - the sequential ClientApp turns it into this client's error reply
                 continue
-            check_vectorizable(model, job.fed.task)
+            if id(model) not in checked:
+                check_vectorizable(model, job.fed.task)
+                checked.add(id(model))
             key = (id(msg.content), job.fed, str(device), _layout(rnd, len(job.x)))
             groups.setdefault(key, []).append((i, (msg, ctx, job, rnd, model)))
         replies: dict[int, Message] = {}
@@ -132,7 +137,8 @@ class VectorGrid(LoopbackGrid):
         return replies
 
     def _auto_chunk(self, model: nn.Module, job: Any, rnd: ClientRound) -> int:
-        batch = len(job.x) if rnd.full_batch else int(rnd.config.get("batch-size", 32))
+        whole = rnd.full_batch or rnd.needs_full_gradient  # a pass over whole partitions
+        batch = len(job.x) if whole else int(rnd.config.get("batch-size", 32))
         return max(1, int(self.memory_mb // memory_estimate_mb(model, job.x[0], batch, 1)))
 
     def _train_chunk(self, part: list[tuple[int, tuple]]) -> dict[int, Message]:
@@ -146,8 +152,7 @@ class VectorGrid(LoopbackGrid):
         data = [TensorPartition(j.x.to(device), j.y.to(device)) for j in jobs]
         states = [dict(ctx.state.items()) for ctx in ctxs]  # records are replaced, never mutated, by a reply
         try:
-            contents = train_stacked(model, rnds, data, spec.loss_fn(), spec.example_losses(),
-                                     loss_before=fed.train_loss_before)
+            contents = train_stacked(model, rnds, data, spec.example_losses(), loss_before=fed.train_loss_before)
         except NotVectorizable:
             raise
         except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
@@ -184,6 +189,11 @@ def _client_view(mask: Tensor, like: Tensor) -> Tensor:
     return mask.reshape(-1, *([1] * (like.dim() - 1)))
 
 
+def _per_client(value: Any, clients: int) -> bool:
+    """Whether an optimizer-state value is stacked on the client axis."""
+    return isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == clients
+
+
 def _stacked_entries(opt: LocalOptimizer, clients: int) -> list[tuple[dict, str, Tensor, Tensor]]:
     """``(state dict, key, tensor, copy)`` of every stacked optimizer-state tensor (for freezing clients)."""
     out = []
@@ -191,7 +201,7 @@ def _stacked_entries(opt: LocalOptimizer, clients: int) -> list[tuple[dict, str,
         if key == ROUND:
             continue
         for name, v in st.items():
-            if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == clients:
+            if _per_client(v, clients):
                 out.append((st, name, v, v.clone()))
     return out
 
@@ -209,12 +219,6 @@ def _restore_frozen(params: Mapping[str, Tensor], saved_params: Mapping[str, Ten
                 cur.copy_(merged)  # in place: entries that alias one another stay aliased
             else:
                 st[key] = merged
-
-
-def _client_slice(value: Any, c: int, clients: int) -> Any:
-    if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == clients:
-        return value[c].clone()
-    return value.clone() if isinstance(value, Tensor) else value
 
 
 def _batch_plan(rnds: list[ClientRound], sizes: list[int], steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -235,55 +239,90 @@ def _batch_plan(rnds: list[ClientRound], sizes: list[int], steps: list[int]) -> 
     return index, count
 
 
+def _whole_plan(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(index, count)`` of one step in which every client's batch is all of its examples, in order (padded with
+    the client's first example: weight 0)."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    width = np.arange(max(sizes))
+    index = offsets[:, None] + np.where(width[None, :] < np.asarray(sizes)[:, None], width[None, :], 0)
+    return index, np.asarray(sizes, dtype=np.int64)
+
+
+def _losses_before(model: nn.Module, rnds: list[ClientRound], x_all: Tensor, y_all: Tensor, sizes: list[int],
+                   example_losses: Callable[[Tensor, Tensor], Tensor]) -> list[float]:
+    """``train-loss-before`` of every client of the chunk (all hold the received model): one forward pass over the
+    chunk's examples (:data:`EVAL_CHUNK` at a time, eval mode, as :func:`~flower_strategies.core.client.mean_loss`),
+    then each client's mean over its own examples or its ``loss-before-max-examples`` sample
+    (:func:`~flower_strategies.core.client.loss_before_sample`), summed in float64."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        per = torch.cat([example_losses(model(x_all[s : s + EVAL_CHUNK]), y_all[s : s + EVAL_CHUNK])
+                         for s in range(0, len(x_all), EVAL_CHUNK)])
+    model.train(was_training)
+    values = per.double().cpu().numpy()
+    out, start = [], 0
+    for rnd, n in zip(rnds, sizes):
+        own, start = values[start : start + n], start + n
+        sample = loss_before_sample(n, rnd.config, rnd.seed, rnd.client_key)
+        chosen = own if sample is None else own[sample]
+        out.append(float(chosen.sum()) / len(chosen))
+    return out
+
+
 def train_stacked(
     model: nn.Module,
     rnds: list[ClientRound],
     data: list[TensorPartition],
-    loss_fn: Callable[[Tensor, Tensor], Tensor],
     example_losses: Callable[[Tensor, Tensor], Tensor],
     *,
     loss_before: bool = True,
 ) -> list[RecordDict]:
     """One round of ``len(rnds)`` clients that received the same content, trained together; returns each client's
     reply content exactly as :func:`~flower_strategies.core.client.train_reply` builds it (and saves each client's
-    state into its ``rnd.state``).  ``example_losses``: per-example losses whose batch mean is ``loss_fn``."""
+    state into its ``rnd.state``).  ``example_losses``: per-example losses whose batch mean is the task's loss."""
     clients, rnd0 = len(rnds), rnds[0]
     rnd0.load_model(model)
+    device = next(model.parameters()).device
     sizes = [len(d) for d in data]
-    befores = [r.loss_before(model, d, loss_fn, n) if loss_before else None for r, d, n in zip(rnds, data, sizes)]
-    fulls = [full_gradient_from(model, d, loss_fn) if rnd0.needs_full_gradient else None for d in data]
+    x_all, y_all = torch.cat([d.x for d in data]), torch.cat([d.y for d in data])
+    befores = (_losses_before(model, rnds, x_all, y_all, sizes, example_losses) if loss_before
+               else [None] * clients)
     steps = [r.num_steps(n) for r, n in zip(rnds, sizes)]
     named = dict(model.named_parameters())
     params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
-    opt = rnd0.build_optimizer(
-        params.items(), client_state=_stack_state([load_client_state(r.state) for r in rnds]),
-        full_gradient=None if fulls[0] is None else {n: torch.stack([f[n] for f in fulls if f]) for n in named},
-        planned_steps=steps[0] if len(set(steps)) == 1 else None,
-    )
-    opt.clients = clients
-
-    device = next(model.parameters()).device
-    x_all, y_all = torch.cat([d.x for d in data]), torch.cat([d.y for d in data])
-    index_np, count_np = _batch_plan(rnds, sizes, steps)
-    index, count = torch.from_numpy(index_np).to(device), torch.from_numpy(count_np).to(device)
-    width = index.shape[2]
-    positions = torch.arange(width, device=device)
+    weight_dtype = x_all.dtype if x_all.is_floating_point() else torch.float32
 
     def client_loss(p: dict[str, Tensor], x: Tensor, y: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
-        weight = (positions < n).to(x_all.dtype if x_all.is_floating_point() else torch.float32)
+        weight = (torch.arange(x.shape[0], device=device) < n).to(weight_dtype)
         loss = (example_losses(functional_call(model, p, (x,)), y) * weight).sum() / n.clamp(min=1)
         return loss, loss.detach()
 
     grad_fn = vmap(grad(client_loss, has_aux=True))
+
+    def stacked_grads(index_np: np.ndarray, count_np: np.ndarray) -> tuple[dict[str, Tensor], Tensor]:
+        """Per-client gradients and losses of one step: ``index_np[c]`` = client c's (padded) batch positions."""
+        idx = torch.from_numpy(index_np).to(device)
+        return grad_fn(params, x_all[idx], y_all[idx], torch.from_numpy(count_np).to(device))
+
+    # MimeLite's gradient over all local data at x_t: every client's whole partition as one (padded) batch
+    full = stacked_grads(*_whole_plan(sizes))[0] if rnd0.needs_full_gradient else None
+    opt = rnd0.build_optimizer(
+        params.items(), client_state=_stack_state([load_client_state(r.state) for r in rnds]),
+        full_gradient=None if full is None else {n: g.clone() for n, g in full.items()},
+        planned_steps=steps[0] if len(set(steps)) == 1 else None,
+    )
+    opt.clients = clients
+
+    index_np, count_np = _batch_plan(rnds, sizes, steps)
     model.train()
     losses = []
     for s in range(max(steps)):
-        idx = index[s]
-        grads, loss = grad_fn(params, x_all[idx], y_all[idx], count[s])
+        grads, loss = stacked_grads(index_np[s], count_np[s])
         for n, p in params.items():
             p.grad = grads[n]
-        active = count[s] > 0
-        frozen = not bool(active.all())
+        active = torch.from_numpy(count_np[s] > 0).to(device)
+        frozen = not bool(count_np[s].all())
         if frozen:
             saved_params = {n: p.detach().clone() for n, p in params.items()}
             entries = _stacked_entries(opt, clients)
@@ -293,18 +332,25 @@ def train_stacked(
         losses.append(loss)
     per_step = torch.stack(losses).cpu().tolist()
 
+    # per-client views, split once per chunk (the stacked tensors are not written to any more)
+    rows = {n: p.detach().unbind(0) for n, p in params.items()}
+    state_rows = {n: {k: v.unbind(0) for k, v in opt.state[params[n]].items() if _per_client(v, clients)}
+                  for n in named}
+    fulls = [None] * clients if full is None else [{n: g[c] for n, g in full.items()} for c in range(clients)]
     replies = []
     opt_c: LocalOptimizer | None = None
     for c, rnd in enumerate(rnds):
         with torch.no_grad():
             for n, p in named.items():
-                p.copy_(params[n][c])
+                p.copy_(rows[n][c])
         if opt_c is None:
             opt_c = rnd.optimizer(model, num_examples=sizes[c], full_gradient=fulls[c])
         else:
             opt_c.rebind(load_client_state(rnd.state), fulls[c], steps[c])
         for n, p in named.items():
-            opt_c.state[p] = {k: _client_slice(v, c, clients) for k, v in opt.state[params[n]].items()}
+            split = state_rows[n]
+            opt_c.state[p] = {k: split[k][c] if k in split else (v.clone() if isinstance(v, Tensor) else v)
+                              for k, v in opt.state[params[n]].items()}
         opt_c.state[ROUND]["steps"] = steps[c]  # type: ignore[index]
         total = 0.0
         for s in range(steps[c]):  # the sequential loop's float sum, in its order

@@ -76,6 +76,41 @@ def test_digits_mlp(method, precision, tol):
     _compare(rc, 4, tol)
 
 
+def test_stacked_loss_before_and_full_gradient_equal_the_per_client_functions():
+    """train-loss-before (one forward pass over the chunk: each client's mean, or over its seeded
+    loss-before-max-examples sample) and MimeLite's full-batch gradient (one stacked pass over whole partitions)
+    equal what the sequential ClientApp's train_reply computes per client, float64, unequal partition sizes."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from client_app.task import example_cross_entropy
+    from flower_strategies.core.client import ClientRound, TensorPartition, record_tensors, train_reply
+    from simulations.vectorized import train_stacked
+
+    model = build_model("digits-mlp", 0, precision="float64")
+    gen = torch.Generator().manual_seed(5)
+    sizes = (5, 13, 20)  # 5 <= the sample size (all examples), 13 and 20 > it (a seeded sample)
+    data = [(torch.randn(n, 64, generator=gen, dtype=torch.float64), torch.randint(0, 10, (n,), generator=gen))
+            for n in sizes]
+    momentum = {k: 0.1 * torch.randn(v.shape, generator=gen, dtype=torch.float64)
+                for k, v in model.state_dict().items()}
+    config = ConfigRecord({"method": "mimelite", "client-lr": 0.05, "local-epochs": 1, "batch-size": 4,
+                           "server-round": 2, "loss-before-max-examples": 6})
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config,
+                          "momentum": ArrayRecord(momentum)})
+    loss_fn = torch.nn.functional.cross_entropy
+    seq = [train_reply(model, content, x, y, loss_fn, seed=7, client_key=i) for i, (x, y) in enumerate(data)]
+    vec = train_stacked(model, [ClientRound(content, None, seed=7, client_key=i) for i in range(len(data))],
+                        [TensorPartition(x, y) for x, y in data], example_cross_entropy)
+    for a, b in zip(seq, vec):
+        before = a["metrics"]["train-loss-before"]
+        assert b["metrics"]["train-loss-before"] == pytest.approx(before, rel=1e-12, abs=0)
+        for record in ("arrays", "full-gradient"):
+            ta, tb = record_tensors(a[record]), record_tensors(b[record])
+            assert _rel({k: v.numpy() for k, v in ta.items()}, {k: v.numpy() for k, v in tb.items()}) <= 1e-12
+    befores = [r["metrics"]["train-loss-before"] for r in seq]
+    assert len(set(befores)) == 3  # three different clients' losses, not one value repeated
+
+
 def test_chunks_split_a_round_and_give_the_same_result():
     rc = {**BASE, **MODES["epochs-partial"], "method": "scaffold", "fraction-train": 1.0}
     grid = _compare(rc, 6, 1e-12, chunk=4)
