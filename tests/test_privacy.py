@@ -167,7 +167,7 @@ def test_joint_clip_and_noise_against_numpy_reference():
     kept = [{R.MODEL: {"w": current["w"] + rng.standard_normal(6)}, "v": {"w": rng.standard_normal(6)}}
             for _ in range(3)]
     clip = 1.5
-    scales, norms = privacy.clip_scales(kept, specs, current, clip)
+    scales, norms = privacy.joint_clip_scales(kept, specs, current, clip)
     joint = [math.sqrt(np.sum((k[R.MODEL]["w"] - current["w"]) ** 2) + np.sum(k["v"]["w"] ** 2)) for k in kept]
     np.testing.assert_allclose(norms, joint, rtol=1e-14)
     assert scales == [min(1.0, clip / n) for n in joint] and min(scales) < 1

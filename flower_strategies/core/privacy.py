@@ -146,8 +146,8 @@ def check_specs(method: str, specs: Sequence[Any]) -> None:
                           f"noise with a calibrated sensitivity; set dp-clip = 0 or use a method that averages them")
 
 
-def clip_scales(kept: Sequence[Mapping[str, NamedArrays]], specs: Sequence[Any], current: NamedArrays,
-                clip: float) -> tuple[list[float], list[float]]:
+def joint_clip_scales(kept: Sequence[Mapping[str, NamedArrays]], specs: Sequence[Any], current: NamedArrays,
+                      clip: float) -> tuple[list[float], list[float]]:
     """``(scales, norms)``: each reply's joint L2 norm over all its records (model-keyed records: ``x_i − x_t``;
     statistic records: their values; floating-point arrays only) and its scale ``min(1, C / norm)``."""
     norms = []
@@ -216,7 +216,7 @@ def privatize(strategy: Any, screened: Any, sampled: int) -> dict[str, float]:
     specs = strategy.uplink_specs()
     check_specs(strategy.method, specs)
     kept = [parsed for _, parsed in screened.kept]
-    scales, norms = clip_scales(kept, specs, strategy.current, s.dp_clip)
+    scales, norms = joint_clip_scales(kept, specs, strategy.current, s.dp_clip)
     sum_std = s.dp_noise_multiplier * s.dp_clip
     screened.aggregates = private_aggregates(kept, specs, strategy.current, scales, sampled, sum_std,
                                              np.random.default_rng())  # OS entropy: the noise is not reproducible

@@ -59,10 +59,15 @@ def check_replies(aggregator: str, t: int, n: int, fraction: float) -> None:
 
 
 # ------------------------------------------------------------------------------------------ norm clip
+def lower_median(values: Sequence[float]) -> float:
+    """The lower median (an actual reply's value, never a mean of two): the reference of the round's norm bounds."""
+    return float(np.quantile(values, 0.5, method="lower"))
+
+
 def clip_scales(norms: Sequence[float], ratio: float) -> tuple[list[float], float]:
     """``(scale of each reply, bound)``: bound = ``ratio`` × the lower median of ``norms``; a reply above it gets
     ``bound / norm`` (< 1), every other reply exactly 1.0."""
-    bound = ratio * float(np.quantile(norms, 0.5, method="lower"))
+    bound = ratio * lower_median(norms)
     return [bound / n if n > bound else 1.0 for n in norms], bound
 
 

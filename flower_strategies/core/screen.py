@@ -38,7 +38,7 @@ from flwr.common import log
 from . import records as R
 from .ops import NamedArrays, fold, is_float
 from .robust import COORDINATE_RULES, SELECTION_RULES, TooFewReplies, byzantine_count, check_replies, clip_scales, \
-    clipped, krum_select, robust_aggregate
+    clipped, krum_select, lower_median, robust_aggregate
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 CLIENT_HALF_REASON = "reply was not produced by the client half of fedadapt method"
@@ -186,7 +186,7 @@ class ReplyScreen:
         ratio = self.policy.update_norm_ratio
         if ratio > 0 and len(survivors) > 2:
             for i, spec in enumerate(self.specs):
-                median = float(np.quantile([norms[i][j] for j in survivors], 0.5, method="lower"))
+                median = lower_median([norms[i][j] for j in survivors])
                 bound = ratio * median
                 for j in [j for j in survivors if not norms[i][j] <= bound]:
                     survivors.remove(j)
