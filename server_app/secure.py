@@ -9,6 +9,7 @@ always starts at round 1).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,8 @@ from flower_strategies.compat.secagg import SecAggStrategy, check_secagg, run_se
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.strategy import FedAdaptStrategy
+
+from .loop import exchange
 
 
 def workflow(fed: AppConfig) -> Any:
@@ -56,5 +59,19 @@ def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: 
     legacy = SecAggStrategy(strategy, R.to_numpy(initial), evaluate_fn=central, num_rounds=fed.num_server_rounds)
     strategy.num_rounds = fed.num_server_rounds
     strategy.summary()
-    run_secagg(grid, legacy, fed.num_server_rounds, workflow(fed))
+    run_secagg(PollingGrid(grid, fed.grid_pull_interval), legacy, fed.num_server_rounds, workflow(fed))
     return result
+
+
+class PollingGrid:
+    """``grid`` whose ``send_and_receive`` polls every ``interval`` s (:func:`server_app.loop.exchange`): each SecAgg+
+    round is four exchanges, and Flower's deployment grid waits a fixed 3 s per poll."""
+
+    def __init__(self, grid: Grid, interval: float) -> None:
+        self.grid, self.interval = grid, interval
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.grid, name)
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Any]:
+        return exchange(self.grid, messages, math.inf if timeout is None else timeout, self.interval)
