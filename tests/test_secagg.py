@@ -79,6 +79,8 @@ def test_secaggplus_equals_the_plain_server_math_within_the_quantisation_bound(n
             assert not failures and [p.node_id for p, _ in sorted(results, key=lambda r: r[0].node_id)] == [
                 nid for nid, _ in replies]
             ns = [res.num_examples for _, res in replies]
+            assert max(ns) <= MAX_WEIGHT and all(np.abs(a).max() <= C for _, res in replies
+                                                 for a in parameters_to_ndarrays(res.parameters))  # bound's premise
             exact = [sum(n * parameters_to_ndarrays(res.parameters)[j] for n, (_, res) in zip(ns, replies)) / sum(ns)
                      for j in range(len(parameters_to_ndarrays(replies[0][1].parameters)))]
             secure = parameters_to_ndarrays(results[0][1].parameters)

@@ -15,9 +15,9 @@ right only for methods whose server needs nothing but the example-weighted mean 
 
 The quantization error of one round is bounded (:func:`error_bound`): each client's value has a stochastic-rounding
 error below one level ``2c/Q`` (``c`` = clipping range, ``Q`` = quantization range) and its weight one below
-``1/(2Q)``, so the mean over ``n`` clients is off by at most ``3·n·c / (Q·Σ_i w_i)``.  A value whose weighted
-magnitude exceeds ``c`` is clipped by Flower silently; :func:`secagg_mod` counts such values on each client and the
-server reports their total per round (``secagg-clipped``) with a warning that names the fix.
+``1/(2Q)``, so for reply values within ±c the mean over ``n`` clients is off by at most ``3·n·c / (Q·Σ_i w_i)``.
+A value whose weighted magnitude exceeds ``c`` is clipped by Flower silently; :func:`secagg_mod` counts such values
+on each client and the server reports their total per round (``secagg-clipped``) with a warning that names the fix.
 """
 
 from __future__ import annotations
@@ -95,8 +95,10 @@ def check_secagg(strategy: FedAdaptStrategy) -> None:
 def error_bound(num_examples: list[int], clipping_range: float, quantization_range: int,
                 max_weight: float) -> float:
     """Largest error (any coordinate) of one SecAgg+ round's mean against the exact example-weighted mean of the same
-    replies, for values within ±``clipping_range``·``max_weight``/num-examples: ``3·n·c / (Q·Σ_i w_i)`` with the
-    quantized weights ``w_i = round(Q·n_i/max_weight)/Q`` (see the module docstring)."""
+    replies, when every reply value is within ±``clipping_range`` c and every num-examples at most ``max_weight``
+    (so nothing is clipped): ``3·n·c / (Q·Σ_i w_i)`` with the quantized weights ``w_i = round(Q·n_i/max_weight)/Q``.
+    Each client's weighted value is off by less than one level 2c/Q (stochastic rounding) and its weight by at most
+    1/(2Q), which moves the mean by at most ``|p_i − mean|/(2Q·Σ_i w_i) ≤ 2c/(2Q·Σ_i w_i)`` per client."""
     q = quantization_range
     total = sum(round(n / max_weight * q) / q for n in num_examples)
     return 3.0 * len(num_examples) * clipping_range / (q * total)
