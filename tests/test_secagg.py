@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 import flower_strategies as fs
@@ -20,6 +20,7 @@ from flower_strategies.compat.legacy import LegacyStrategy
 from flower_strategies.compat.secagg import SecAggStrategy, error_bound, run_secagg, secaggplus_workflow
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.registry import METHODS
 from flower_strategies.core.validation import RecordSpec
 from server_app.app import build
@@ -102,6 +103,20 @@ def test_secaggplus_equals_the_plain_server_math_within_the_quantisation_bound(n
     for err, bound, model_err, model_bound in seen:
         assert 0 < err <= bound, (err, bound)
         assert model_err <= model_bound, (model_err, model_bound)
+
+
+def test_a_halted_round_counts_as_failed_and_the_run_fails():
+    """Every client's SecAgg+ setup reply lost: the workflow halts each round without calling aggregate_fit; the
+    round counts as one whose every reply failed, and the run-failure policy ends the run."""
+    def lose(request, reply, pid):
+        return Message(Error(code=0, reason="lost"), reply_to=request)
+
+    strategy = METHODS["fedavg"].build(client_lr=0.02, local_steps=3, batch_size=8, seed=5)
+    grid = LoopbackGrid(client_app, 3, RUN_CONFIG, intercept=lose)
+    with pytest.raises(RunFailed, match="every"):
+        run_secagg(grid, SecAggStrategy(strategy, {"w.weight": np.zeros((1, 4))}, num_rounds=2), 2,
+                   secaggplus_workflow(3, 2))
+    assert strategy.history[0].replies_used == 0 and "SecAgg+ protocol halted" in strategy.history[0].rejections[0]
 
 
 #: Eligible with their default settings (every uplink record a "mean" under weighting = examples by default).
