@@ -19,6 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flower_strategies.compat.secagg import secagg_mod
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors, train_reply
 from .client_state import BASE, KEEP, KEY, STATUS, store_for
@@ -28,7 +29,21 @@ from .config import parse as app_config
 from .node_data import NODE_DATA_KEY, load_node_data
 from .task import HUB_TASKS, TASK_SPECS, build_model, evaluate, load_client_data
 
-app = ClientApp()
+#: ``secagg_mod``: Flower's SecAgg+ client mod for the messages of a ``secure-aggregation = secaggplus`` run (their
+#: train step, a legacy FitIns, is answered by :mod:`client_app.legacy`); every other message passes it unchanged.
+app = ClientApp(mods=[secagg_mod])
+
+
+def legacy_message(msg: Message) -> bool:
+    """Whether ``msg`` carries a legacy FitIns/EvaluateIns (Flower's ``DefaultWorkflow``, e.g. a SecAgg+ run)."""
+    return any(name in msg.content.config_records for name in ("fitins.config", "evaluateins.config"))
+
+
+def answer_legacy(msg: Message, context: Context) -> Message:
+    """The legacy ClientApp's answer (:mod:`client_app.legacy`: the same client half through a NumPyClient)."""
+    from .legacy import app as legacy_app
+
+    return legacy_app(msg, context)
 
 
 def node_partition(context: Context) -> tuple[int, int]:
@@ -172,7 +187,10 @@ def finish_train(job: TrainJob, content: RecordDict, msg: Message, context: Cont
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train one round.  In runs that write checkpoints the method's client state is also kept on the node's disk
-    (:mod:`client_app.client_state`), so that a resumed run continues it exactly."""
+    (:mod:`client_app.client_state`), so that a resumed run continues it exactly.  A legacy FitIns (a SecAgg+ run)
+    is answered by the legacy client (:func:`answer_legacy`)."""
+    if legacy_message(msg):
+        return answer_legacy(msg, context)
     job = begin_train(msg, context)
     fed = job.fed
     model = model_for(fed, device_of(context, fed.device))
@@ -185,7 +203,9 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
-    """Evaluate the received global model on this node's own data."""
+    """Evaluate the received global model on this node's own data (a legacy EvaluateIns: :func:`answer_legacy`)."""
+    if legacy_message(msg):
+        return answer_legacy(msg, context)
     fed, _, x, y = client_data(context)
     device = device_of(context, fed.device)
     model = model_for(fed, device)

@@ -81,6 +81,24 @@ class AppConfig(StrategyConfig):
              "must be installed; server_app/tracking.py): tensorboard writes <output-dir>/<run-name>/tensorboard/, "
              "mlflow <output-dir>/<run-name>/mlruns/ (or MLFLOW_TRACKING_URI), wandb <output-dir>/<run-name>/wandb/ "
              "(WANDB_MODE, default offline)")
+    secure_aggregation: str = param("off", choices=("off", "secaggplus"),
+        help="secaggplus = Flower's SecAgg+ (legacy SecAggPlusWorkflow + secaggplus_mod): the server sees only the "
+             "example-weighted mean of the replies; for methods whose every uplink record is such a mean, with "
+             "weighting = examples (others refused; docs/privacy.md section 4)")
+    secagg_num_shares: float = param(3.0, lo=0.0, lo_open=True,
+        help="SecAgg+ shares per client's secret: a whole number >= 3, or a fraction in (0, 1] of the sampled "
+             "clients (1 = every client, i.e. SecAgg)")
+    secagg_reconstruction_threshold: float = param(2.0, lo=0.0, lo_open=True,
+        help="SecAgg+ shares needed to reconstruct a secret (dropout tolerance vs. collusion): a whole number below "
+             "secagg-num-shares, or a fraction in (0, 1] of the shares")
+    secagg_clipping_range: float = param(8.0, lo=0.0, lo_open=True,
+        help="SecAgg+ clips every weighted reply value (value × num-examples / secagg-max-weight) to ± this before "
+             "quantizing; clipped values are counted per round (secagg-clipped)")
+    secagg_quantization_range: int = param(4194304, lo=2, hi=2**30,
+        help="SecAgg+ quantization levels (2^22): one round's mean is within 3·n·clipping-range / "
+             "(quantization-range · Σ num-examples / max-weight) of the exact mean")
+    secagg_max_weight: float = param(1000.0, lo=0.0, lo_open=True,
+        help="SecAgg+ num-examples that weighs 1 (a client with more has its values clipped sooner)")
 
 
 def parse(run_config: Mapping[str, Any]) -> AppConfig:

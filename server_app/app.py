@@ -46,6 +46,7 @@ from flower_strategies.core.registry import parse_run_config, run_config_default
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
 from . import plots, presets, provenance, rundir, tracking
+from . import secure
 from .loop import exchange, run_rounds
 from .metrics import MetricsWriter, progress_line
 
@@ -152,6 +153,8 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
     tracking.check_available(fed.tracking)  # a missing tracker package fails here, before anything is written
+    if fed.secure_aggregation != "off":
+        secure.check(fed, strategy)  # SecAgg+: eligible method and settings, or ConfigError naming what to use
     if not fed.train_loss_before and strategy.needs_train_loss_before:
         raise ConfigError(f"train-loss-before = false: {fed.method} needs the clients' train-loss-before (e.g. a "
                           "plateau controller that decays the learning rates on it); set train-loss-before = true")
@@ -347,11 +350,14 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
         final = initial
         with checkpointer.signal_handlers() if checkpointer else nullcontext():
             try:
-                result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
-                                    start_round=start_round,
-                                    on_round_end=checkpointer.round_end if checkpointer else None,
-                                    round_config=round_config, on_train_replies=report,
-                                    poll_interval=fed.grid_pull_interval)
+                if fed.secure_aggregation != "off":  # Flower's SecAgg+ workflow (no checkpoints: secure.check)
+                    result = secure.run_rounds(fed, strategy, grid, initial, evaluate_fn)
+                else:
+                    result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
+                                        start_round=start_round,
+                                        on_round_end=checkpointer.round_end if checkpointer else None,
+                                        round_config=round_config, on_train_replies=report,
+                                        poll_interval=fed.grid_pull_interval)
                 final = result.arrays if len(result.arrays) else initial  # empty when no round updated the model
             except (RunFailed, ClientHalfMissing) as err:
                 failure = err if isinstance(err, RunFailed) else RunFailed(str(err))

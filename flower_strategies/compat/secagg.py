@@ -1,0 +1,231 @@
+"""Secure aggregation (SecAgg+) for fedadapt methods, through Flower's own implementation.
+
+Flower 1.42 offers SecAgg+ only on the legacy path: the server workflow :class:`flwr.server.workflow.SecAggPlusWorkflow`
+(inside :class:`flwr.server.workflow.DefaultWorkflow`, driving a legacy ``Strategy``) and the client mod
+:func:`flwr.client.mod.secaggplus_mod`.  Each client multiplies its *whole* reply (one flat array list) by its weight
+``w_i = num_examples_i / max_weight`` (quantized to 1/``quantization_range``), clips every value to
+±``clipping_range``, quantizes it stochastically to ``quantization_range`` levels and masks it; the server learns only
+``Σ_i clip(w_i·p_i) / Σ_i w_i`` and hands that same list, as every client's parameters, to ``aggregate_fit``.  The
+clients' metrics (``num_examples``, train loss, …) travel in the clear.
+
+Here that is :class:`SecAggStrategy` (a :class:`~.legacy.LegacyStrategy`: the fedadapt strategy sees every reply
+carry the averaged records, whose example-weighted mean is that average) and :func:`secagg_mod` on the client.  It is
+right only for methods whose server needs nothing but the example-weighted mean of every uplink record
+(:func:`check_secagg` refuses the others, and the settings that need individual replies, naming what to use).
+
+The quantization error of one round is bounded (:func:`error_bound`): each client's value has a stochastic-rounding
+error below one level ``2c/Q`` (``c`` = clipping range, ``Q`` = quantization range) and its weight one below
+``1/(2Q)``, so for reply values within ±c the mean over ``n`` clients is off by at most ``3·n·c / (Q·Σ_i w_i)``.
+A value whose weighted magnitude exceeds ``c`` is clipped by Flower silently; :func:`secagg_mod` counts such values
+on each client and the server reports their total per round (``secagg-clipped``) with a warning that names the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from logging import INFO, WARNING
+from typing import Any, cast
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import FitRes, Parameters, Scalar, log, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_proxy import ClientProxy
+
+from ..core.hparams import ConfigError
+from ..core.strategy import FedAdaptStrategy
+from .legacy import LAYOUT, LegacyStrategy, unpack
+
+#: Flower's SecAgg+ record names (``flwr.common.secure_aggregation.secaggplus_constants``, flwr 1.42).
+SECAGG_CONFIGS = "secaggplus_configs"
+SECAGG_STATE = "secaggplus_state"
+#: The client's count of values Flower's quantizer clips (``FitRes.metrics``, in the clear) and the round's total.
+CLIPPED = "secagg-clipped"
+#: What a refused method or setting should use instead.
+INSTEAD = ("run it with secure-aggregation = off (and, for privacy against whoever sees the released model, "
+           "fedadapt's native DP: dp-clip / dp-noise-multiplier, docs/privacy.md)")
+
+
+# ------------------------------------------------------------------------------------------ eligibility
+def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
+    """Why SecAgg+ cannot run ``strategy`` (``None`` = it can): SecAgg+ yields only the example-weighted mean of the
+    whole reply, and hides the individual replies that per-reply defences and native DP need."""
+    s = strategy.settings
+    name = strategy.method
+    if s.dp_clip > 0:
+        return ("dp-clip > 0 (native DP) clips each client's reply on the server, which SecAgg+ hides from it; "
+                "use one of the two")
+    bad = [f"'{r.name}' ({r.rule})" for r in strategy.uplink_specs() if r.rule not in ("mean", "wmean")]
+    if bad:
+        return (f"{name} aggregates the uplink record(s) {', '.join(bad)} by another rule than the example-weighted "
+                f"mean, the only aggregate SecAgg+ computes (n copies of a mean are not a sum); {INSTEAD}")
+    if strategy.weighting != "examples":
+        return (f"{name} averages with weighting = uniform, but SecAgg+ always weights each client by its "
+                f"num-examples; set weighting = examples (an example-weighted variant of {name}) or {INSTEAD}")
+    needs_replies = {"aggregator": s.aggregator != "mean", "update-clip-ratio": s.update_clip_ratio > 0,
+                     "max-update-norm": s.max_update_norm > 0}
+    named = [key for key, on in needs_replies.items() if on]
+    if named:
+        return (f"{', '.join(named)} need(s) the individual replies, which SecAgg+ hides from the server (every reply "
+                f"it sees is the same average): set aggregator = mean, update-clip-ratio = 0, max-update-norm = 0, "
+                f"or {INSTEAD}")
+    if s.min_train_nodes < 2:
+        return "SecAgg+ needs at least 2 clients per round; set min-train-nodes >= 2"
+    return None
+
+
+def check_secagg(strategy: FedAdaptStrategy) -> None:
+    """Raise :class:`~..core.hparams.ConfigError` when SecAgg+ cannot run ``strategy``; else switch off the two
+    per-reply screens that have no effect under it (every reply the server sees is the same average):
+    ``update-norm-ratio`` (n copies of one vector are never beyond a multiple of their median norm) and
+    ``max-weight-ratio`` (the clients weight themselves by their unclipped num-examples inside the protocol; clipping
+    the clear counts on the server would change only the mean step count K̄ and the train metrics, not the model)."""
+    reason = secagg_refusal(strategy)
+    if reason is not None:
+        raise ConfigError(f"secure-aggregation = secaggplus: {reason} (docs/privacy.md section 4)")
+    off = [k for k, v in (("update-norm-ratio", strategy.update_norm_ratio),
+                          ("max-weight-ratio", strategy.max_weight_ratio)) if v > 0]
+    if off:
+        log(INFO, "secure-aggregation: %s switched off (no effect on replies that are all the same average)",
+            " and ".join(off))
+        strategy.update_norm_ratio = 0.0
+        strategy.max_weight_ratio = 0.0
+
+
+def error_bound(num_examples: list[int], clipping_range: float, quantization_range: int,
+                max_weight: float) -> float:
+    """Largest error (any coordinate) of one SecAgg+ round's mean against the exact example-weighted mean of the same
+    replies, when every reply value is within ±``clipping_range`` c and every num-examples at most ``max_weight``
+    (so nothing is clipped): ``3·n·c / (Q·Σ_i w_i)`` with the quantized weights ``w_i = round(Q·n_i/max_weight)/Q``.
+    Each client's weighted value is off by less than one level 2c/Q (stochastic rounding) and its weight by at most
+    1/(2Q), which moves the mean by at most ``|p_i − mean|/(2Q·Σ_i w_i) ≤ 2c/(2Q·Σ_i w_i)`` per client."""
+    q = quantization_range
+    total = sum(round(n / max_weight * q) / q for n in num_examples)
+    return 3.0 * len(num_examples) * clipping_range / (q * total)
+
+
+# ------------------------------------------------------------------------------------------ server
+class SecAggStrategy(LegacyStrategy):
+    """:class:`~.legacy.LegacyStrategy` for Flower's ``SecAggPlusWorkflow``: the averaged records arrive in float64
+    (Flower's dequantizer) and are cast back to the global arrays' dtypes; the clients' counts of values clipped by
+    the quantizer are summed into the round's metrics (``secagg-clipped``, with a warning)."""
+
+    def __init__(self, strategy: FedAdaptStrategy, initial_arrays: dict[str, np.ndarray], *args: Any,
+                 **kwargs: Any) -> None:
+        check_secagg(strategy)
+        super().__init__(strategy, initial_arrays, *args, **kwargs)
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[tuple[ClientProxy, FitRes] | BaseException],
+                      ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        clipped = sum(int(res.metrics.get(CLIPPED, 0)) for _, res in results)
+        if results:
+            averaged = self._cast(results[0][1])
+            for _, res in results:
+                res.parameters = averaged
+        out, metrics = super().aggregate_fit(server_round, results, failures)
+        metrics[CLIPPED] = clipped
+        history = self.inner.history
+        if history and history[-1].server_round == server_round:
+            history[-1].round_metrics[CLIPPED] = float(clipped)
+        if clipped:
+            log(WARNING, "secure-aggregation: round %d: %d reply value(s) beyond ±clipping-range were clipped by "
+                "SecAgg+ (the mean is off there); raise secagg-clipping-range (or lower secagg-max-weight)",
+                server_round, clipped)
+        return out, metrics
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        """As :meth:`LegacyStrategy.evaluate`; a round in which the workflow halted (too few clients answered one of
+        its stages, so ``aggregate_fit`` never ran) first counts as a round whose every reply failed."""
+        history = self.inner.history
+        if server_round > 0 and not (history and history[-1].server_round == server_round):
+            reason = "the SecAgg+ protocol halted (too few clients answered one of its stages; see the log)"
+            log(WARNING, "secure-aggregation: round %d: %s", server_round, reason)
+            super().aggregate_fit(server_round, [], [RuntimeError(reason)])
+        return super().evaluate(server_round, parameters)
+
+    def _cast(self, res: FitRes) -> Parameters:
+        """The averaged list in the dtypes of the global arrays of the same keys (integers rounded)."""
+        layout = str(res.metrics.get(LAYOUT, "[]"))
+        arrays = parameters_to_ndarrays(res.parameters)
+        try:
+            records = unpack(arrays, layout)
+        except (ValueError, TypeError):
+            return res.parameters  # rejected by the strategy's own layout check
+        out: list[np.ndarray] = []
+        for named in records.values():
+            for key, arr in named.items():
+                dtype = self.initial[key].dtype if key in self.initial else arr.dtype
+                out.append((np.rint(arr) if np.issubdtype(dtype, np.integer) else arr).astype(dtype))
+        return ndarrays_to_parameters(out)
+
+
+def secaggplus_workflow(num_shares: float, reconstruction_threshold: float, *, clipping_range: float = 8.0,
+                        quantization_range: int = 4194304, max_weight: float = 1000.0,
+                        timeout: float | None = None) -> Any:
+    """Flower's ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(...))``.  ``num_shares`` / ``reconstruction_
+    threshold``: a whole number (> 2 shares) or a fraction in (0, 1] (of the sampled clients / of the shares), as
+    Flower reads an int or a float; Flower's own checks raise :class:`ConfigError` here."""
+    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+
+    def as_flower(value: float) -> int | float:
+        return int(value) if float(value).is_integer() and value > 1 else float(value)
+
+    try:
+        fit = SecAggPlusWorkflow(as_flower(num_shares), as_flower(reconstruction_threshold),
+                                 clipping_range=float(clipping_range), quantization_range=int(quantization_range),
+                                 max_weight=float(max_weight), timeout=timeout)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"secure-aggregation = secaggplus: {err}") from None
+    return DefaultWorkflow(fit_workflow=fit)
+
+
+def run_secagg(grid: Any, strategy: SecAggStrategy, num_rounds: int, workflow: Any,
+               context: Context | None = None) -> None:
+    """Run ``num_rounds`` rounds of ``strategy`` under ``workflow`` (:func:`secaggplus_workflow`) on ``grid``."""
+    from flwr.server import LegacyContext, ServerConfig
+
+    base = context or Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    workflow(grid, LegacyContext(context=base, config=ServerConfig(num_rounds=num_rounds), strategy=strategy))
+
+
+# ------------------------------------------------------------------------------------------ client
+def is_secagg(msg: Message) -> bool:
+    """Whether ``msg`` is a message of the SecAgg+ protocol (a train message with Flower's SecAgg+ config record)."""
+    return msg.metadata.message_type == MessageType.TRAIN and SECAGG_CONFIGS in msg.content.config_records
+
+
+def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Client mod: Flower's ``secaggplus_mod`` for SecAgg+ messages, every other message passed on unchanged (so
+    one ClientApp serves ordinary and SecAgg+ runs).  The reply's metrics also get :data:`CLIPPED`: how many of its
+    values Flower's quantizer will clip (beyond ±clipping-range once multiplied by the client's weight)."""
+    if not is_secagg(msg):
+        return call_next(msg, context)
+    from flwr.client.mod import secaggplus_mod
+
+    # Flower's mod pops entries of the SecAgg+ config record: give it this message's own copy (a SuperNode receives
+    # its own deserialized message anyway; an in-process grid may share one content between nodes).
+    own = RecordDict(dict(msg.content.items()))
+    own[SECAGG_CONFIGS] = ConfigRecord(dict(msg.content.config_records[SECAGG_CONFIGS]))
+    msg.content = own
+
+    def counted(inner: Message, ctx: Context) -> Message:
+        reply = call_next(inner, ctx)
+        if not reply.has_error():
+            count_clipped(reply.content, ctx.state.config_records[SECAGG_STATE])
+        return reply
+
+    return secaggplus_mod(msg, context, counted)
+
+
+def count_clipped(fitres: RecordDict, state: Mapping[str, Any]) -> int:
+    """Count the values of a legacy ``FitRes`` record dict that SecAgg+ clips (state: the mod's saved setup) and
+    write the count into its metrics."""
+    q = int(state["target_range"])
+    n = float(cast(float, fitres.metric_records["fitres.num_examples"]["num_examples"]))
+    weight = round(n / float(state["max_weight"]) * q) / q
+    limit = float(state["clipping_range"])
+    record: ArrayRecord = fitres.array_records["fitres.parameters"]
+    count = sum(int(np.count_nonzero(np.abs(a.numpy() * weight) > limit)) for a in record.values())
+    fitres.config_records["fitres.metrics"][CLIPPED] = count
+    return count
