@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common import MessageType, log
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
@@ -48,6 +48,7 @@ from flower_strategies.core.client import (
     load_client_state,
     loss_before_sample,
 )
+from flower_strategies.core import records as R
 from flower_strategies.core.local import ROUND, LocalOptimizer
 
 from .engine import LoopbackGrid
@@ -270,6 +271,36 @@ def _losses_before(model: nn.Module, rnds: list[ClientRound], x_all: Tensor, y_a
     return out
 
 
+def _model_records(model: nn.Module, params: Mapping[str, Tensor], clients: int) -> list[ArrayRecord] | None:
+    """Every client's model record, as ``tensor_record(model.state_dict())`` writes it once the client's rows are
+    in the model, built from the stacked parameters at once: one NumPy view per stacked tensor, the ``.npy`` header
+    once per tensor, one bytes copy per client and array (the buffers, equal for all clients, are serialised once).
+    ``None`` when the state dict holds anything else (extra state) or a non-contiguous parameter: the reply then
+    serialises the model itself."""
+    owner = {id(p): n for n, p in model.named_parameters()}
+    entries: list[tuple[str, str, tuple[int, ...], bytes, Any]] = []  # (key, dtype, shape, header, rows | payload)
+    for key, value in model.state_dict(keep_vars=True).items():
+        if not isinstance(value, Tensor) or (id(value) in owner and not value.is_contiguous()):
+            return None
+        if id(value) in owner:
+            stacked = params[owner[id(value)]].detach().cpu().contiguous().numpy()
+            prefix, dtype = R.npy_prefix(stacked.dtype, tuple(value.shape))
+            entries.append((key, dtype, tuple(value.shape), prefix, stacked.reshape(clients, -1)))
+        else:  # a buffer: the received value, unchanged by training
+            arr = R.to_array(value.detach().cpu().numpy())
+            entries.append((key, arr.dtype, arr.shape, b"", arr.data))
+    out = []
+    for c in range(clients):
+        record = ArrayRecord()
+        for key, dtype, shape, prefix, rows in entries:
+            if prefix:
+                record[key] = R.array_from_buffer(prefix, dtype, shape, memoryview(rows[c]).cast("B"))
+            else:
+                record[key] = R.array_from_buffer(b"", dtype, shape, memoryview(rows))
+        out.append(record)
+    return out
+
+
 def train_stacked(
     model: nn.Module,
     rnds: list[ClientRound],
@@ -337,6 +368,7 @@ def train_stacked(
     state_rows = {n: {k: v.unbind(0) for k, v in opt.state[params[n]].items() if _per_client(v, clients)}
                   for n in named}
     fulls = [None] * clients if full is None else [{n: g[c] for n, g in full.items()} for c in range(clients)]
+    records = _model_records(model, params, clients) if opt.sends_model else None
     replies = []
     opt_c: LocalOptimizer | None = None
     for c, rnd in enumerate(rnds):
@@ -356,7 +388,7 @@ def train_stacked(
         for s in range(steps[c]):  # the sequential loop's float sum, in its order
             total += per_step[s][c]
         replies.append(rnd.reply(model, opt_c, num_examples=sizes[c], train_loss=total / max(steps[c], 1),
-                                 train_loss_before=befores[c]))
+                                 train_loss_before=befores[c], model_record=None if records is None else records[c]))
     return replies
 
 
