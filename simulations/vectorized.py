@@ -107,7 +107,7 @@ class VectorGrid(LoopbackGrid):
         from client_app.app import begin_train, device_of, model_for
 
         groups: dict[Any, list[tuple[int, Any]]] = {}
-        checked: set[int] = set()  # models (one per task and device) found stackable in this call
+        models: dict[tuple, nn.Module] = {}  # one per settings and device, each found stackable in this call
         for i, msg in enumerate(messages):
             if msg.metadata.message_type != MessageType.TRAIN:
                 continue
@@ -115,13 +115,15 @@ class VectorGrid(LoopbackGrid):
             try:
                 job = begin_train(msg, ctx)
                 device = device_of(ctx, job.fed.device)
-                model = model_for(job.fed, device)
+                model = models.get((job.fed, device))
+                if model is None:
+                    model = model_for(job.fed, device)
                 rnd = ClientRound(msg.content, ctx.state, seed=job.fed.seed, client_key=job.pid)
             except Exception:  # noqa: BLE001 - the sequential ClientApp turns it into this client's error reply
                 continue
-            if id(model) not in checked:
+            if (job.fed, device) not in models:
                 check_vectorizable(model, job.fed.task)
-                checked.add(id(model))
+                models[job.fed, device] = model
             key = (id(msg.content), job.fed, str(device), _layout(rnd, len(job.x)))
             groups.setdefault(key, []).append((i, (msg, ctx, job, rnd, model)))
         replies: dict[int, Message] = {}
