@@ -5,7 +5,8 @@ the ClientApp: each round's clients are grouped (same round content, settings, d
 split into chunks that fit a memory budget, and every chunk trains in one pass per local step —
 
 * parameters of shape ``(C, *shape)`` (C clients of the chunk, all starting at the received ``x_t``);
-* per-client gradients from ``torch.func``: ``vmap(grad(loss))`` over ``functional_call`` of the task's own model,
+* per-client losses from ``torch.func`` (``vmap(loss)`` over ``functional_call`` of the task's own model) and their
+  gradients from one backward pass of the losses' sum (client c's loss depends only on its own parameter rows),
   each client on its own mini-batch, drawn exactly as the sequential ClientApp draws it
   (:func:`~flower_strategies.core.client.batch_indices`, same seeds); batches shorter than the step's longest are
   padded and the padding gets weight 0, so each client's loss is the mean over its real examples;
@@ -38,7 +39,7 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common import MessageType, log
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, vmap
 
 from flower_strategies.core.client import (
     EVAL_CHUNK,
@@ -326,17 +327,23 @@ def train_stacked(
     params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
     weight_dtype = x_all.dtype if x_all.is_floating_point() else torch.float32
 
-    def client_loss(p: dict[str, Tensor], x: Tensor, y: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
+    def client_loss(p: dict[str, Tensor], x: Tensor, y: Tensor, n: Tensor) -> Tensor:
         weight = (torch.arange(x.shape[0], device=device) < n).to(weight_dtype)
-        loss = (example_losses(functional_call(model, p, (x,)), y) * weight).sum() / n.clamp(min=1)
-        return loss, loss.detach()
+        return (example_losses(functional_call(model, p, (x,)), y) * weight).sum() / n.clamp(min=1)
 
-    grad_fn = vmap(grad(client_loss, has_aux=True))
+    losses_fn = vmap(client_loss)
 
     def stacked_grads(index_np: np.ndarray, count_np: np.ndarray) -> tuple[dict[str, Tensor], Tensor]:
-        """Per-client gradients and losses of one step: ``index_np[c]`` = client c's (padded) batch positions."""
+        """Per-client gradients and losses of one step: ``index_np[c]`` = client c's (padded) batch positions.
+        Client c's loss depends only on its own rows of the stacked parameters, so the gradient of the sum of the
+        clients' losses is every client's own gradient: one backward pass through the batched forward."""
         idx = torch.from_numpy(index_np).to(device)
-        return grad_fn(params, x_all[idx], y_all[idx], torch.from_numpy(count_np).to(device))
+        leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        with torch.enable_grad():
+            losses = losses_fn(leaves, x_all[idx], y_all[idx], torch.from_numpy(count_np).to(device))
+            grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True,
+                                        materialize_grads=True)
+        return dict(zip(leaves, grads)), losses.detach()
 
     # MimeLite's gradient over all local data at x_t: every client's whole partition as one (padded) batch
     full = stacked_grads(*_whole_plan(sizes))[0] if rnd0.needs_full_gradient else None
