@@ -237,9 +237,13 @@ def _batch_plan(rnds: list[ClientRound], sizes: list[int], steps: list[int]) -> 
     index = np.repeat(offsets[None, :, None], max(steps), axis=0).repeat(width, axis=2)
     count = np.zeros((max(steps), len(rnds)), dtype=np.int64)
     for c, bs in enumerate(batches):
+        lengths = [len(b) for b in bs]
+        count[: len(bs), c] = lengths
+        if min(lengths) == max(lengths):  # the usual case: one assignment for all of the client's steps
+            index[: len(bs), c, : lengths[0]] = np.stack(bs) + offsets[c]
+            continue
         for s, b in enumerate(bs):
             index[s, c, : len(b)] = b + offsets[c]
-            count[s, c] = len(b)
     return index, count
 
 
