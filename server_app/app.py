@@ -370,14 +370,15 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
     except BaseException as err:  # anything else (a crash, SIGINT/SIGTERM): the run ends failed, with its error
         try:
             write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0, resumed_after, checkpointer,
-                          f"{type(err).__name__}: {err}", report.counts, info)
+                          f"{type(err).__name__}: {err}", report.counts, provenance.resolved(info))
         finally:
             tracker.close("failed")
         log(ERROR, "fedadapt: run FAILED: %s: %s (metrics in %s)", type(err).__name__, err, out)
         raise
     try:
         summary = write_summary(out, fed, run_config, strategy, writer, time.monotonic() - t0, resumed_after,
-                                checkpointer, None if failure is None else str(failure), report.counts, info)
+                                checkpointer, None if failure is None else str(failure), report.counts,
+                                provenance.resolved(info))
     finally:
         tracker.close("completed" if failure is None else "failed")
     if failure is not None:

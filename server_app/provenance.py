@@ -7,6 +7,7 @@ import dataclasses
 import os
 import platform
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,16 @@ def host() -> dict[str, Any]:
 
 
 def run_info(settings: Any, method: str, hparams: Any) -> dict[str, Any]:
-    """The summary's provenance fields: ``config``, ``versions``, ``git``, ``host``."""
-    return {"config": resolved_config(settings, method, hparams), "versions": versions(), "git": git_state(),
-            "host": host()}
+    """The summary's provenance fields: ``config``, ``versions``, ``git``, ``host``.  ``git`` is a
+    :class:`~concurrent.futures.Future` of :func:`git_state`: its three git subprocesses run in a background thread
+    while the run trains; :func:`resolved` waits for it."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedadapt-git")
+    git = pool.submit(git_state)
+    pool.shutdown(wait=False)  # the probe finishes; nothing else runs in this thread
+    return {"config": resolved_config(settings, method, hparams), "versions": versions(), "git": git, "host": host()}
+
+
+def resolved(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` (:func:`run_info`) with its ``git`` probe's result."""
+    git = info["git"]
+    return {**info, "git": git.result() if isinstance(git, Future) else git}

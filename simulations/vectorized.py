@@ -5,7 +5,8 @@ the ClientApp: each round's clients are grouped (same round content, settings, d
 split into chunks that fit a memory budget, and every chunk trains in one pass per local step —
 
 * parameters of shape ``(C, *shape)`` (C clients of the chunk, all starting at the received ``x_t``);
-* per-client gradients from ``torch.func``: ``vmap(grad(loss))`` over ``functional_call`` of the task's own model,
+* per-client losses from ``torch.func`` (``vmap(loss)`` over ``functional_call`` of the task's own model) and their
+  gradients from one backward pass of the losses' sum (client c's loss depends only on its own parameter rows),
   each client on its own mini-batch, drawn exactly as the sequential ClientApp draws it
   (:func:`~flower_strategies.core.client.batch_indices`, same seeds); batches shorter than the step's longest are
   padded and the padding gets weight 0, so each client's loss is the mean over its real examples;
@@ -35,10 +36,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common import MessageType, log
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, vmap
 
 from flower_strategies.core.client import (
     EVAL_CHUNK,
@@ -48,6 +49,7 @@ from flower_strategies.core.client import (
     load_client_state,
     loss_before_sample,
 )
+from flower_strategies.core import records as R
 from flower_strategies.core.local import ROUND, LocalOptimizer
 
 from .engine import LoopbackGrid
@@ -106,7 +108,7 @@ class VectorGrid(LoopbackGrid):
         from client_app.app import begin_train, device_of, model_for
 
         groups: dict[Any, list[tuple[int, Any]]] = {}
-        checked: set[int] = set()  # models (one per task and device) found stackable in this call
+        models: dict[tuple, nn.Module] = {}  # one per settings and device, each found stackable in this call
         for i, msg in enumerate(messages):
             if msg.metadata.message_type != MessageType.TRAIN:
                 continue
@@ -114,13 +116,15 @@ class VectorGrid(LoopbackGrid):
             try:
                 job = begin_train(msg, ctx)
                 device = device_of(ctx, job.fed.device)
-                model = model_for(job.fed, device)
+                model = models.get((job.fed, device))
+                if model is None:
+                    model = model_for(job.fed, device)
                 rnd = ClientRound(msg.content, ctx.state, seed=job.fed.seed, client_key=job.pid)
             except Exception:  # noqa: BLE001 - the sequential ClientApp turns it into this client's error reply
                 continue
-            if id(model) not in checked:
+            if (job.fed, device) not in models:
                 check_vectorizable(model, job.fed.task)
-                checked.add(id(model))
+                models[job.fed, device] = model
             key = (id(msg.content), job.fed, str(device), _layout(rnd, len(job.x)))
             groups.setdefault(key, []).append((i, (msg, ctx, job, rnd, model)))
         replies: dict[int, Message] = {}
@@ -233,9 +237,13 @@ def _batch_plan(rnds: list[ClientRound], sizes: list[int], steps: list[int]) -> 
     index = np.repeat(offsets[None, :, None], max(steps), axis=0).repeat(width, axis=2)
     count = np.zeros((max(steps), len(rnds)), dtype=np.int64)
     for c, bs in enumerate(batches):
+        lengths = [len(b) for b in bs]
+        count[: len(bs), c] = lengths
+        if min(lengths) == max(lengths):  # the usual case: one assignment for all of the client's steps
+            index[: len(bs), c, : lengths[0]] = np.stack(bs) + offsets[c]
+            continue
         for s, b in enumerate(bs):
             index[s, c, : len(b)] = b + offsets[c]
-            count[s, c] = len(b)
     return index, count
 
 
@@ -270,6 +278,36 @@ def _losses_before(model: nn.Module, rnds: list[ClientRound], x_all: Tensor, y_a
     return out
 
 
+def _model_records(model: nn.Module, params: Mapping[str, Tensor], clients: int) -> list[ArrayRecord] | None:
+    """Every client's model record, as ``tensor_record(model.state_dict())`` writes it once the client's rows are
+    in the model, built from the stacked parameters at once: one NumPy view per stacked tensor, the ``.npy`` header
+    once per tensor, one bytes copy per client and array (the buffers, equal for all clients, are serialised once).
+    ``None`` when the state dict holds anything else (extra state) or a non-contiguous parameter: the reply then
+    serialises the model itself."""
+    owner = {id(p): n for n, p in model.named_parameters()}
+    entries: list[tuple[str, str, tuple[int, ...], bytes, Any]] = []  # (key, dtype, shape, header, rows | payload)
+    for key, value in model.state_dict(keep_vars=True).items():
+        if not isinstance(value, Tensor) or (id(value) in owner and not value.is_contiguous()):
+            return None
+        if id(value) in owner:
+            stacked = params[owner[id(value)]].detach().cpu().contiguous().numpy()
+            prefix, dtype = R.npy_prefix(stacked.dtype, tuple(value.shape))
+            entries.append((key, dtype, tuple(value.shape), prefix, stacked.reshape(clients, -1)))
+        else:  # a buffer: the received value, unchanged by training
+            arr = R.to_array(value.detach().cpu().numpy())
+            entries.append((key, arr.dtype, arr.shape, b"", arr.data))
+    out = []
+    for c in range(clients):
+        record = ArrayRecord()
+        for key, dtype, shape, prefix, rows in entries:
+            if prefix:
+                record[key] = R.array_from_buffer(prefix, dtype, shape, memoryview(rows[c]).cast("B"))
+            else:
+                record[key] = R.array_from_buffer(b"", dtype, shape, memoryview(rows))
+        out.append(record)
+    return out
+
+
 def train_stacked(
     model: nn.Module,
     rnds: list[ClientRound],
@@ -293,17 +331,23 @@ def train_stacked(
     params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
     weight_dtype = x_all.dtype if x_all.is_floating_point() else torch.float32
 
-    def client_loss(p: dict[str, Tensor], x: Tensor, y: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
+    def client_loss(p: dict[str, Tensor], x: Tensor, y: Tensor, n: Tensor) -> Tensor:
         weight = (torch.arange(x.shape[0], device=device) < n).to(weight_dtype)
-        loss = (example_losses(functional_call(model, p, (x,)), y) * weight).sum() / n.clamp(min=1)
-        return loss, loss.detach()
+        return (example_losses(functional_call(model, p, (x,)), y) * weight).sum() / n.clamp(min=1)
 
-    grad_fn = vmap(grad(client_loss, has_aux=True))
+    losses_fn = vmap(client_loss)
 
     def stacked_grads(index_np: np.ndarray, count_np: np.ndarray) -> tuple[dict[str, Tensor], Tensor]:
-        """Per-client gradients and losses of one step: ``index_np[c]`` = client c's (padded) batch positions."""
+        """Per-client gradients and losses of one step: ``index_np[c]`` = client c's (padded) batch positions.
+        Client c's loss depends only on its own rows of the stacked parameters, so the gradient of the sum of the
+        clients' losses is every client's own gradient: one backward pass through the batched forward."""
         idx = torch.from_numpy(index_np).to(device)
-        return grad_fn(params, x_all[idx], y_all[idx], torch.from_numpy(count_np).to(device))
+        leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        with torch.enable_grad():
+            losses = losses_fn(leaves, x_all[idx], y_all[idx], torch.from_numpy(count_np).to(device))
+            grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True,
+                                        materialize_grads=True)
+        return dict(zip(leaves, grads)), losses.detach()
 
     # MimeLite's gradient over all local data at x_t: every client's whole partition as one (padded) batch
     full = stacked_grads(*_whole_plan(sizes))[0] if rnd0.needs_full_gradient else None
@@ -337,6 +381,7 @@ def train_stacked(
     state_rows = {n: {k: v.unbind(0) for k, v in opt.state[params[n]].items() if _per_client(v, clients)}
                   for n in named}
     fulls = [None] * clients if full is None else [{n: g[c] for n, g in full.items()} for c in range(clients)]
+    records = _model_records(model, params, clients) if opt.sends_model else None
     replies = []
     opt_c: LocalOptimizer | None = None
     for c, rnd in enumerate(rnds):
@@ -356,7 +401,7 @@ def train_stacked(
         for s in range(steps[c]):  # the sequential loop's float sum, in its order
             total += per_step[s][c]
         replies.append(rnd.reply(model, opt_c, num_examples=sizes[c], train_loss=total / max(steps[c], 1),
-                                 train_loss_before=befores[c]))
+                                 train_loss_before=befores[c], model_record=None if records is None else records[c]))
     return replies
 
 

@@ -200,3 +200,25 @@ def test_the_reply_digest_is_equal_for_equal_bytes_and_changes_with_any_bit(size
         swapped = data.copy()
         swapped[:8], swapped[8:16] = data[8:16], data[:8].copy()
         assert (digest(swapped) == digest(data)) == bool((data[:8] == data[8:16]).all())
+
+
+@pytest.mark.parametrize("size", [0, 7, 8, 4096 * 8 + 3, (1 << 18) * 8, (1 << 18) * 8 + 8])
+def test_the_fingerprint_is_its_definition_block_by_block(size):
+    """Digests are checkpointed: the fingerprint (one-block fast path included) stays exactly the documented one —
+    length, the tail past the last whole word, then per block of 2**18 words their sum and weighted sum mod 2**64."""
+    import hashlib
+    import operator
+
+    from flower_strategies.core.binding import _BLOCK, _WEIGHTS, _absorb
+
+    data = np.random.default_rng(size).integers(0, 256, size=size, dtype=np.uint8).tobytes()
+    ours, ref = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
+    _absorb(ours, data)
+    whole = size - size % 8
+    ref.update(size.to_bytes(8, "little") + data[whole:])
+    words = np.frombuffer(data[:whole], "<u8").tolist()  # Python ints: exact products and sums
+    for start in range(0, len(words), _BLOCK):
+        block = words[start:start + _BLOCK]
+        weighted = sum(map(operator.mul, block, _WEIGHTS[: len(block)].tolist()))
+        ref.update((sum(block) % 2**64).to_bytes(8, "little") + (weighted % 2**64).to_bytes(8, "little"))
+    assert ours.digest() == ref.digest()

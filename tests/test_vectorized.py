@@ -171,3 +171,53 @@ def test_bench_vectorized_runs(task, capsys):
     assert "sequential" in out and "vectorized" in out and "plain" in out
     if task == "cifar-gn-cnn":  # float32 local models of both engines agree
         assert float(re.search(r"sequential\): ([0-9.e+-]+)", out).group(1)) < 1e-5
+
+
+def test_model_records_from_stacked_parameters_equal_each_clients_own_serialisation():
+    """The replies' model records built from the stacked parameters at once are byte for byte (and field for field)
+    what ``tensor_record(model.state_dict())`` writes with each client's rows copied into the model: tied weights
+    under both names, a buffer, a 0-d parameter; extra state falls back to the per-client serialisation."""
+    from flower_strategies.core.client import tensor_record
+    from simulations.vectorized import _model_records
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+            self.b.weight = self.a.weight  # tied: one parameter, two state-dict keys
+            self.scale = torch.nn.Parameter(torch.tensor(1.5, dtype=torch.float64))
+            self.register_buffer("steps", torch.arange(4, dtype=torch.int64))
+
+    model = Net()
+    gen = torch.Generator().manual_seed(0)
+    params = {n: torch.randn(3, *p.shape, generator=gen, dtype=p.dtype) for n, p in model.named_parameters()}
+    records = _model_records(model, params, 3)
+    assert records is not None and len(records) == 3
+    for c, record in enumerate(records):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n][c])
+        expected = tensor_record(model.state_dict())
+        assert list(record) == list(expected)
+        assert sorted(expected) == ["a.bias", "a.weight", "b.bias", "b.weight", "scale", "steps"]
+        assert all(vars(record[k]) == vars(expected[k]) for k in expected)  # dtype, shape, stype, bytes, dirty flag
+        assert record["a.weight"].data != records[(c + 1) % 3]["a.weight"].data  # each client's own rows
+
+    class WithExtraState(Net):
+        def get_extra_state(self):
+            return {"x": 1}
+
+    assert _model_records(WithExtraState(), params, 3) is None
+
+
+def test_directly_built_arrays_are_flowers_arrays():
+    """``records.to_array`` sets Flower's ``Array`` fields directly (no per-call argument checks): the same fields,
+    payload bytes (``np.save``'s) and object id as Flower's own constructor, for C-ordered and transposed arrays."""
+    from flwr.app import Array
+
+    from flower_strategies.core import records as R
+
+    assert R._DIRECT_OK  # with the pinned flwr the direct path is taken
+    for arr in (np.arange(12, dtype=np.float32).reshape(3, 4), np.arange(6.0).reshape(2, 3).T, np.array(7, np.int64)):
+        ours, theirs = R.to_array(arr), Array(arr)
+        assert vars(ours) == vars(theirs) and ours.object_id == theirs.object_id

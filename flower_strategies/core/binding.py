@@ -111,6 +111,11 @@ def _absorb(h: Any, data: Any) -> None:
     h.update(raw.size.to_bytes(8, "little"))
     h.update(raw[whole:].tobytes())
     words = raw[:whole].view(np.uint64)
+    if words.size <= _BLOCK:  # one block or none (most arrays): the loop's result without its scratch and slicing
+        if words.size:
+            h.update(np.array((words.sum(dtype=np.uint64), (words * _WEIGHTS[: words.size]).sum(dtype=np.uint64)),
+                              np.uint64).tobytes())
+        return
     sums = np.empty(2 * -(-words.size // _BLOCK), np.uint64)
     scratch = np.empty(min(_BLOCK, words.size), np.uint64)
     for j, start in enumerate(range(0, words.size, _BLOCK)):

@@ -389,6 +389,7 @@ class ClientRound:
         train_loss: float | None = None,
         train_loss_before: float | None = None,
         metrics: Mapping[str, float] | None = None,
+        model_record: ArrayRecord | None = None,
     ) -> RecordDict:
         """The reply content: model (if the method sends it), the optimizer's uplink records, ``metrics``
         (``num-examples``, ``num-steps`` = steps actually taken, losses) and the method marker; saves the
@@ -399,7 +400,9 @@ class ClientRound:
         :meth:`batches` / :attr:`loader` yielded.  ``train_loss_before`` defaults to the one :meth:`optimizer`
         computed (methods that need it).  ``num_examples`` defaults to ``len(loader.dataset)`` of the
         constructor's loader.  A full-batch round (FedDA) must have taken its one full-batch step (iterate
-        :attr:`loader`), else this raises."""
+        :attr:`loader`), else this raises.  ``model_record``: the model's record when the caller has already
+        serialised it (it must be byte-identical to ``tensor_record(model.state_dict())``; the vectorized engine
+        builds every client's from the stacked parameters at once)."""
         if num_examples is None and self.data is not None:
             num_examples = num_examples_of(self.data)
         if not isinstance(num_examples, int) or isinstance(num_examples, bool) or num_examples <= 0:
@@ -415,15 +418,19 @@ class ClientRound:
                 "ClientRound.reply(..., train_loss_before=before)"
             )
         reply = RecordDict()
+
+        def model_arrays() -> ArrayRecord:
+            return tensor_record(model.state_dict()) if model_record is None else model_record
+
         if optimizer is None:
-            reply[R.MODEL] = tensor_record(model.state_dict())
+            reply[R.MODEL] = model_arrays()
         else:
             check_bound(optimizer, model)
             uplink = optimizer.uplink()
             if self.state is not None:
                 save_client_state(self.state, optimizer.client_state())
             if optimizer.sends_model:
-                reply[R.MODEL] = tensor_record(model.state_dict())
+                reply[R.MODEL] = model_arrays()
             for name, arrays in uplink.items():
                 reply[name] = tensor_record({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
         out: dict[str, Any] = dict(metrics or {})
@@ -434,7 +441,7 @@ class ClientRound:
             out[R.TRAIN_LOSS] = float(train_loss)
         if train_loss_before is not None:
             out[R.TRAIN_LOSS_BEFORE] = float(train_loss_before)
-        refuse_flower_dp_mods(self.method, list(reply.array_records))  # core/privacy.py
+        refuse_flower_dp_mods(self.method, list(reply))  # core/privacy.py; so far only array records
         reply[R.METRICS] = MetricRecord(out)
         reply[R.REPLY_INFO] = ConfigRecord({R.METHOD: self.method})
         return reply
