@@ -291,6 +291,11 @@ class StrategyConfig(HParams):
              "median norm of that record (needs ≥ 3 replies; 1 = the median, see docs/robustness.md; 0 = off: the "
              "methods' own algorithms)",
     )
+    update_cosine_floor: float = param(
+        -1.0, lo=-1.0, hi=1.0,
+        help="reject a reply whose model update has a cosine below this with the round's robust centre (the mean of "
+             "the updates, each scaled down onto the round's median norm; needs ≥ 3 replies); -1 = off",
+    )
     aggregator: str = param(
         "mean", choices=AGGREGATORS,
         help="mean = the method's own rule; median / trimmed-mean = coordinate-wise robust aggregation of every "
