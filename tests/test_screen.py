@@ -234,3 +234,11 @@ def test_direction_screen_stays_off_on_honest_replies_by_default_and_with_two_re
     assert len(screen().run(1, [*honest, flipped]).kept) == 5  # default: not screened
     two = screen(ScreenPolicy(update_cosine_floor=0.0)).run(1, [honest[0], flipped])  # no centre without a majority
     assert len(two.kept) == 2 and not two.rejections
+
+
+def test_direction_screen_is_refused_with_native_dp():
+    from flower_strategies.core.hparams import ConfigError, StrategyConfig
+
+    with pytest.raises(ConfigError, match="update-cosine-floor = -1: .* rejection set by the other clients"):
+        StrategyConfig(dp_clip=1.0, update_cosine_floor=0.0)
+    assert StrategyConfig(dp_clip=1.0).update_cosine_floor == -1.0
