@@ -24,7 +24,7 @@ import pytest
 from simulations.bench_robustness import run_case
 from tests.test_attacks import one_thread  # noqa: F401 - the same module-wide autouse fixture (1 thread, quiet logs)
 
-pytestmark = pytest.mark.slow  # 41 short federated runs (~40 s); the full suite (CI) runs them
+pytestmark = pytest.mark.slow  # 41 short federated runs (40 s on the loaded 2-core VM); the full suite (CI) runs them
 
 NOISE = 0.05
 ROUNDS = 10
