@@ -24,7 +24,7 @@ import pytest
 from simulations.bench_robustness import run_case
 from tests.test_attacks import one_thread  # noqa: F401 - the same module-wide autouse fixture (1 thread, quiet logs)
 
-pytestmark = pytest.mark.slow  # 34 short federated runs (~30 s); the full suite (CI) runs them
+pytestmark = pytest.mark.slow  # 41 short federated runs (40 s on the loaded 2-core VM); the full suite (CI) runs them
 
 NOISE = 0.05
 ROUNDS = 10
@@ -54,6 +54,15 @@ CASES: list[tuple[str, str, str | None, tuple[str, float]]] = [
     ("iid", "mean", "boost-50x", ("<=", 0.15)),  # 0.100
     ("non-iid", "mean", "flip-50x", ("<=", 0.15)),  # 0.097
     ("iid", "mean", "flip-2of5-99x", ("<=", 0.15)),  # 0.097
+    ("iid", "mean", "boost-9x", ("<=", 0.70)),  # 0.650: a boost inside every norm bound (not directional)
+    # the opt-in direction screen (update-cosine-floor 0), alone and with the update clip at 1×
+    ("iid", "mean-cos0", "flip-2of5-1x", NEAR_CLEAN),  # both flips rejected every round
+    ("non-iid", "mean-cos0", "flip-1x", ("<=", 0.74)),  # 0.711: a label-skewed flip is only weakly opposed
+    ("iid", "mean-cos0-clip1", "flip-50x", NEAR_CLEAN),
+    ("iid", "mean-cos0-clip1", "boost-9x", NEAR_CLEAN),
+    ("iid", "mean-cos0-clip1", "noise-50x", NEAR_CLEAN),
+    ("non-iid", "mean-cos0-clip1", None, NEAR_CLEAN),  # no honest cost on the label-skewed clean run
+    ("non-iid", "mean-cos0-clip1", "flip-50x", (">=", 0.68)),  # 0.711 (clip alone: 0.700)
     # robust aggregators (byzantine-fraction 0.2: one of 5; update clip at 1×), iid
     ("iid", "trimmed-mean", "flip-50x", NEAR_CLEAN),
     ("iid", "trimmed-mean", "flip-2of5-1x", ("<=", 0.70)),  # 0.617: two attackers, one tolerated

@@ -184,3 +184,61 @@ def test_byzantine_count_is_the_ceiling_of_f_times_n():
     assert byzantine_count(0.1, 30) == 3 and byzantine_count(0.0, 7) == 0  # 0.1·30 = 3.0000000000000004
     with pytest.raises(ValueError, match=r"byzantine-fraction must be in \[0, 0.5\)"):
         byzantine_count(0.5, 4)
+
+
+# ------------------------------------------------------------------------------------------ direction screen
+def vector_reply(src, w, n=10):
+    return reply(src, {R.MODEL: {"w": np.asarray(w, np.float32), "n": np.array(7, np.int64)}}, num_examples=n)
+
+
+HONEST_W = [[1.0, 0.2, 0.0, 0.1], [0.8, 0.4, 0.1, 0.0], [1.2, 0.0, -0.1, 0.2], [0.9, 0.3, 0.2, 0.1]]
+
+
+def test_centre_cosines_match_a_float64_closed_form():
+    """Centre = mean of the updates, each scaled down onto the lower-median norm; cosine of each update with it."""
+    from flower_strategies.core.robust import centre_cosines
+
+    ref = {"w": np.array([0.5, -0.5, 0.0, 1.0]), "n": np.array(3, np.int64)}
+    updates = np.array([*HONEST_W, [-50.0, -10.0, 0.0, -5.0]])
+    items = [{"w": ref["w"] + u, "n": np.array(1, np.int64)} for u in updates]
+    norms = [float(np.linalg.norm(u)) for u in updates]
+    median = sorted(norms)[2]
+    centre = sum(min(1.0, median / n) * u for u, n in zip(updates, norms)) / 5
+    expected = [float(u @ centre / (np.linalg.norm(u) * np.linalg.norm(centre))) for u in updates]
+    assert centre_cosines(items, ref, norms) == pytest.approx(expected, rel=1e-12)
+    assert expected[4] < -0.9 and min(expected[:4]) > 0.9
+    zero = [{"w": ref["w"].copy(), "n": np.array(1, np.int64)} for _ in range(3)]
+    assert centre_cosines(zero, ref, [0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]  # no direction: never below a floor
+
+
+@pytest.mark.parametrize("scale", [1.0, 50.0])
+def test_direction_screen_rejects_a_sign_flipped_update_with_its_reason(scale):
+    flipped = vector_reply(5, -scale * np.asarray(HONEST_W[0]))
+    replies = [vector_reply(i + 1, w) for i, w in enumerate(HONEST_W)] + [flipped]
+    out = screen(ScreenPolicy(update_cosine_floor=0.0)).run(3, replies)
+    clean = screen().run(3, replies[:4])
+    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
+    assert len(out.rejections) == 1
+    assert out.rejections[0].startswith("node 5: record 'arrays' update points against the round's centre (cosine -0.")
+    assert out.rejections[0].endswith("< update-cosine-floor 0)")
+    assert out.aggregates[R.MODEL]["w"].tobytes() == clean.aggregates[R.MODEL]["w"].tobytes()  # as if never sent
+
+
+def test_direction_screen_stays_off_on_honest_replies_by_default_and_with_two_replies():
+    honest = [vector_reply(i + 1, w) for i, w in enumerate(HONEST_W)]
+    on = screen(ScreenPolicy(update_cosine_floor=0.0)).run(1, honest)
+    off = screen().run(1, honest)
+    assert ScreenPolicy().update_cosine_floor == -1.0  # off by default: the paper algorithms
+    assert not on.rejections and on.aggregates[R.MODEL]["w"].tobytes() == off.aggregates[R.MODEL]["w"].tobytes()
+    flipped = vector_reply(5, -np.asarray(HONEST_W[0]))
+    assert len(screen().run(1, [*honest, flipped]).kept) == 5  # default: not screened
+    two = screen(ScreenPolicy(update_cosine_floor=0.0)).run(1, [honest[0], flipped])  # no centre without a majority
+    assert len(two.kept) == 2 and not two.rejections
+
+
+def test_direction_screen_is_refused_with_native_dp():
+    from flower_strategies.core.hparams import ConfigError, StrategyConfig
+
+    with pytest.raises(ConfigError, match="update-cosine-floor = -1: .* rejection set by the other clients"):
+        StrategyConfig(dp_clip=1.0, update_cosine_floor=0.0)
+    assert StrategyConfig(dp_clip=1.0).update_cosine_floor == -1.0

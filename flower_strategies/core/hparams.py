@@ -291,6 +291,11 @@ class StrategyConfig(HParams):
              "median norm of that record (needs ≥ 3 replies; 1 = the median, see docs/robustness.md; 0 = off: the "
              "methods' own algorithms)",
     )
+    update_cosine_floor: float = param(
+        -1.0, lo=-1.0, hi=1.0,
+        help="reject a reply whose model update has a cosine below this with the round's robust centre (the mean of "
+             "the updates, each scaled down onto the round's median norm; needs ≥ 3 replies); -1 = off",
+    )
     aggregator: str = param(
         "mean", choices=AGGREGATORS,
         help="mean = the method's own rule; median / trimmed-mean = coordinate-wise robust aggregation of every "
@@ -329,10 +334,12 @@ class StrategyConfig(HParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.dp_clip > 0:  # native DP (core/privacy.py): bounded, unweighted contributions
-            if self.weighting == "examples" or self.aggregator != "mean" or self.update_clip_ratio > 0:
-                raise ConfigError("dp-clip > 0 needs weighting = uniform (or default), aggregator = mean and "
-                                  "update-clip-ratio = 0: a weighted or robust aggregate, or a clip bound set by the "
-                                  "other clients' norms, has no bounded sensitivity to one client")
+            if (self.weighting == "examples" or self.aggregator != "mean" or self.update_clip_ratio > 0
+                    or self.update_cosine_floor > -1):
+                raise ConfigError("dp-clip > 0 needs weighting = uniform (or default), aggregator = mean, "
+                                  "update-clip-ratio = 0 and update-cosine-floor = -1: a weighted or robust aggregate, "
+                                  "or a clip bound or rejection set by the other clients' replies, has no bounded "
+                                  "sensitivity to one client")
             object.__setattr__(self, "weighting", "uniform")
             object.__setattr__(self, "update_norm_ratio", 0.0)
         for f in dataclasses.fields(self):  # an int given for a float field is stored as that float

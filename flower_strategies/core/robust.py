@@ -3,6 +3,8 @@
 * :func:`clip_scales` / :func:`clipped` — the norm clip: every reply whose record norm exceeds ``ratio`` × the
   round's lower-median norm of that record is scaled back onto that bound (a ``keys="model"`` record around the
   round's global model, i.e. its update ``x_i − x_t`` is scaled; any other record around zero);
+* :func:`centre_cosines` — the direction screen: each reply's cosine with the mean of the round's updates clipped
+  onto their lower-median norm (a centre one reply moves by at most 1/N of an honest norm);
 * :func:`byzantine_count` — how many of ``n`` replies a tolerated Byzantine fraction ``f`` means, ``⌈f·n⌉``;
 * :func:`robust_aggregate` — coordinate-wise median / trimmed mean (trimming ``t`` values per side);
 * :func:`krum_select` — Krum / multi-Krum (Blanchard et al., 2017): the replies whose updates are closest to their
@@ -85,6 +87,30 @@ def clipped(arrays: Mapping[str, np.ndarray], scale: float, reference: Mapping[s
             ref = np.asarray(reference[key])
             out[key] = (ref + (arr - ref) * scale).astype(arr.dtype, copy=False)
     return out
+
+
+# ------------------------------------------------------------------------------------------ direction screen
+def centre_cosines(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping[str, np.ndarray],
+                   norms: Sequence[float]) -> list[float]:
+    """Each item's cosine with the round's robust centre: the unweighted mean of the updates ``item − reference``,
+    each first scaled down onto the lower median of ``norms`` (the items' update norms, as measured by the screen).
+    One item moves the centre by at most 1/N of an honest norm, however it is scaled.  An item or a centre of norm 0
+    has cosine 0.  Floating keys of ``reference`` only; float64; O(model) memory beyond the items."""
+    scales, _ = clip_scales(norms, 1.0)
+    dots = [0.0] * len(items)
+    centre_sq = 0.0
+    for key, value in reference.items():
+        ref = np.asarray(value, np.float64)
+        if not is_float(np.asarray(value)):
+            continue
+        centre = np.zeros_like(ref)
+        for scale, item in zip(scales, items):
+            centre += scale * (np.asarray(item[key], np.float64) - ref)
+        centre_sq += float(np.vdot(centre, centre))
+        for j, item in enumerate(items):
+            dots[j] += float(np.vdot(np.asarray(item[key], np.float64) - ref, centre))
+    size = math.sqrt(centre_sq)
+    return [d / (n * size) if n > 0 and size > 0 else 0.0 for d, n in zip(dots, norms)]
 
 
 # ------------------------------------------------------------------------------------------ coordinate-wise rules

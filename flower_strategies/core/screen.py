@@ -11,9 +11,11 @@ Every defence of the server sits here, in this order:
    so that one reply cannot move K̄, the mean step count the server math reads;
 4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured in
    the same chunk-major pass that folds the replies into the aggregates (:func:`.ops.fold`);
-5. **norm clip** — each surviving reply's record scaled back onto ``update_clip_ratio`` × the round's median norm
+5. **direction screen** — with ``update_cosine_floor`` > −1 (opt-in), a reply whose model update has a cosine
+   below it with the round's robust centre (:func:`.robust.centre_cosines`) is rejected;
+6. **norm clip** — each surviving reply's record scaled back onto ``update_clip_ratio`` × the round's median norm
    (:func:`.robust.clip_scales`; a model record around the global model, i.e. its update);
-6. **robust aggregation** — ``aggregator`` = krum / multi-krum keeps the best-scored replies
+7. **robust aggregation** — ``aggregator`` = krum / multi-krum keeps the best-scored replies
    (:func:`.robust.krum_select`), median / trimmed-mean replaces the mean of every ``"mean"``-rule record; each needs
    enough replies for ``byzantine_fraction`` (:func:`.robust.min_replies`), else the round's replies are rejected
    with the reason.
@@ -37,8 +39,8 @@ from flwr.common import log
 
 from . import records as R
 from .ops import NamedArrays, fold, is_float
-from .robust import COORDINATE_RULES, SELECTION_RULES, TooFewReplies, byzantine_count, check_replies, clip_scales, \
-    clipped, krum_select, lower_median, robust_aggregate
+from .robust import COORDINATE_RULES, SELECTION_RULES, TooFewReplies, byzantine_count, check_replies, \
+    centre_cosines, clip_scales, clipped, krum_select, lower_median, robust_aggregate
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 CLIENT_HALF_REASON = "reply was not produced by the client half of fedadapt method"
@@ -66,6 +68,7 @@ class ScreenPolicy:
     max_update_norm: float = 0.0
     update_norm_ratio: float = 100.0
     update_clip_ratio: float = 0.0
+    update_cosine_floor: float = -1.0
     max_weight_ratio: float = 1.5
     #: The round's plan (what :func:`.client.num_local_steps` gives a client): K, else E·⌈n/B⌉.
     local_steps: int = 0
@@ -192,6 +195,7 @@ class ReplyScreen:
                     survivors.remove(j)
                     self._reject(out, server_round, kept[j][0], f"record '{spec.name}' norm {norms[i][j]:.4g} exceeds "
                                  f"update-norm-ratio {ratio:g} × the round's median {median:.4g}")
+        survivors = self._direction_screen(out, server_round, kept, survivors, norms)
         changed = len(survivors) < len(kept)
         kept = [kept[j] for j in survivors]
         out.updates_clipped = self._clip(server_round, kept, [[n[j] for j in survivors] for n in norms])
@@ -243,6 +247,26 @@ class ReplyScreen:
                 aggregates[spec.name] = agg
             norms.append(n)
         return weights, aggregates, norms
+
+    def _direction_screen(self, out: Screened, server_round: int, kept: Sequence[Parsed], survivors: list[int],
+                          norms: list[list[float]]) -> list[int]:
+        """The survivors whose model update does not point against the round's robust centre: a reply whose cosine
+        with it (:func:`.robust.centre_cosines`) is below ``update_cosine_floor`` is rejected.  Model records only;
+        needs at least 3 replies (with 2 the centre is as much the attacker's as the other's)."""
+        floor = self.policy.update_cosine_floor
+        if floor <= -1 or len(survivors) < 3:
+            return survivors
+        for i, spec in enumerate(self.specs):
+            if spec.keys != "model":
+                continue
+            cosines = centre_cosines([kept[j][1][spec.name] for j in survivors], self.current,
+                                     [norms[i][j] for j in survivors])
+            for j, cos in list(zip(survivors, cosines)):
+                if cos < floor:
+                    survivors.remove(j)
+                    self._reject(out, server_round, kept[j][0], f"record '{spec.name}' update points against the "
+                                 f"round's centre (cosine {cos:.3f} < update-cosine-floor {floor:g})")
+        return survivors
 
     def _clip(self, server_round: int, kept: Sequence[Parsed], norms: list[list[float]]) -> int:
         """Scale every record whose norm exceeds ``update_clip_ratio`` × the round's lower-median norm of that record
