@@ -48,8 +48,8 @@ def _adam_lipschitz(ref: LegacyStrategy, eps: float) -> float:
 #: The method, its settings beyond the defaults, and the Lipschitz constant of its server map (aggregate → model).
 CASES = {
     "fedadam": ({}, _adam_lipschitz),  # server-only: local SGD, server Adam on the mean update
-    # client half (local AMSGrad + offset), model and v̂ both example-weighted means; x' = x − η_g·(x − mean)
-    "fedlada": ({"weighting": "examples"}, lambda ref, eps: ref.inner.hparams.server_lr),
+    # client half (client momentum mixing the broadcast global update), example-weighted; x' = x − η_g·(x − mean)
+    "fedcm": ({"weighting": "examples"}, lambda ref, eps: ref.inner.hparams.server_lr),
 }
 
 
@@ -123,7 +123,9 @@ def test_a_halted_round_counts_as_failed_and_the_run_fails():
 ELIGIBLE = {"fedadagrad", "fedadam", "fedavg", "fedavgm", "fedda", "fedda-adagrad", "fedda-adam", "fedda-sgdm",
             "fedlocal", "fedlocal-sync", "fedprox", "fedyogi", "mimelite"}
 #: Refused by default, eligible with weighting = examples (their paper's uniform mean).
-UNIFORM = {"adpfed", "fedams", "fedcm", "fedlada", "fedlamb", "localadam", "localupdate", "localupdatedecay"}
+UNIFORM = {"adpfed", "fedcm", "localupdate", "localupdatedecay"}
+#: Refused whatever the weighting: a second-moment record (v, v̂) below SecAgg+'s fixed-point resolution.
+MOMENTS = {"fedams": "'v'", "fedlada": "'v-hat'", "fedlamb": "'v'", "localadam": "'v-hat'"}
 
 
 def _build(**changes):
@@ -137,7 +139,11 @@ def test_every_method_is_eligible_or_refused_naming_the_reason():
             _build(method=name)
         except ConfigError as err:
             refused[name] = str(err)
-    assert set(METHODS) - set(refused) == ELIGIBLE and set(refused) == UNIFORM | {"scaffold"}
+    assert set(METHODS) - set(refused) == ELIGIBLE and set(refused) == UNIFORM | set(MOMENTS) | {"scaffold"}
+    for name, record in MOMENTS.items():
+        for weighting in ("uniform", "examples"):
+            with pytest.raises(ConfigError, match=f"second-moment record.*{record}.*secure-aggregation = off"):
+                _build(method=name, weighting=weighting)
     for name in UNIFORM:
         assert "weighting = uniform" in refused[name] and "set weighting = examples" in refused[name]
         _build(method=name, weighting="examples")  # then eligible
@@ -208,14 +214,13 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _check_run(flwr_home: Path, run_dir: Path) -> None:
+def _check_run(log: Path, run_dir: Path) -> None:
     """Two SecAgg+ rounds of 3 clients, each aggregated, nothing clipped; the workflow ran its four stages."""
     got = _rows(run_dir)
     assert [r["round"] for r in got] == [0, 1, 2]
     assert all(r["replies-used"] == 3 and r["updated"] and r[secagg.CLIPPED] == 0 for r in got[1:])
     assert got[2]["test-accuracy"] > got[0]["test-accuracy"] + 0.2
-    log = (flwr_home / "logs" / "flwr-run.log").read_text(errors="replace")
-    assert log.count("Secure aggregation completed.") == 2
+    assert log.read_text(errors="replace").count("Secure aggregation completed.") == 2
 
 
 @pytest.mark.slow
@@ -227,16 +232,25 @@ def test_secaggplus_in_the_ray_simulation(tmp_path):
     cfg = (f"method='fedadam' secure-aggregation='secaggplus' num-server-rounds=2 local-epochs=1 "
            f"learning-curve=false output-dir='{out}' run-name='sa'")
     assert launch_sim(3, cfg, tmp_path / "flwr", timeout=400) == 0
-    _check_run(tmp_path / "flwr", out / "sa")
+    _check_run(tmp_path / "flwr" / "logs" / "flwr-run.log", out / "sa")
 
 
 @pytest.mark.slow
 def test_secaggplus_in_a_real_deployment(tmp_path):
-    """fedlada (client half; weighting = examples) under SecAgg+ on a real SuperLink + 3 SuperNodes (loopback)."""
-    from simulations.launch import launch_deploy
+    """On one real SuperLink + 3 SuperNodes (loopback), two SecAgg+ runs one after the other: fedcm (client half;
+    weighting = examples), then fedadam (server-only)."""
+    from simulations.launch import APP_DIR, build_run_config, deploy_cluster
+    from simulations.launch.flwr_cli import flwr_run
 
     out = tmp_path / "out"
-    cfg = (f"method='fedlada' weighting='examples' secure-aggregation='secaggplus' num-server-rounds=2 "
-           f"local-epochs=1 learning-curve=false output-dir='{out}' run-name='sa'")
-    assert launch_deploy(3, cfg, tmp_path / "flwr", timeout=400, task_poll_interval=0.1, preloaded=True) == 0
-    _check_run(tmp_path / "flwr", out / "sa")
+    runs = {"cl": "method='fedcm' weighting='examples'", "so": "method='fedadam'"}
+    with deploy_cluster(3, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
+        for name, method in runs.items():
+            cfg = build_run_config(f"{method} secure-aggregation='secaggplus' num-server-rounds=2 local-epochs=1 "
+                                   f"learning-curve=false output-dir='{out}' run-name='{name}'", APP_DIR,
+                                   {"min-available-nodes": 3, "min-train-nodes": 2})
+            run_id, status, output = flwr_run(cluster, conn, cfg, None, 400, APP_DIR)
+            assert status == "finished:completed", (run_id, status, output[-2000:])
+    logs = tmp_path / "flwr" / "logs"
+    _check_run(logs / "flwr-run.log", out / "cl")
+    _check_run(logs / "flwr-run-2.log", out / "so")

@@ -41,6 +41,12 @@ SECAGG_CONFIGS = "secaggplus_configs"
 SECAGG_STATE = "secaggplus_state"
 #: The client's count of values Flower's quantizer clips (``FitRes.metrics``, in the clear) and the round's total.
 CLIPPED = "secagg-clipped"
+#: Uplink records that are second-moment estimates (squared gradients: v of FedAMS/Fed-LAMB, v̂ of FedLADA/local
+#: Adam).  Their entries are often far below one quantization level 2c/Q (3.8e-6 at Flower's defaults), so SecAgg+'s
+#: fixed-point mean of them loses its relative precision (stochastic rounding makes entries of a few levels or
+#: negative), and the adaptive denominator built from it breaks: measured on digits-mlp, 3 nodes, 2 rounds, these
+#: methods fall to 0.09–0.58 in round 2 where the plain run reaches 0.53–0.81 (docs/privacy.md section 4).
+SECOND_MOMENTS = frozenset({"v", "v-hat"})
 #: What a refused method or setting should use instead.
 INSTEAD = ("run it with secure-aggregation = off (and, for privacy against whoever sees the released model, "
            "fedadapt's native DP: dp-clip / dp-noise-multiplier, docs/privacy.md)")
@@ -59,6 +65,11 @@ def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
     if bad:
         return (f"{name} aggregates the uplink record(s) {', '.join(bad)} by another rule than the example-weighted "
                 f"mean, the only aggregate SecAgg+ computes (n copies of a mean are not a sum); {INSTEAD}")
+    moments = [f"'{r.name}'" for r in strategy.uplink_specs() if r.name in SECOND_MOMENTS]
+    if moments:
+        return (f"{name} sends the second-moment record(s) {', '.join(moments)}, whose entries lie below SecAgg+'s "
+                f"fixed-point resolution (clipping-range / quantization-range): their secure mean loses its relative "
+                f"precision and the adaptive step built on it breaks; {INSTEAD}")
     if strategy.weighting != "examples":
         return (f"{name} averages with weighting = uniform, but SecAgg+ always weights each client by its "
                 f"num-examples; set weighting = examples (an example-weighted variant of {name}) or {INSTEAD}")
