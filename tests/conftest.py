@@ -49,7 +49,6 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_ray_cluster.py::", "ray"),
     ("tests/test_runtime.py::test_ray_simulation_failure_is_reported", "ray"),
     ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
-    ("tests/test_launch_superlink_lost.py::", "ray"),  # a deployment, placed here to balance the two groups' time
     ("tests/test_secagg.py::test_secaggplus_in_the_ray_simulation", "ray"),
     ("tests/test_secagg.py::test_secaggplus_in_a_real_deployment", "deploy"),
     ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from collections.abc import Mapping
@@ -75,6 +76,12 @@ class NodesGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None):
         raise NotImplementedError
+
+
+def our_processes(home) -> list[str]:
+    """Live processes (not zombies) whose command line names ``home`` (a launch's FLWR_HOME): none once it ended."""
+    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(home) in line and not line.startswith("Z")]
 
 
 def config(**kv) -> ConfigRecord:

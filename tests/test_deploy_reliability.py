@@ -3,14 +3,18 @@ is killed and resumed (slow: real Flower processes, started with ``simulations.l
 
 * A SuperNode killed with SIGKILL after round 1 costs at most one round-timeout: round 2 proceeds with the two
   replies it has (the lost node's counts as missing), round 3 does not sample it (it sends no heartbeat), and the
-  run completes (``max-idle-rounds`` is not tripped).
+  run completes (``max-idle-rounds`` is not tripped).  The SuperNodes announce a 10 s heartbeat (Flower's minimum;
+  ``heartbeat_interval``) instead of 30 s, so the SuperLink gives the lost node up 20 s after its last heartbeat
+  instead of a minute: the same three phases, 40 s less waiting.
 * The ServerApp process (``flwr-serverapp``) killed with SIGKILL after checkpoint 1 (of 3) and resumed (``resume=``,
   a new ``flwr run``) against the same, still running SuperNodes ends bit-identical to an uninterrupted run: the
   clients' SCAFFOLD control variates (Fed-LAMB moments) come from the nodes' disks, not from the new run's empty
   ``Context.state``.
 
-Both clusters run the pre-loaded SuperExec (``preloaded=True``: one forked ClientApp process per message, no fresh
-interpreter importing torch each time); the stock executor's path is run end to end by ``tests/test_secure_deploy.py``.
+Both tests share one cluster (the module fixture :func:`cluster`: starting a SuperLink and 3 SuperNodes and waiting
+until they are online costs ~20 s); the lost-SuperNode test kills a node, so it comes last in this file.  The cluster
+runs the pre-loaded SuperExec (``preloaded=True``: one forked ClientApp process per message, no fresh interpreter
+importing torch each time); the stock executor's path is run end to end by ``tests/test_secure_deploy.py``.
 """
 
 from __future__ import annotations
@@ -73,30 +77,13 @@ def wait_until(predicate, timeout: float, what: str, thread: threading.Thread | 
         time.sleep(0.2)
 
 
-def test_a_lost_supernode_costs_at_most_one_round_timeout(tmp_path):
-    out, timeout = tmp_path / "out", 60.0
-    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """SuperLink + :data:`NODES` SuperNodes (pre-loaded SuperExec, 10 s heartbeat), online, for this module's tests."""
+    with deploy_cluster(NODES, tmp_path_factory.mktemp("flwr"), task_poll_interval=0.1, preloaded=True,
+                        heartbeat_interval=10) as (cluster, conn):
         wait_online(cluster, conn, NODES)
-        thread, result = start_run(cluster, conn, (
-            f"method='fedavg' num-server-rounds=3 local-steps=2 round-timeout={timeout} min-available-nodes=2 "
-            f"min-train-nodes=2 wait-for-nodes=60.0 output-dir='{out}' run-name='lost'"))
-        metrics = out / "lost" / "metrics.jsonl"
-        wait_until(lambda: len(rows(metrics)) >= 2, 300, "round 1", thread)  # rows of rounds 0, 1
-        victim = dict(cluster.procs)["supernode2"]
-        victim.send_signal(signal.SIGKILL)
-        thread.join(600)
-        assert not thread.is_alive()
-    assert result["status"] == "finished:completed", result["log"][-3000:]
-    got = rows(metrics)
-    assert [r["round"] for r in got] == [0, 1, 2, 3]
-    assert [r["replies-used"] for r in got[1:]] == [3, 2, 2]
-    assert [r["replies-missing"] for r in got[1:]] == [0, 1, 0]  # the next round does not sample the lost node
-    assert all(r["updated"] for r in got[1:])
-    assert (out / "lost" / "model.pt").exists()
-    summary = json.loads((out / "lost" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["rounds_without_update"] == []
-    # the lost node cost one round-timeout at most (Flower reports it unavailable <= 60 s after its last heartbeat)
-    assert got[2]["seconds"] <= timeout + 10 and got[3]["seconds"] < got[2]["seconds"], [r["seconds"] for r in got]
+        yield cluster, conn
 
 
 def _alive(pid: int) -> bool:
@@ -125,7 +112,7 @@ RESUME_METHODS = ["scaffold"] + (["fedlamb"] if os.environ.get("FEDADAPT_SLOW_AL
 
 
 @pytest.mark.parametrize("method", RESUME_METHODS)
-def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_path, method):
+def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(cluster, tmp_path, method):
     """The run to kill starts first; once its ServerApp is up, the uninterrupted reference starts on the same nodes
     (client state is keyed by each run's token, so the two never share it).  The resumed run starts right after the
     kill, while the nodes may still run the killed run's in-flight messages (what they write late is never used);
@@ -133,35 +120,36 @@ def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_pa
     out = tmp_path / "out"
     base = (f"method='{method}' num-server-rounds=3 local-steps=2 checkpoint-every=1 min-available-nodes={NODES} "
             f"min-train-nodes={NODES} output-dir='{out}'")
-    with deploy_cluster(NODES, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
-        wait_online(cluster, conn, NODES)
-        killed_thread, killed = start_run(cluster, conn, base + " run-name='ck'")
-        wait_until(lambda: _serverapp_pids(cluster), 120, "the ServerApp of the run to kill", killed_thread)
-        pids = _serverapp_pids(cluster)
-        assert len(pids) == 1, pids
-        ref_thread, ref = start_run(cluster, conn, base + " run-name='ref'")
+    cluster, conn = cluster
+    started = sum(name == "flwr-run" for name, _ in cluster.procs)  # `flwr run`s before this test's first
+    killed_log = cluster.log_dir / ("flwr-run.log" if started == 0 else f"flwr-run-{started + 1}.log")
+    killed_thread, killed = start_run(cluster, conn, base + " run-name='ck'")
+    wait_until(lambda: _serverapp_pids(cluster), 120, "the ServerApp of the run to kill", killed_thread)
+    pids = _serverapp_pids(cluster)
+    assert len(pids) == 1, pids
+    ref_thread, ref = start_run(cluster, conn, base + " run-name='ref'")
 
-        path = out / "ck" / "checkpoint.npz"
-        wait_until(lambda: path.exists() and ckpt.load(path)["round"] >= 1, 400, "checkpoint 1", killed_thread)
-        os.kill(pids[0], signal.SIGKILL)
-        wait_until(lambda: not _alive(pids[0]), 30, "the killed ServerApp to exit")
-        # killed mid-run: checkpoint 1, or 2 if round 2 ended while the kill was on its way (rounds are short here)
-        killed_at = ckpt.load(path)["round"]
-        assert killed_at in (1, 2), killed_at
+    path = out / "ck" / "checkpoint.npz"
+    wait_until(lambda: path.exists() and ckpt.load(path)["round"] >= 1, 400, "checkpoint 1", killed_thread)
+    os.kill(pids[0], signal.SIGKILL)
+    wait_until(lambda: not _alive(pids[0]), 30, "the killed ServerApp to exit")
+    # killed mid-run: checkpoint 1, or 2 if round 2 ended while the kill was on its way (rounds are short here)
+    killed_at = ckpt.load(path)["round"]
+    assert killed_at in (1, 2), killed_at
 
-        resumed_thread, resumed = start_run(cluster, conn, base + f" run-name='ck' resume='{path}'")
-        # The SuperLink marks the killed run failed only when the dead ServerApp's heartbeat expires (about a minute);
-        # stop it now, as an operator would, so that its `flwr run --stream` ends (status `finished:stopped`).
-        first = (cluster.log_dir / "flwr-run.log").read_text(errors="replace")  # the cluster's first `flwr run`
-        killed_id = re.search(r"Successfully started run (\d+)", first)
-        assert killed_id, first[-2000:]
-        reply = flwr_json(cluster, ["stop", killed_id.group(1), conn])
-        assert reply.get("success") is True, reply
-        for thread in (resumed_thread, ref_thread, killed_thread):
-            thread.join(600)
-        assert ref.get("status") == "finished:completed", ref.get("log", "")[-3000:]
-        assert resumed.get("status") == "finished:completed", resumed.get("log", "")[-3000:]
-        assert killed.get("status", "").startswith("finished:") and killed["status"] != "finished:completed", killed
+    resumed_thread, resumed = start_run(cluster, conn, base + f" run-name='ck' resume='{path}'")
+    # The SuperLink marks the killed run failed only when the dead ServerApp's heartbeat expires (about a minute);
+    # stop it now, as an operator would, so that its `flwr run --stream` ends (status `finished:stopped`).
+    first = killed_log.read_text(errors="replace")
+    killed_id = re.search(r"Successfully started run (\d+)", first)
+    assert killed_id, first[-2000:]
+    reply = flwr_json(cluster, ["stop", killed_id.group(1), conn])
+    assert reply.get("success") is True, reply
+    for thread in (resumed_thread, ref_thread, killed_thread):
+        thread.join(600)
+    assert ref.get("status") == "finished:completed", ref.get("log", "")[-3000:]
+    assert resumed.get("status") == "finished:completed", resumed.get("log", "")[-3000:]
+    assert killed.get("status", "").startswith("finished:") and killed["status"] != "finished:completed", killed
     summary = json.loads((out / "ck" / "summary.json").read_text())
     assert summary["resumed_after_round"] == killed_at
     assert summary["client_state_after_resume"] == {"disk": NODES}
@@ -169,3 +157,30 @@ def test_killed_serverapp_resumed_against_the_same_nodes_is_bit_identical(tmp_pa
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("seconds",)} for r in rs]  # noqa: E731
     assert strip(rows(out / "ref" / "metrics.jsonl")) == strip(rows(out / "ck" / "metrics.jsonl"))
+
+
+def test_a_lost_supernode_costs_at_most_one_round_timeout(cluster, tmp_path):
+    """Last in this file: it kills ``supernode2`` of the shared cluster."""
+    cluster, conn = cluster
+    out, timeout = tmp_path / "out", 30.0
+    wait_online(cluster, conn, NODES)
+    thread, result = start_run(cluster, conn, (
+        f"method='fedavg' num-server-rounds=3 local-steps=2 round-timeout={timeout} min-available-nodes=2 "
+        f"min-train-nodes=2 wait-for-nodes=60.0 output-dir='{out}' run-name='lost'"))
+    metrics = out / "lost" / "metrics.jsonl"
+    wait_until(lambda: len(rows(metrics)) >= 2, 300, "round 1", thread)  # rows of rounds 0, 1
+    victim = dict(cluster.procs)["supernode2"]
+    victim.send_signal(signal.SIGKILL)
+    thread.join(600)
+    assert not thread.is_alive()
+    assert result["status"] == "finished:completed", result["log"][-3000:]
+    got = rows(metrics)
+    assert [r["round"] for r in got] == [0, 1, 2, 3]
+    assert [r["replies-used"] for r in got[1:]] == [3, 2, 2]
+    assert [r["replies-missing"] for r in got[1:]] == [0, 1, 0]  # the next round does not sample the lost node
+    assert all(r["updated"] for r in got[1:])
+    assert (out / "lost" / "model.pt").exists()
+    summary = json.loads((out / "lost" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_without_update"] == []
+    # the lost node cost one round-timeout at most (Flower reports it unavailable <= 20 s after its last heartbeat)
+    assert got[2]["seconds"] <= timeout + 10 and got[3]["seconds"] < got[2]["seconds"], [r["seconds"] for r in got]

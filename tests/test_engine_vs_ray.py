@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 
 from simulations.engine import run_inprocess
 from simulations.launch import launch_sim
+from tests.helpers import our_processes
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +33,6 @@ def _toml(v):
     return f"'{v}'" if isinstance(v, str) else repr(v)
 
 
-def _our_processes(home) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if str(home) in line and not line.startswith("Z")]
-
-
 def test_ray_simulation_with_10_supernodes_matches_the_inprocess_engine(tmp_path, monkeypatch):
     # as with `.venv/bin/python -m simulations.launch` from a shell where the venv is NOT activated: Flower's own
     # processes must still find flower-superexec / flwr-serverapp (the launcher puts the venv's scripts on PATH)
@@ -48,7 +43,7 @@ def test_ray_simulation_with_10_supernodes_matches_the_inprocess_engine(tmp_path
     rc = launch_sim(NODES, " ".join(f"{k}={_toml(v)}" for k, v in {**cfg, "run-name": "ray"}.items()),
                     tmp_path / "flwr", timeout=600)
     assert rc == 0
-    assert _our_processes(tmp_path / "flwr") == []
+    assert our_processes(tmp_path / "flwr") == []
     run_inprocess({**cfg, "run-name": "engine"}, NODES)
     ray_model = torch.load(out / "ray" / "model.pt")
     eng_model = torch.load(out / "engine" / "model.pt")

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_pytorch_example_runs_a_client_half_method_in_simulation(tmp_path):
     out = tmp_path / "model.pt"
-    rc = launch_sim(3, f"num-server-rounds=2 method='scaffold' output='{out}'", tmp_path / "flwr", timeout=600,
+    rc = launch_sim(3, f"num-server-rounds=1 method='scaffold' output='{out}'", tmp_path / "flwr", timeout=600,
                     app_dir=ROOT / "examples" / "pytorch_app")
     assert rc == 0
     assert set(torch.load(out)) >= {"body.0.weight", "body.2.bias"}
@@ -28,7 +28,7 @@ def test_pytorch_example_runs_a_client_half_method_in_simulation(tmp_path):
 @pytest.mark.slow
 def test_legacy_example_runs_in_simulation(tmp_path):
     out = tmp_path / "out.json"
-    rc = launch_sim(3, f"num-server-rounds=2 method='fedadam' output='{out}'", tmp_path / "flwr", timeout=600,
+    rc = launch_sim(3, f"num-server-rounds=1 method='fedadam' output='{out}'", tmp_path / "flwr", timeout=600,
                     app_dir=ROOT / "examples" / "legacy_app")
     assert rc == 0
     assert json.loads(out.read_text())["method"] == "fedadam"

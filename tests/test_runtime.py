@@ -8,9 +8,7 @@ named before anything starts) and the process clean-up on SIGINT / SIGTERM / SIG
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,21 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from simulations.engine import run_inprocess
-from simulations.launch import APP_DIR, RunConfigError, build_run_config, launch_deploy, launch_sim
+from simulations.launch import APP_DIR, RunConfigError, build_run_config, launch_sim
 from simulations.launch.flwr_cli import parse_run_config
-
-
-def _our_processes(home) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()
-            if str(home) in line and not line.startswith("Z")]
-
-
-def _rows(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+from tests.helpers import our_processes
 
 
 @pytest.mark.slow
@@ -42,46 +29,7 @@ def test_ray_simulation_failure_is_reported(tmp_path):
     assert rc == 1
     log = (tmp_path / "flwr" / "logs" / "flwr-run.log").read_text()
     assert "fedadam.beta1 = 3.0 is out of range" in log
-    assert _our_processes(tmp_path / "flwr") == []
-
-
-@pytest.mark.slow
-def test_preloaded_executor_deployment(tmp_path):
-    """``deploy --preloaded``: SuperNodes with ``--isolation process``, each served by the pre-loaded SuperExec, which
-    forks one ClientApp process per message; same numbers as the stock executor's run (same FAB code, same data).
-
-    Also the plain (non-TLS) ``launch_deploy`` end to end: this test replaced one that ran the same federation with
-    the stock executor (``flwr-clientapp`` per message), whose path ``tests/test_secure_deploy.py`` runs."""
-    out = tmp_path / "out"
-    cfg = f"method='fedprox' num-server-rounds=2 local-steps=10 output-dir='{out}' run-name='%s'"
-    home = tmp_path / "flwr"
-    rc = launch_deploy(2, cfg % "pre", home, timeout=600, task_poll_interval=0.1, preloaded=True)
-    assert rc == 0
-    rows = _rows(out / "pre" / "metrics.jsonl")
-    assert [r["round"] for r in rows] == [0, 1, 2] and all(r["replies-used"] == 2 for r in rows[1:])
-    assert rows[-1]["test-loss"] < rows[0]["test-loss"]
-    for i in range(2):
-        log = (home / "logs" / f"superexec{i}.log").read_text()
-        assert "pre-loaded SuperExec" in log and "torch" in log
-        # every message the SuperNode received ran in its own forked process, which exited cleanly
-        received = (home / "logs" / f"supernode{i}.log").read_text().count("Receiving: ")
-        done = re.findall(r"task \d+: ClientApp process (\d+) exited (\d+)", log)
-        assert received >= 2 and len(done) == received, log
-        assert len({pid for pid, _ in done}) == received and {code for _, code in done} == {"0"}, log
-    assert _our_processes(home) == []
-    # the same federation in one process (simulations.engine, = the stock deployment / Ray: tests/test_engine_vs_ray.py)
-    run_inprocess({"method": "fedprox", "num-server-rounds": 2, "local-steps": 10, "output-dir": str(out),
-                   "run-name": "engine"}, 2)
-    ref = _rows(out / "engine" / "metrics.jsonl")
-    for a, b in zip(rows, ref, strict=True):
-        assert a["test-loss"] == pytest.approx(b["test-loss"], rel=0, abs=1e-6)
-        if b.get("train-loss") is None:  # round 0
-            assert a.get("train-loss") is None
-        else:
-            assert a["train-loss"] == pytest.approx(b["train-loss"], rel=0, abs=1e-6)
-    model, ref_model = torch.load(out / "pre" / "model.pt"), torch.load(out / "engine" / "model.pt")
-    for k in ref_model:
-        torch.testing.assert_close(model[k], ref_model[k], rtol=0, atol=1e-6)
+    assert our_processes(tmp_path / "flwr") == []
 
 
 # ------------------------------------------------------------------------------------------ stopping by signal
@@ -146,10 +94,10 @@ def test_sigterm_mid_run_stops_every_process_the_launcher_started(tmp_path):
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=90) == 128 + signal.SIGTERM
         deadline = time.monotonic() + 20  # a child may still be tearing down (empty cmdline) for a moment
-        while (_left_over(started) or _our_processes(home)) and time.monotonic() < deadline:
+        while (_left_over(started) or our_processes(home)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _left_over(started) == []
-        assert _our_processes(home) == []
+        assert our_processes(home) == []
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
@@ -227,3 +175,24 @@ def test_preloaded_executor_never_preimports_the_apps_own_packages():
     own = {"client_app", "flower_strategies", "server_app", "simulations"}
     assert PRELOAD and not [m for m in PRELOAD if m.split(".")[0] in own]
     assert "torch._dynamo" in PRELOAD  # imported by the first torch.optim.Optimizer(...): the largest single cost
+
+
+def test_heartbeat_supernode_sets_the_interval_flower_announces_and_keeps(monkeypatch):
+    """``simulations.launch.heartbeat_supernode SECONDS …`` sets ``SECONDS`` where Flower's SuperNode reads its 30 s
+    heartbeat interval (what it announces, how often it sends); an interval the SuperLink would refuse is named before
+    anything starts.  The lost-SuperNode deployment test (``tests/test_deploy_reliability.py``) runs the entry point
+    for real: with Flower's 30 s its lost node would still be sampled in round 3."""
+    from flwr.supercore import heartbeat
+    from flwr.supernode import fleet_http_connection
+
+    from simulations.launch.heartbeat_supernode import set_heartbeat_interval
+
+    modules = (heartbeat, fleet_http_connection)
+    for module in modules:  # restored after the test
+        monkeypatch.setattr(module, "HEARTBEAT_DEFAULT_INTERVAL", module.HEARTBEAT_DEFAULT_INTERVAL)
+    assert [m.HEARTBEAT_DEFAULT_INTERVAL for m in modules] == [30, 30]
+    set_heartbeat_interval(12.0)
+    assert [m.HEARTBEAT_DEFAULT_INTERVAL for m in modules] == [12.0, 12.0]
+    with pytest.raises(SystemExit, match="heartbeat interval 5.0 s: the SuperLink accepts 10 to 1800 s"):
+        set_heartbeat_interval(5.0)
+    assert [m.HEARTBEAT_DEFAULT_INTERVAL for m in modules] == [12.0, 12.0]

@@ -109,7 +109,8 @@ def node_config(i: int, nodes: int, data: list[Path] | None) -> str:
 
 @contextmanager
 def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] | None = None,
-                   task_poll_interval: float | None = None, preloaded: bool = False) -> Iterator[tuple[Cluster, str]]:
+                   task_poll_interval: float | None = None, preloaded: bool = False,
+                   heartbeat_interval: float | None = None) -> Iterator[tuple[Cluster, str]]:
     """A ``flower-superlink`` and ``nodes`` ``flower-supernode`` processes on 127.0.0.1 (plaintext), stopped on exit;
     yields the cluster and the name of its ``flwr`` connection (several ``flwr run`` may use the same nodes).
 
@@ -117,7 +118,10 @@ def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] 
     ``--node-config "partition-id=i num-partitions=N"`` (plus ``data-path`` with ``node_data``),
     ``FLWR_HOME=<flwr_home>/node<i>`` and the node-local client-state directory ``<flwr_home>/node<i>/client-state``.
     ``preloaded``: each SuperNode runs with ``--isolation process`` next to a pre-loaded SuperExec
-    (:mod:`.preloaded_exec`) that forks one ClientApp process per message instead of starting a fresh interpreter."""
+    (:mod:`.preloaded_exec`) that forks one ClientApp process per message instead of starting a fresh interpreter.
+    ``heartbeat_interval`` (s, 10 or more): what each SuperNode announces instead of Flower's 30 s, so that a lost node
+    is marked offline (and its pending messages answered with an error) 2 intervals after its last heartbeat
+    (:mod:`.heartbeat_supernode`)."""
     data = node_data_paths(node_data, nodes)
     port = free_port()
     with Cluster(flwr_home, flwr_home / "logs") as cluster:
@@ -129,13 +133,15 @@ def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] 
             node_env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(float(task_poll_interval))
         cluster.superlink_port = port
         for i in range(nodes):
-            start_supernode(cluster, i, nodes, data, node_env, preloaded=preloaded)
+            start_supernode(cluster, i, nodes, data, node_env, preloaded=preloaded,
+                            heartbeat_interval=heartbeat_interval)
         write_connection(flwr_home, "fedadapt-deploy", port)
         yield cluster, "fedadapt-deploy"
 
 
 def start_supernode(cluster: Cluster, i: int, nodes: int, data: list[Path] | None = None,
-                    env: dict[str, str] | None = None, *, preloaded: bool = False) -> subprocess.Popen:
+                    env: dict[str, str] | None = None, *, preloaded: bool = False,
+                    heartbeat_interval: float | None = None) -> subprocess.Popen:
     """Start (or restart: same node-local directories) SuperNode ``i`` of a :func:`deploy_cluster`.
 
     Its client state (SCAFFOLD's c_i, Fed-LAMB's m, …) is kept in ``<FLWR_HOME>/node<i>/client-state``
@@ -143,8 +149,10 @@ def start_supernode(cluster: Cluster, i: int, nodes: int, data: list[Path] | Non
     home = cluster.flwr_home / f"node{i}"
     node_env = {"FLWR_HOME": str(home), "FEDADAPT_CLIENT_STATE_DIR": str(home / "client-state"), **(env or {})}
     node_port = free_port()
+    exe = ([sys.executable, "-m", "simulations.launch.heartbeat_supernode", str(float(heartbeat_interval))]
+           if heartbeat_interval is not None else [bin_path("flower-supernode")])
     node = cluster.start(f"supernode{i}", [
-        bin_path("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{cluster.superlink_port}",
+        *exe, "--insecure", "--superlink", f"127.0.0.1:{cluster.superlink_port}",
         "--port", str(node_port), "--node-config", node_config(i, nodes, data),
         *(["--isolation", "process"] if preloaded else []),
     ], env=node_env)
