@@ -167,6 +167,7 @@ def test_a_record_aggregated_by_another_rule_is_refused(rule):
     ({"aggregator": "krum"}, "aggregator need"),
     ({"update_clip_ratio": 1.0}, "update-clip-ratio need"),
     ({"max_update_norm": 5.0}, "max-update-norm need"),
+    ({"update_cosine_floor": 0.0}, "update-cosine-floor need"),
     ({"dp_clip": 1.0}, "dp-clip > 0 .*native DP"),
     ({"checkpoint_every": 1}, "checkpoint-every and resume"),
     ({"min_train_nodes": 1}, "at least 2 clients"),

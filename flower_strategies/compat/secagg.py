@@ -74,12 +74,12 @@ def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
         return (f"{name} averages with weighting = uniform, but SecAgg+ always weights each client by its "
                 f"num-examples; set weighting = examples (an example-weighted variant of {name}) or {INSTEAD}")
     needs_replies = {"aggregator": s.aggregator != "mean", "update-clip-ratio": s.update_clip_ratio > 0,
-                     "max-update-norm": s.max_update_norm > 0}
+                     "max-update-norm": s.max_update_norm > 0, "update-cosine-floor": s.update_cosine_floor > -1}
     named = [key for key, on in needs_replies.items() if on]
     if named:
         return (f"{', '.join(named)} need(s) the individual replies, which SecAgg+ hides from the server (every reply "
                 f"it sees is the same average): set aggregator = mean, update-clip-ratio = 0, max-update-norm = 0, "
-                f"or {INSTEAD}")
+                f"update-cosine-floor = -1, or {INSTEAD}")
     if s.min_train_nodes < 2:
         return "SecAgg+ needs at least 2 clients per round; set min-train-nodes >= 2"
     return None
