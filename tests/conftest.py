@@ -8,12 +8,19 @@ is imported.  ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` are inherited by the Flowe
 (SuperLink, SuperNodes, ``flwr-clientapp``/``flwr-serverapp``, the pre-loaded SuperExec; Ray already gives its actors
 one thread per CPU they reserve), so a deployment's ClientApps run with the same thread count as the in-process
 engine they are compared with.  A value already set in the environment is kept.
+
+Bytecode caches are written even where ``PYTHONDONTWRITEBYTECODE`` is set (some container images set it): without them
+every pytest process (each xdist worker) re-parses, assertion-rewrites and compiles the ~70 test modules and every
+project module it imports, about 5 CPU-s per process on this project's 2-core VM.  The caches go to the gitignored
+``__pycache__`` folders; the processes the tests start keep the environment's setting.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
+sys.dont_write_bytecode = False
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
