@@ -7,20 +7,27 @@ set this for the whole session as a side effect of being imported; it is set her
 is imported.  ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` are inherited by the Flower processes the end-to-end tests start
 (SuperLink, SuperNodes, ``flwr-clientapp``/``flwr-serverapp``, the pre-loaded SuperExec; Ray already gives its actors
 one thread per CPU they reserve), so a deployment's ClientApps run with the same thread count as the in-process
-engine they are compared with.  A value already set in the environment is kept.
+engine they are compared with.  A value already set in the environment is kept (``MKL_NUM_THREADS`` follows
+``OMP_NUM_THREADS`` unless set).  torch sizes its intra-op pool from them when it is first imported, which is after
+this file (``tests/test_suite_settings.py`` checks it), so this file does not import torch: the xdist controller,
+which runs no test, starts its workers ~2 s sooner.
+
+Bytecode caches are written even where ``PYTHONDONTWRITEBYTECODE`` is set (some container images set it): without them
+every pytest process (each xdist worker) re-parses, assertion-rewrites and compiles the ~70 test modules and every
+project module it imports, about 5 CPU-s per process on this project's 2-core VM.  The caches go to the gitignored
+``__pycache__`` folders; the processes the tests start keep the environment's setting.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+sys.dont_write_bytecode = False
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])  # torch takes the smaller of the two
 
 import pytest  # noqa: E402
-import torch  # noqa: E402 - after the environment, so the thread pools start with it
-
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import time
 import uuid
@@ -256,3 +257,20 @@ def rewrite_checkpoint(src, dst, edit):
     members["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     np.savez(dst, **members)
     return dst
+
+
+@functools.lru_cache(maxsize=1)
+def digits_once():
+    """scikit-learn's ``load_digits()``, parsed once per test process.
+
+    The example apps (``examples/*/task.py``, the user's own code) call ``load_digits()`` in every ``load_data``, which
+    parses the bundled CSV again (~30 ms); their tests call it hundreds of times.  The Bunch is only read there."""
+    from sklearn.datasets import load_digits
+
+    return load_digits()
+
+
+def read_digits_once(monkeypatch, *task_modules) -> None:
+    """Make the example apps' ``task.load_digits`` return :func:`digits_once` (same arrays, read once)."""
+    for module in task_modules:
+        monkeypatch.setattr(module, "load_digits", digits_once)

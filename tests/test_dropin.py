@@ -23,6 +23,15 @@ from pytorchapp import client_app as user_client  # noqa: E402
 from pytorchapp import server_app as user_server  # noqa: E402
 from pytorchapp.task import Net  # noqa: E402
 
+from tests.helpers import read_digits_once  # noqa: E402
+
+
+
+@pytest.fixture(autouse=True)
+def _digits_once(monkeypatch):
+    read_digits_once(monkeypatch, sys.modules["pytorchapp.task"])
+
+
 RUN = {"num-server-rounds": 2, "fraction-train": 1.0, "local-epochs": 1, "learning-rate": 0.05, "batch-size": 32}
 
 

@@ -33,12 +33,15 @@ from pytorchapp import client_app as user_client  # noqa: E402
 from pytorchapp import server_app as user_server  # noqa: E402
 from pytorchapp.task import Net, load_data  # noqa: E402
 
+from tests.helpers import read_digits_once  # noqa: E402
+
 APP_LR = 0.05  # examples/pytorch_app/pyproject.toml's learning-rate
 NODES = 2
 
 
 @pytest.fixture(autouse=True)
-def _quiet():
+def _quiet(monkeypatch):
+    read_digits_once(monkeypatch, sys.modules["pytorchapp.task"], sys.modules["legacyapp.task"])
     logging.getLogger("flwr").setLevel(logging.WARNING)
     yield
     logging.getLogger("flwr").setLevel(logging.INFO)
