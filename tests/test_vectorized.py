@@ -165,10 +165,11 @@ def test_bench_vectorized_runs(task, capsys):
 
     from simulations import bench_vectorized
 
-    args = ["--task", task, "--nodes", "3", "--epochs", "1", "--rounds", "2", "--examples", "10", "--batch-size", "4"]
+    args = ["--task", task, "--nodes", "3", "--epochs", "1", "--rounds", "2", "--examples", "10", "--batch-size", "4",
+            "--repeats", "1"]
     assert bench_vectorized.main(args) == 0
     out = capsys.readouterr().out
-    assert "sequential" in out and "vectorized" in out and "plain" in out
+    assert "sequential" in out and "vectorized" in out and "plain" in out and "median of 1 interleaved" in out
     if task == "cifar-gn-cnn":  # float32 local models of both engines agree
         assert float(re.search(r"sequential\): ([0-9.e+-]+)", out).group(1)) < 1e-5
 
