@@ -16,8 +16,12 @@ CNN with GroupNorm): one round's local training of N clients by the sequential C
 :func:`simulations.vectorized.train_stacked` (all together) and by a plain per-client SGD loop; the replies of both
 engines are compared (max relative difference of the local models).
 
-Each measurement runs in a fresh child process (imports and first-call initialisation untimed); the table prints the
-wall seconds, the speed-ups and each child's peak resident memory (CPU) or peak CUDA memory.
+Each measurement runs in a fresh child process (imports and first-call initialisation untimed). ``--repeats R``
+(default 5) measures every engine R times, interleaved (sequential, vectorized, plain, sequential, …), each time in a
+new child: every timed run is exactly one run of the single-measurement definition (fresh process, untimed warm-up),
+and interleaving spreads slow drifts of the machine's load over all engines alike instead of over one of them. The
+table prints each engine's median seconds, the ratios of the medians, the spread (min–max) and the largest peak
+resident memory (CPU) or peak CUDA memory of its children.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import json
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -187,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--memory-mb", type=float, default=1024.0, help="vectorized engine: memory budget per chunk")
     ap.add_argument("--chunk", type=int, default=0, help="cifar-gn-cnn: clients per stacked pass (0 = all)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="timed runs per engine, interleaved, each in a fresh process; the table shows medians")
     ap.add_argument("--skip-sequential", action="store_true", help="only vectorized + plain (large N)")
     ap.add_argument("--out", default="", help="output directory of the runs (default: a temporary one)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -195,32 +202,42 @@ def main(argv: list[str] | None = None) -> int:
         res = (digits_child if args.task == "digits-mlp" else cnn_child)(args.child, args)
         print(json.dumps(res))
         return 0
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     tmp = not args.out
-    args.out = str(Path(args.out or tempfile.mkdtemp(prefix="fedadapt-bench-vec-")).resolve())
-    kinds = ["plain", "vectorized"] + ([] if args.skip_sequential else ["sequential"])
-    res = {}
-    for kind in kinds:
-        res[kind] = measure(kind, args)
-        print(f"  {kind}: {res[kind]['seconds']:.2f} s", file=sys.stderr, flush=True)
+    base = Path(args.out or tempfile.mkdtemp(prefix="fedadapt-bench-vec-")).resolve()
+    kinds = ([] if args.skip_sequential else ["sequential"]) + ["vectorized", "plain"]
+    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    for rep in range(args.repeats):
+        args.out = str(base / f"repeat-{rep}")  # each run its own output directory
+        for kind in kinds:
+            runs[kind].append(measure(kind, args))
+            print(f"  repeat {rep + 1}/{args.repeats} {kind}: {runs[kind][-1]['seconds']:.2f} s", file=sys.stderr,
+                  flush=True)
+    res = {kind: {**rs[0], "seconds": statistics.median(r["seconds"] for r in rs),
+                  "spread": (min(r["seconds"] for r in rs), max(r["seconds"] for r in rs)),
+                  "peak_mb": max(r["peak_mb"] for r in rs)} for kind, rs in runs.items()}
     what = (f"digits-mlp, fedavg, {args.rounds} rounds (whole engine runs, lean settings)" if args.task == "digits-mlp"
             else f"cifar-gn-cnn, one round of local training, {args.examples} examples/client (client level)")
     print(f"\n{what}; N={args.nodes} clients/round, E={args.epochs}, batch {args.batch_size}, device {args.device}, "
           + (f"vectorized memory budget {args.memory_mb:g} MiB" if args.task == "digits-mlp"
              else f"vectorized chunk {args.chunk or args.nodes} clients per stacked pass"))
-    print(f"{'':12s} {'seconds':>9s} {'vs sequential':>13s} {'vs plain':>9s} {'peak MiB':>9s}")
+    print(f"median of {args.repeats} interleaved run(s) per engine, each in a fresh process; ratios of the medians")
+    print(f"{'':12s} {'seconds':>9s} {'min-max':>11s} {'vs sequential':>13s} {'vs plain':>9s} {'peak MiB':>9s}")
     for kind in ("sequential", "vectorized", "plain"):
         if kind not in res:
             continue
         r = res[kind]
         seq = res.get("sequential", {}).get("seconds")
         vs_seq = f"{seq / r['seconds']:12.2f}x" if seq else f"{'-':>13s}"
-        print(f"{kind:12s} {r['seconds']:9.2f} {vs_seq} {res['plain']['seconds'] / r['seconds']:8.2f}x "
+        spread = f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f}"
+        print(f"{kind:12s} {r['seconds']:9.2f} {spread:>11s} {vs_seq} {res['plain']['seconds'] / r['seconds']:8.2f}x "
               f"{r['peak_mb']:9.0f}" + (f"   accuracy {r['accuracy']:.3f}" if r.get("accuracy") is not None else ""))
     if args.task == "cifar-gn-cnn" and "sequential" in res:
         print(f"max relative difference of the first clients' local models (vectorized vs sequential): "
               f"{_max_rel(res['vectorized']['first_models'], res['sequential']['first_models']):.1e}")
     if tmp:
-        shutil.rmtree(args.out, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
     return 0
 
 

@@ -296,16 +296,10 @@ def _model_records(model: nn.Module, params: Mapping[str, Tensor], clients: int)
         else:  # a buffer: the received value, unchanged by training
             arr = R.to_array(value.detach().cpu().numpy())
             entries.append((key, arr.dtype, arr.shape, b"", arr.data))
-    out = []
-    for c in range(clients):
-        record = ArrayRecord()
-        for key, dtype, shape, prefix, rows in entries:
-            if prefix:
-                record[key] = R.array_from_buffer(prefix, dtype, shape, memoryview(rows[c]).cast("B"))
-            else:
-                record[key] = R.array_from_buffer(b"", dtype, shape, memoryview(rows))
-        out.append(record)
-    return out
+    return [R.filled(ArrayRecord(), [(key, R.array_from_buffer(prefix, dtype, shape, memoryview(rows[c]).cast("B"))
+                                      if prefix else R.array_from_buffer(b"", dtype, shape, memoryview(rows)))
+                                     for key, dtype, shape, prefix, rows in entries])
+            for c in range(clients)]
 
 
 def train_stacked(

@@ -166,10 +166,11 @@ def test_bench_vectorized_runs(task, capsys):
 
     from simulations import bench_vectorized
 
-    args = ["--task", task, "--nodes", "3", "--epochs", "1", "--rounds", "2", "--examples", "10", "--batch-size", "4"]
+    args = ["--task", task, "--nodes", "3", "--epochs", "1", "--rounds", "2", "--examples", "10", "--batch-size", "4",
+            "--repeats", "1"]
     assert bench_vectorized.main(args) == 0
     out = capsys.readouterr().out
-    assert "sequential" in out and "vectorized" in out and "plain" in out
+    assert "sequential" in out and "vectorized" in out and "plain" in out and "median of 1 interleaved" in out
     if task == "cifar-gn-cnn":  # float32 local models of both engines agree
         assert float(re.search(r"sequential\): ([0-9.e+-]+)", out).group(1)) < 1e-5
 
@@ -222,3 +223,28 @@ def test_directly_built_arrays_are_flowers_arrays():
     for arr in (np.arange(12, dtype=np.float32).reshape(3, 4), np.arange(6.0).reshape(2, 3).T, np.array(7, np.int64)):
         ours, theirs = R.to_array(arr), Array(arr)
         assert vars(ours) == vars(theirs) and ours.object_id == theirs.object_id
+
+
+def test_filled_records_are_item_assigned_records():
+    """``records.filled`` (Flower records filled without per-item type checks, used by every reply) gives the record
+    item assignment gives — same items in the same order, an ArrayRecord marked dirty, the same serialised bytes and
+    object id — and a reply built with it is exactly a reply built item by item; a non-str key still meets Flower's
+    check."""
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+    from flower_strategies.core import records as R
+
+    assert R._FILL_OK  # with the pinned flwr the direct path is taken
+    arrays = R.to_record({"w": np.arange(6.0).reshape(2, 3), "b": np.ones(2, np.float32)})
+    metrics = R.filled(MetricRecord({"user": 3}), [("num-examples", 7), ("train-loss", 0.25), ("user", 1.5)])
+    assert list(metrics.items()) == [("user", 1.5), ("num-examples", 7), ("train-loss", 0.25)]
+    by_item = RecordDict()
+    by_item["arrays"], by_item["metrics"], by_item["info"] = arrays, metrics, ConfigRecord({"method": "fedavg"})
+    fast = R.filled(RecordDict(), [("arrays", arrays), ("metrics", metrics),
+                                   ("info", R.filled(ConfigRecord(), [("method", "fedavg")]))])
+    assert arrays.is_dirty and list(arrays) == ["w", "b"]  # (before object_id, which deflates and cleans)
+    assert vars(fast) == vars(by_item) and fast.object_id == by_item.object_id
+    assert arrays["w"].numpy().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    for cls in (ArrayRecord, MetricRecord):
+        with pytest.raises(TypeError, match="Key must be of type `str`"):
+            R.filled(cls(), [(1, 2.0)])

@@ -417,7 +417,7 @@ class ClientRound:
                 "before = ClientRound.loss_before(model, trainloader, loss_fn) and pass "
                 "ClientRound.reply(..., train_loss_before=before)"
             )
-        reply = RecordDict()
+        reply: dict[str, Any] = {}  # the records, in their order; built into the RecordDict at the end
 
         def model_arrays() -> ArrayRecord:
             return tensor_record(model.state_dict()) if model_record is None else model_record
@@ -433,18 +433,18 @@ class ClientRound:
                 reply[R.MODEL] = model_arrays()
             for name, arrays in uplink.items():
                 reply[name] = tensor_record({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
-        out: dict[str, Any] = dict(metrics or {})
-        out[R.NUM_EXAMPLES] = int(num_examples)
+        ours: dict[str, Any] = {R.NUM_EXAMPLES: int(num_examples)}
         if steps:
-            out[R.NUM_STEPS] = float(steps)
+            ours[R.NUM_STEPS] = float(steps)
         if train_loss is not None:
-            out[R.TRAIN_LOSS] = float(train_loss)
+            ours[R.TRAIN_LOSS] = float(train_loss)
         if train_loss_before is not None:
-            out[R.TRAIN_LOSS_BEFORE] = float(train_loss_before)
+            ours[R.TRAIN_LOSS_BEFORE] = float(train_loss_before)
         refuse_flower_dp_mods(self.method, list(reply))  # core/privacy.py; so far only array records
-        reply[R.METRICS] = MetricRecord(out)
-        reply[R.REPLY_INFO] = ConfigRecord({R.METHOD: self.method})
-        return reply
+        # the caller's metrics are type-checked by Flower; the values built here are an int, floats and a str
+        reply[R.METRICS] = R.filled(MetricRecord(dict(metrics)) if metrics else MetricRecord(), ours.items())
+        reply[R.REPLY_INFO] = R.filled(ConfigRecord(), [(R.METHOD, self.method)])
+        return R.filled(RecordDict(), reply.items())
 
     def _check_steps(self, optimizer: LocalOptimizer | None) -> int:
         """The steps taken; raises when the round's plan was not followed where the method depends on it."""

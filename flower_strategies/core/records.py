@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from typing import TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 MODEL = "arrays"
 CONFIG = "config"
@@ -211,6 +211,50 @@ def _direct_matches() -> bool:
 _DIRECT_OK = _direct_matches()
 
 
+Rec = TypeVar("Rec", ArrayRecord, MetricRecord, ConfigRecord, RecordDict)
+
+
+def filled(record: Rec, items: Iterable[tuple[str, object]]) -> Rec:
+    """``record[key] = value`` for every item, without Flower's per-item type checks of key and value (a few µs
+    per item; a reply sets a dozen, a model record one per tensor).  Only for values the caller built itself with
+    the types Flower requires (str keys; ``Array``s; int/float metrics; str configs; records in a RecordDict) —
+    values from a user go through item assignment.  The result is the one item assignment gives (an ArrayRecord is
+    marked dirty, as ``__setitem__`` does); used only when that holds for every record type (checked once at
+    import, :data:`_FILL_OK`), otherwise the items are assigned one by one (so are items with a key that is not a
+    str: Flower's error names it)."""
+    items = list(items)
+    if not _FILL_OK or not all(type(key) is str for key, _ in items):
+        for key, value in items:
+            record[key] = value  # type: ignore[assignment]
+        return record
+    record.__dict__["_data"].update(items)
+    if isinstance(record, ArrayRecord):
+        record.is_dirty = True
+    return record
+
+
+def _fill_matches() -> bool:
+    array = Array(dtype="float32", shape=(1,), stype="numpy.ndarray", data=b"\0\0\0\0")
+    samples: list[tuple[type, dict]] = [(ArrayRecord, {"a": array}), (MetricRecord, {"m": 1, "n": 2.0}),
+                                        (ConfigRecord, {"c": "x"}), (RecordDict, {"r": MetricRecord({"m": 1})})]
+    for cls, items in samples:
+        assigned = cls()
+        for key, value in items.items():
+            assigned[key] = value
+        fast = cls()
+        if not hasattr(fast, "_data") or not isinstance(fast.__dict__.get("_data"), dict):
+            return False
+        fast.__dict__["_data"].update(items.items())
+        if isinstance(fast, ArrayRecord):
+            fast.is_dirty = True
+        if vars(fast) != vars(assigned):
+            return False
+    return True
+
+
+_FILL_OK = _fill_matches()
+
+
 def array_from_buffer(prefix: bytes, dtype: str, shape: tuple[int, ...], buffer: memoryview) -> Array:
     """The ``Array`` of a C-ordered array given as its ``.npy`` header ``prefix`` (:func:`npy_prefix`) and its raw
     bytes ``buffer`` (one copy: the payload ``np.save`` writes)."""
@@ -237,15 +281,10 @@ def to_record(arrays: Mapping[str, np.ndarray], consume: bool = False) -> ArrayR
     """Serialise named arrays into an ArrayRecord (filled key by key: ``ArrayRecord(dict)`` would build every
     Array a second time).  ``consume=True`` empties ``arrays`` (a dict) as it goes, so an array whose last reference
     was the dict is freed once serialised: the record replaces the arrays instead of doubling them."""
-    out = ArrayRecord()
     if not consume:
-        for k, v in arrays.items():
-            out[k] = to_array(v)
-        return out
+        return filled(ArrayRecord(), [(k, to_array(v)) for k, v in arrays.items()])
     assert isinstance(arrays, dict)
-    for k in list(arrays):
-        out[k] = to_array(arrays.pop(k))
-    return out
+    return filled(ArrayRecord(), ((k, to_array(arrays.pop(k))) for k in list(arrays)))
 
 
 def record_nbytes(record: ArrayRecord) -> int:
