@@ -216,21 +216,22 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _check_run(log: Path, run_dir: Path) -> None:
-    """Two SecAgg+ rounds of 3 clients, each aggregated, nothing clipped; the workflow ran its four stages."""
+    """One SecAgg+ round of 3 clients: every reply aggregated, nothing clipped, the model learned; the workflow ran
+    its four stages (the in-process tests above cover several rounds)."""
     got = _rows(run_dir)
-    assert [r["round"] for r in got] == [0, 1, 2]
-    assert all(r["replies-used"] == 3 and r["updated"] and r[secagg.CLIPPED] == 0 for r in got[1:])
-    assert got[2]["test-accuracy"] > got[0]["test-accuracy"] + 0.2
-    assert log.read_text(errors="replace").count("Secure aggregation completed.") == 2
+    assert [r["round"] for r in got] == [0, 1]
+    assert got[1]["replies-used"] == 3 and got[1]["updated"] and got[1][secagg.CLIPPED] == 0
+    assert got[1]["test-accuracy"] > got[0]["test-accuracy"] + 0.2
+    assert log.read_text(errors="replace").count("Secure aggregation completed.") == 1
 
 
 @pytest.mark.slow
 def test_secaggplus_in_the_ray_simulation(tmp_path):
-    """fedadam (server-only) under SecAgg+ through `flwr run` on a Ray simulation (3 nodes, 2 rounds, digits-mlp)."""
+    """fedadam (server-only) under SecAgg+ through `flwr run` on a Ray simulation (3 nodes, 1 round, digits-mlp)."""
     from simulations.launch import launch_sim
 
     out = tmp_path / "out"
-    cfg = (f"method='fedadam' secure-aggregation='secaggplus' num-server-rounds=2 local-epochs=1 "
+    cfg = (f"method='fedadam' secure-aggregation='secaggplus' num-server-rounds=1 local-epochs=1 "
            f"learning-curve=false output-dir='{out}' run-name='sa'")
     assert launch_sim(3, cfg, tmp_path / "flwr", timeout=400) == 0
     _check_run(tmp_path / "flwr" / "logs" / "flwr-run.log", out / "sa")
@@ -247,7 +248,7 @@ def test_secaggplus_in_a_real_deployment(tmp_path):
     runs = {"cl": "method='fedcm' weighting='examples'", "so": "method='fedadam'"}
     with deploy_cluster(3, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
         for name, method in runs.items():
-            cfg = build_run_config(f"{method} secure-aggregation='secaggplus' num-server-rounds=2 local-epochs=1 "
+            cfg = build_run_config(f"{method} secure-aggregation='secaggplus' num-server-rounds=1 local-epochs=1 "
                                    f"learning-curve=false output-dir='{out}' run-name='{name}'", APP_DIR,
                                    {"min-available-nodes": 3, "min-train-nodes": 2})
             run_id, status, output = flwr_run(cluster, conn, cfg, None, 400, APP_DIR)
