@@ -179,7 +179,7 @@ def views(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 @lru_cache(maxsize=4096)
-def _npy_prefix(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, str]:
+def npy_prefix(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, str]:
     """The ``.npy`` header ``np.save`` writes for a C-ordered array of ``dtype`` and ``shape``, and ``str(dtype)``
     (cached: both cost microseconds per call, and every round repeats the same few)."""
     head = io.BytesIO()
@@ -195,16 +195,18 @@ def _direct_array(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
     (checked once at import, :data:`_DIRECT_OK`); otherwise the constructor runs."""
     if not _DIRECT_OK:
         return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data)
+    return _set_fields(dtype, shape, data)
+
+
+def _set_fields(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
     out = Array.__new__(Array)
     out.__dict__.update(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data, _is_dirty=True)
     return out
 
 
 def _direct_matches() -> bool:
-    fields = {"dtype": "float32", "shape": (1,), "stype": "numpy.ndarray", "data": b"\0\0\0\0"}
-    built = Array(**fields)  # type: ignore[call-overload]
-    out = Array.__new__(Array)
-    out.__dict__.update(fields, _is_dirty=True)
+    out = _set_fields("float32", (1,), b"\0\0\0\0")
+    built = Array(dtype="float32", shape=(1,), stype="numpy.ndarray", data=b"\0\0\0\0")
     return vars(out) == vars(built) and out.is_dirty and out.object_id == built.object_id
 
 
@@ -227,6 +229,10 @@ def filled(record: Rec, items: Iterable[tuple[str, object]]) -> Rec:
         for key, value in items:
             record[key] = value  # type: ignore[assignment]
         return record
+    return _fill_data(record, items)
+
+
+def _fill_data(record: Rec, items: Iterable[tuple[str, object]]) -> Rec:
     record.__dict__["_data"].update(items)
     if isinstance(record, ArrayRecord):
         record.is_dirty = True
@@ -241,13 +247,9 @@ def _fill_matches() -> bool:
         assigned = cls()
         for key, value in items.items():
             assigned[key] = value
-        fast = cls()
-        if not hasattr(fast, "_data") or not isinstance(fast.__dict__.get("_data"), dict):
+        if not isinstance(cls().__dict__.get("_data"), dict):
             return False
-        fast.__dict__["_data"].update(items.items())
-        if isinstance(fast, ArrayRecord):
-            fast.is_dirty = True
-        if vars(fast) != vars(assigned):
+        if vars(_fill_data(cls(), items.items())) != vars(assigned):
             return False
     return True
 
@@ -261,11 +263,6 @@ def array_from_buffer(prefix: bytes, dtype: str, shape: tuple[int, ...], buffer:
     return _direct_array(dtype, shape, b"".join((prefix, buffer)))
 
 
-def npy_prefix(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, str]:
-    """The ``.npy`` header ``np.save`` writes for a C-ordered array of ``dtype`` and ``shape``, and ``str(dtype)``."""
-    return _npy_prefix(dtype, shape)
-
-
 def to_array(arr: np.ndarray) -> Array:
     """``Array(arr)`` with the same ``.npy`` bytes, built with one copy and a cached header (Flower's constructor
     goes through ``np.save`` into a BytesIO buffer: a second, transient copy of the payload and a parsed header per
@@ -273,7 +270,7 @@ def to_array(arr: np.ndarray) -> Array:
     arr = np.asarray(arr)
     if arr.dtype.hasobject or not arr.flags.c_contiguous:
         return Array(arr)  # exactly what Flower writes (e.g. fortran_order for a transposed tensor)
-    prefix, dtype = _npy_prefix(arr.dtype, arr.shape)
+    prefix, dtype = npy_prefix(arr.dtype, arr.shape)
     return array_from_buffer(prefix, dtype, arr.shape, memoryview(arr.reshape(-1)).cast("B"))  # type: ignore[arg-type]
 
 
