@@ -11,7 +11,7 @@ from flwr.client import Client, ClientApp
 
 from flower_strategies.compat.legacy import FedAdaptNumPyClient
 
-from .app import client_data
+from .node import client_data
 from .task import TASK_SPECS, build_model
 
 

@@ -52,7 +52,7 @@ from flower_strategies.core.client import (
 from flower_strategies.core import records as R
 from flower_strategies.core.local import ROUND, LocalOptimizer
 
-from .engine import LoopbackGrid
+from .grid import LoopbackGrid
 
 #: Default memory budget of one chunk's stacked pass (MiB); ``VectorGrid(memory_mb=…)`` / ``--vector-memory-mb``.
 DEFAULT_MEMORY_MB = 1024

@@ -104,7 +104,7 @@ def test_legacy_client_side_evaluation_runs_the_numpyclients_evaluate_fn():
     from flwr.server import ServerConfig
     from flwr.server.compat import start_grid
 
-    from client_app.app import client_data
+    from client_app.node import client_data
     from flower_strategies.compat.legacy import FedAdaptNumPyClient
     from simulations.engine import LoopbackGrid
 

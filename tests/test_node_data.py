@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-import client_app.app as client_module
+import client_app.node as client_module
 from client_app.app import app as client_app
 from client_app.node_data import load_node_data
 from client_app.task import load_client_data

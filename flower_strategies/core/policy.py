@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from logging import ERROR
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.common import log
@@ -29,12 +29,26 @@ from .rounds import RoundLog
 if TYPE_CHECKING:
     from flwr.serverapp.strategy import Result
 
-    from .strategy import FedAdaptStrategy
-
 __all__ = ["RunFailed", "check_progress", "check_strategy", "run_checked", "what_happened"]
 
 #: How many rejection reasons a failure message quotes.
 QUOTED = 3
+
+
+class _IdleSetting(Protocol):
+    @property
+    def max_idle_rounds(self) -> int: ...
+
+
+class Checked(Protocol):
+    """What the policy reads of a strategy (:class:`~.strategy.FedAdaptStrategy`): its round history and the
+    ``max-idle-rounds`` setting."""
+
+    @property
+    def history(self) -> Sequence[RoundLog]: ...
+
+    @property
+    def settings(self) -> _IdleSetting: ...
 
 
 class RunFailed(RuntimeError):
@@ -79,12 +93,12 @@ def what_happened(rlog: RoundLog) -> str:
     return "; ".join(parts) or f"no reply arrived ({rlog.sampled} nodes sampled)"
 
 
-def check_strategy(strategy: FedAdaptStrategy, *, final: bool = False) -> None:
+def check_strategy(strategy: Checked, *, final: bool = False) -> None:
     """:func:`check_progress` on ``strategy``'s history with its ``max_idle_rounds`` setting."""
     check_progress(strategy.history, strategy.settings.max_idle_rounds, final=final)
 
 
-def run_checked(strategy: FedAdaptStrategy, start: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
+def run_checked(strategy: Checked, start: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     """``start(*args, **kwargs)`` (Flower's ``Strategy.start``) under the policy: checked after every round's
     central evaluation (``evaluate_fn``, wrapped; one that does nothing is passed when the caller gave none) and
     at the end of the run.  A :class:`RunFailed` is logged and raised out of ``start``."""
