@@ -274,3 +274,37 @@ def read_digits_once(monkeypatch, *task_modules) -> None:
     """Make the example apps' ``task.load_digits`` return :func:`digits_once` (same arrays, read once)."""
     for module in task_modules:
         monkeypatch.setattr(module, "load_digits", digits_once)
+
+
+def children_in_process(monkeypatch, bench, real: int = 1) -> list[str]:
+    """Let the benchmark module ``bench`` run its measurement children in this process, except the first ``real``.
+
+    The benchmarks (``simulations/bench_*.py``) start ``python -m <bench> --child …`` for every measurement, so that
+    imports and first-call initialisation are nobody's measured cost; each child costs 5–8 CPU-s of imports (torch,
+    Flower, scikit-learn) on top of a smoke run's fraction of a second.  Here the first ``real`` children are real
+    processes (the child entry point and the parent's reading of its stdout are checked end to end); each later one
+    calls ``<bench>.main(child_args)`` in this process with stdout and stderr captured, and the parent gets that as
+    the ``subprocess.run`` result it reads.  Returns the children's argument lines, in order, the in-process ones
+    ending in ``(in-process)``."""
+    import contextlib
+    import importlib
+    import io
+    import sys
+
+    run, calls = subprocess.run, []
+
+    def fake_run(cmd, *args, **kwargs):
+        if list(cmd[:3]) != [sys.executable, "-m", bench.__name__]:  # not one of the benchmark's children
+            return run(cmd, *args, **kwargs)
+        line = " ".join(map(str, cmd[3:]))
+        if len(calls) < real:
+            calls.append(line)
+            return run(cmd, *args, **kwargs)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = importlib.import_module(cmd[2]).main([str(a) for a in cmd[3:]])
+        calls.append(f"{line} (in-process)")
+        return subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    return calls

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import children_in_process
+
 GOLDEN = Path(__file__).parent / "golden" / "metrics_seed_runs.json"
 CASES = {
     "fedavg": ({"method": "fedavg", "task": "digits-mlp", "num-server-rounds": 3, "min-available-nodes": 5,
@@ -85,21 +87,26 @@ def test_metrics_match_golden(name: str, tmp_path: Path, one_thread: None) -> No
     assert run_rows(name, tmp_path / "b") == got
 
 
-@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
-def test_bench_aggregation_runs(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.slow  # a real child process: the full suite runs it
+def test_bench_aggregation_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from simulations import bench_aggregation
 
-    # one method pair: every row is the same two child processes (timed, resident set) around another strategy
+    # one method pair: every row is the same two children (timed, resident set) around another strategy; the first
+    # child is a real process, the other seven run in this one (children_in_process: the same code, no interpreter)
+    children = children_in_process(monkeypatch, bench_aggregation)
     assert bench_aggregation.main(["--replies", "3", "--size", "tiny", "--methods", "fedavg"]) == 0
     out = capsys.readouterr().out
     for label in ("floor", "floor-view", "fedavg", "ratios vs targets"):
         assert label in out
+    assert len(children) == 8 and not children[0].endswith("(in-process)"), children
 
 
-@pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
-def test_bench_simulation_runs(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.slow  # a real child process: the full suite runs it
+def test_bench_simulation_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from simulations import bench_simulation
 
+    children = children_in_process(monkeypatch, bench_simulation)  # plain, engine, defaults, floor: the first real
     assert bench_simulation.main(["--nodes", "3", "--epochs", "1", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     assert "ray floor" in out and "floor cpu" in out
+    assert len(children) == 4 and not children[0].endswith("(in-process)"), children

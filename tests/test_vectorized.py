@@ -5,7 +5,7 @@ Both engines drive the real strategy and the real ClientApp; the vectorized one 
 (clients of 32–51 examples, batch 16: epochs mode gives unequal step counts and partial last batches, so masking and
 padding are used):
 
-* fixed steps, every client every round; epochs mode, half of the clients per round (persistent client state of
+* fixed steps, every client every round (3 clients); epochs mode, 2 of 4 clients per round (persistent client state of
   clients sampled at different times, fresh and returning clients in one round) — 1e-12 relative;
 * digits-mlp (a ReLU MLP, cross-entropy, Dirichlet partitions): float64 (1e-12) and float32 (1e-5).
 """
@@ -33,6 +33,10 @@ MODES = {
     "steps-full": {"local-steps": 2, "fraction-train": 1.0},
     "epochs-partial": {"local-steps": 0, "local-epochs": 1, "fraction-train": 0.5},
 }
+#: Nodes per mode.  Fixed steps, every client every round: 3 stacked clients (of 32, 38 and 44 examples) exercise the
+#: client axis, its reductions and the per-client batches as 4 did, at 3/4 of the cost.  Epochs mode keeps 4 nodes:
+#: 2 sampled per round out of 4 is what mixes fresh and returning clients (and unequal step counts) in one round.
+NODES = {"steps-full": 3, "epochs-partial": 4}
 #: learning rates at which the method is numerically stable on this task (an unstable run amplifies rounding)
 LR = {"fedlamb": 0.005, "fedams": 0.005, "adpfed": 0.005}
 
@@ -65,9 +69,9 @@ def _compare(rc, nodes, tol, **grid):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_vectorized_engine_equals_sequential_engine(method, mode):
     rc = {**BASE, **MODES[mode], "method": method, "client-lr": LR.get(method, BASE["client-lr"])}
-    grid = _compare(rc, 4, 1e-12)
+    grid = _compare(rc, NODES[mode], 1e-12)
     if mode == "steps-full":
-        assert grid.chunks == ROUNDS  # one stacked pass per round: all 4 clients together
+        assert grid.chunks == ROUNDS  # one stacked pass per round: all 3 clients together
 
 
 @pytest.mark.parametrize(("method", "precision", "tol"), [("fedlamb", "float64", 1e-12), ("scaffold", "float32", 1e-5)])
@@ -159,16 +163,20 @@ def test_launcher_engine_vectorized_gives_the_sequential_run(tmp_path):
     assert rows["vectorized"]["train-loss"] == pytest.approx(rows["inprocess"]["train-loss"], rel=1e-12, abs=0)
 
 
-@pytest.mark.slow  # child processes
+@pytest.mark.slow  # a child process
 @pytest.mark.parametrize("task", ["digits-mlp", "cifar-gn-cnn"])
-def test_bench_vectorized_runs(task, capsys):
+def test_bench_vectorized_runs(task, capsys, monkeypatch):
     import re
 
     from simulations import bench_vectorized
+    from tests.helpers import children_in_process
 
     args = ["--task", task, "--nodes", "3", "--epochs", "1", "--rounds", "2", "--examples", "10", "--batch-size", "4",
             "--repeats", "1"]
+    # sequential, vectorized, plain: the first child a real process, the other two in this one (same code)
+    children = children_in_process(monkeypatch, bench_vectorized)
     assert bench_vectorized.main(args) == 0
+    assert len(children) == 3 and not children[0].endswith("(in-process)"), children
     out = capsys.readouterr().out
     assert "sequential" in out and "vectorized" in out and "plain" in out and "median of 1 interleaved" in out
     if task == "cifar-gn-cnn":  # float32 local models of both engines agree
