@@ -45,7 +45,6 @@ from flower_strategies.core.client import (
     EVAL_CHUNK,
     ClientRound,
     TensorPartition,
-    batch_indices,
     load_client_state,
     loss_before_sample,
 )
@@ -53,6 +52,7 @@ from flower_strategies.core import records as R
 from flower_strategies.core.local import ROUND, LocalOptimizer
 
 from .grid import LoopbackGrid
+from .seeding import generators
 
 #: Default memory budget of one chunk's stacked pass (MiB); ``VectorGrid(memory_mb=…)`` / ``--vector-memory-mb``.
 DEFAULT_MEMORY_MB = 1024
@@ -227,23 +227,37 @@ def _restore_frozen(params: Mapping[str, Tensor], saved_params: Mapping[str, Ten
 
 def _batch_plan(rnds: list[ClientRound], sizes: list[int], steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """``(index, count)``: ``index[s, c]`` = positions (in the chunk's concatenated data) of client c's batch at step
-    s, padded with its first example; ``count[s, c]`` = the real batch size (0 after its last step)."""
-    batches = []
-    for rnd, n, k in zip(rnds, sizes, steps):
-        size = n if rnd.full_batch else int(rnd.config.get("batch-size", 32))
-        batches.append(batch_indices(n, size, k, rnd.seed, rnd.server_round, rnd.client_key))
-    width = max(len(b) for bs in batches for b in bs)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    s, padded with its first example; ``count[s, c]`` = the real batch size (0 after its last step).
+
+    The batches of :func:`~flower_strategies.core.client.batch_indices` (a permutation per epoch from
+    ``default_rng([seed, round, client])``, cut into batches, the last of an epoch possibly shorter), drawn for all
+    clients at once: the generators from :func:`.seeding.generators`, each client's permutations in one
+    ``Generator.permuted`` call (the same draws as one ``permutation`` per epoch), cut by a reshape."""
+    widths = [min(n if rnd.full_batch else int(rnd.config.get("batch-size", 32)), n) for rnd, n in zip(rnds, sizes)]
+    width = max(w for w, k in zip(widths, steps) if k > 0)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     index = np.repeat(offsets[None, :, None], max(steps), axis=0).repeat(width, axis=2)
     count = np.zeros((max(steps), len(rnds)), dtype=np.int64)
-    for c, bs in enumerate(batches):
-        lengths = [len(b) for b in bs]
-        count[: len(bs), c] = lengths
-        if min(lengths) == max(lengths):  # the usual case: one assignment for all of the client's steps
-            index[: len(bs), c, : lengths[0]] = np.stack(bs) + offsets[c]
+    entropies = [[rnd.seed, rnd.server_round, rnd.client_key] for rnd in rnds]
+    ordered: dict[tuple[int, int], np.ndarray] = {}  # (n, epochs) → rows 0..n-1 (permuted copies them)
+    for c, (rng, n, w, k) in enumerate(zip(generators(entropies), sizes, widths, steps)):
+        if k == 0:
             continue
-        for s, b in enumerate(bs):
-            index[s, c, : len(b)] = b + offsets[c]
+        per_epoch = -(-n // w)  # batches per epoch
+        epochs = -(-k // per_epoch)
+        if (n, epochs) not in ordered:
+            ordered[n, epochs] = np.tile(np.arange(n), (epochs, 1))
+        perms = rng.permuted(ordered[n, epochs], axis=1)  # one row per epoch
+        if per_epoch == 1:  # the usual case at small n: one batch per epoch, its whole permutation
+            index[:k, c, :n] = perms[:k] + offsets[c]
+            count[:k, c] = n
+            continue
+        if per_epoch * w != n:  # the epoch's last batch is shorter: pad it (position 0 = the client's first example)
+            perms = np.pad(perms, ((0, 0), (0, per_epoch * w - n)))
+        index[:k, c, :w] = perms.reshape(-1, w)[:k] + offsets[c]
+        lengths = np.full(per_epoch, w)
+        lengths[-1] = n - (per_epoch - 1) * w
+        count[:k, c] = np.tile(lengths, epochs)[:k]
     return index, count
 
 
@@ -325,20 +339,22 @@ def train_stacked(
     params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
     weight_dtype = x_all.dtype if x_all.is_floating_point() else torch.float32
 
-    def client_loss(p: dict[str, Tensor], x: Tensor, y: Tensor, n: Tensor) -> Tensor:
-        weight = (torch.arange(x.shape[0], device=device) < n).to(weight_dtype)
-        return (example_losses(functional_call(model, p, (x,)), y) * weight).sum() / n.clamp(min=1)
-
-    losses_fn = vmap(client_loss)
+    outputs_fn = vmap(lambda p, x: functional_call(model, p, (x,)))  # per client: its parameters, its batch
 
     def stacked_grads(index_np: np.ndarray, count_np: np.ndarray) -> tuple[dict[str, Tensor], Tensor]:
         """Per-client gradients and losses of one step: ``index_np[c]`` = client c's (padded) batch positions.
-        Client c's loss depends only on its own rows of the stacked parameters, so the gradient of the sum of the
-        clients' losses is every client's own gradient: one backward pass through the batched forward."""
+        Only the model runs per client (``vmap``); the per-example losses of all clients' outputs are one call, and
+        each client's loss is the mean over its real examples (padding weighted 0).  Client c's loss depends only on
+        its own rows of the stacked parameters, so the gradient of the sum of the clients' losses is every client's
+        own gradient: one backward pass through the batched forward."""
         idx = torch.from_numpy(index_np).to(device)
+        count = torch.from_numpy(count_np).to(device)
+        weight = (torch.arange(idx.shape[1], device=device) < count[:, None]).to(weight_dtype)
         leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
         with torch.enable_grad():
-            losses = losses_fn(leaves, x_all[idx], y_all[idx], torch.from_numpy(count_np).to(device))
+            outputs = outputs_fn(leaves, x_all[idx])
+            per_example = example_losses(outputs.flatten(0, 1), y_all[idx].flatten(0, 1)).view(idx.shape)
+            losses = (per_example * weight).sum(1) / count.clamp(min=1)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True,
                                         materialize_grads=True)
         return dict(zip(leaves, grads)), losses.detach()
