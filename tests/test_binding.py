@@ -222,3 +222,79 @@ def test_the_fingerprint_is_its_definition_block_by_block(size):
         weighted = sum(map(operator.mul, block, _WEIGHTS[: len(block)].tolist()))
         ref.update((sum(block) % 2**64).to_bytes(8, "little") + (weighted % 2**64).to_bytes(8, "little"))
     assert ours.digest() == ref.digest()
+
+
+def _reference_digest(content: RecordDict) -> bytes:
+    """The documented reply digest, array by array, with Python integers (no fingerprint code of the module)."""
+    import hashlib
+    import operator
+
+    from flower_strategies.core.binding import _BLOCK, _WEIGHTS
+
+    h = hashlib.blake2b(digest_size=16)
+    for name, rec in sorted((n, r) for n, r in content.items() if isinstance(r, ArrayRecord)):
+        for key, arr in rec.items():
+            data = arr.data if isinstance(arr.data, (bytes, bytearray, memoryview)) else b""
+            data = bytes(data)
+            h.update(repr((name, key, arr.dtype, arr.shape, arr.stype, type(arr.data), len(data))).encode())
+            whole = len(data) - len(data) % 8
+            h.update(len(data).to_bytes(8, "little") + data[whole:])
+            words = np.frombuffer(data[:whole], "<u8").tolist()
+            for start in range(0, len(words), _BLOCK):
+                block = words[start:start + _BLOCK]
+                weighted = sum(map(operator.mul, block, _WEIGHTS[: len(block)].tolist()))
+                h.update((sum(block) % 2**64).to_bytes(8, "little") + (weighted % 2**64).to_bytes(8, "little"))
+    return h.digest()
+
+
+def test_a_rounds_digests_computed_together_are_each_replys_own(monkeypatch):
+    """``reply_digests`` stacks equal-length arrays of many replies (in matrices of at most ``_STACK_BYTES``): each
+    digest is still its reply's documented one — for equal and unequal lengths, tails, several blocks, empty and
+    malformed payloads, and replies with several records."""
+    from flower_strategies.core import binding
+
+    monkeypatch.setattr(binding, "_STACK_BYTES", 3 * 256)  # a stack of 256-byte arrays holds 3 rows
+    rng = np.random.default_rng(5)
+
+    def arr(nbytes: int, data=None) -> Array:
+        out = Array(dtype="uint8", shape=(1,), stype="numpy.ndarray", data=b"x")
+        payload = rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes() if data is None else data
+        out.__dict__.update(shape=(nbytes,), data=payload)  # any length, or what a malformed reply may hold
+        return out
+
+    contents = []
+    for i in range(8):
+        model = {"w": arr(256), "b": arr(40 + i % 3), "t": arr(3)}  # stacked; some lengths shared, tails
+        if i == 2:
+            model["big"] = arr((1 << 18) * 8 + 24)  # more than one block
+        if i == 5:
+            model["e"] = arr(0)
+            model["odd"] = arr(8, data="not bytes")  # a malformed payload counts as empty
+        contents.append(RecordDict({"arrays": R.filled(ArrayRecord(), model.items()), "m": ArrayRecord({"x": arr(256)}),
+                                    "metrics": MetricRecord({"num-examples": 1})}))
+    contents.append(contents[0])  # the same reply twice
+    got = binding.reply_digests(contents)
+    assert got == [_reference_digest(c) for c in contents]
+    assert got == [reply_digest(c) for c in contents] and got[0] == got[-1] and len(set(got)) == 8
+
+
+def test_a_round_mixing_every_rejection_reports_them_in_reply_order():
+    """Stale, oversized and replayed replies, a client error and good replies in one round: each decided as alone,
+    the rejections in the order of the replies."""
+    LoopbackGrid(stock_client(), 1, {})  # the message factory's task identity
+    binder = ReplyBinder()
+    x0, x1 = {"w": np.zeros(3, np.float32)}, {"w": np.ones(3, np.float32)}
+    old = {"w": np.full(3, 0.5, np.float32)}
+    check(binder, x0, [reply_to(train_request(), old)])  # remembered for round 2
+    requests = [train_request(n) for n in range(1, 7)]
+    replies = [reply_to(requests[0], {"w": np.full(3, 2.0, np.float32)}, node=1),
+               reply_to(requests[1], old, node=2),                                          # replay
+               reply_to(train_request(3), x1, node=3),                                      # stale
+               reply_to(requests[3], {"w": np.zeros(100, np.float32)}, node=4),             # oversized
+               Message(Error(code=0, reason="left"), reply_to=requests[4]),                 # client error
+               reply_to(requests[5], {"w": np.full(3, 3.0, np.float32)}, node=6)]
+    replies[4].metadata.__dict__["_src_node_id"] = 5
+    kept, rejected = check(binder, x1, replies, max_reply_bytes=300, sent=requests)
+    assert kept == [replies[0], replies[5]]
+    assert [r.split(":")[:2] for r in rejected] == [["node 2", " replay"], ["node 3", " stale"],
+                                                     ["node 4", " oversized"], ["node 5", " client error"]]
