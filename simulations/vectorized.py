@@ -295,9 +295,9 @@ def _losses_before(model: nn.Module, rnds: list[ClientRound], x_all: Tensor, y_a
 def _model_records(model: nn.Module, params: Mapping[str, Tensor], clients: int) -> list[ArrayRecord] | None:
     """Every client's model record, as ``tensor_record(model.state_dict())`` writes it once the client's rows are
     in the model, built from the stacked parameters at once: one NumPy view per stacked tensor, the ``.npy`` header
-    once per tensor, one bytes copy per client and array (the buffers, equal for all clients, are serialised once).
-    ``None`` when the state dict holds anything else (extra state) or a non-contiguous parameter: the reply then
-    serialises the model itself."""
+    once per tensor, one bytes copy per client and array (the buffers, equal for all clients, are serialised once and
+    share their bytes).  ``None`` when the state dict holds anything else (extra state) or a non-contiguous
+    parameter: the reply then serialises the model itself."""
     owner = {id(p): n for n, p in model.named_parameters()}
     entries: list[tuple[str, str, tuple[int, ...], bytes, Any]] = []  # (key, dtype, shape, header, rows | payload)
     for key, value in model.state_dict(keep_vars=True).items():
@@ -311,7 +311,7 @@ def _model_records(model: nn.Module, params: Mapping[str, Tensor], clients: int)
             arr = R.to_array(value.detach().cpu().numpy())
             entries.append((key, arr.dtype, arr.shape, b"", arr.data))
     return [R.filled(ArrayRecord(), [(key, R.array_from_buffer(prefix, dtype, shape, memoryview(rows[c]).cast("B"))
-                                      if prefix else R.array_from_buffer(b"", dtype, shape, memoryview(rows)))
+                                      if prefix else R.array_from_buffer(b"", dtype, shape, rows))  # shared bytes
                                      for key, dtype, shape, prefix, rows in entries])
             for c in range(clients)]
 

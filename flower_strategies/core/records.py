@@ -257,10 +257,12 @@ def _fill_matches() -> bool:
 _FILL_OK = _fill_matches()
 
 
-def array_from_buffer(prefix: bytes, dtype: str, shape: tuple[int, ...], buffer: memoryview) -> Array:
+def array_from_buffer(prefix: bytes, dtype: str, shape: tuple[int, ...], buffer: memoryview | bytes) -> Array:
     """The ``Array`` of a C-ordered array given as its ``.npy`` header ``prefix`` (:func:`npy_prefix`) and its raw
-    bytes ``buffer`` (one copy: the payload ``np.save`` writes)."""
-    return _direct_array(dtype, shape, b"".join((prefix, buffer)))
+    bytes ``buffer`` (one copy: the payload ``np.save`` writes; none for a whole payload already in ``bytes``, i.e.
+    an empty ``prefix``: bytes are immutable, Arrays may share them)."""
+    data = buffer if not prefix and isinstance(buffer, bytes) else b"".join((prefix, buffer))
+    return _direct_array(dtype, shape, data)
 
 
 def to_array(arr: np.ndarray) -> Array:

@@ -90,12 +90,18 @@ def clipped(arrays: Mapping[str, np.ndarray], scale: float, reference: Mapping[s
 
 
 # ------------------------------------------------------------------------------------------ direction screen
+#: :func:`centre_cosines` keeps a key's updates (float64) between its two passes when they take at most this many
+#: bytes; a larger key computes them again in the second pass (the same values either way).
+CENTRE_DIFF_BYTES = 1 << 26
+
+
 def centre_cosines(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping[str, np.ndarray],
                    norms: Sequence[float]) -> list[float]:
     """Each item's cosine with the round's robust centre: the unweighted mean of the updates ``item − reference``,
     each first scaled down onto the lower median of ``norms`` (the items' update norms, as measured by the screen).
     One item moves the centre by at most 1/N of an honest norm, however it is scaled.  An item or a centre of norm 0
-    has cosine 0.  Floating keys of ``reference`` only; float64; O(model) memory beyond the items."""
+    has cosine 0.  Floating keys of ``reference`` only; float64; memory beyond the items: O(model), plus a key's
+    updates of all items while they fit in :data:`CENTRE_DIFF_BYTES` (else they are computed once per pass)."""
     scales, _ = clip_scales(norms, 1.0)
     dots = [0.0] * len(items)
     centre_sq = 0.0
@@ -103,12 +109,17 @@ def centre_cosines(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping
         ref = np.asarray(value, np.float64)
         if not is_float(np.asarray(value)):
             continue
+
+        def update(item: Mapping[str, np.ndarray]) -> np.ndarray:
+            return np.asarray(item[key], np.float64) - ref
+
+        kept = [update(item) for item in items] if len(items) * ref.nbytes <= CENTRE_DIFF_BYTES else None
         centre = np.zeros_like(ref)
-        for scale, item in zip(scales, items):
-            centre += scale * (np.asarray(item[key], np.float64) - ref)
+        for j, (scale, item) in enumerate(zip(scales, items)):
+            centre += scale * (update(item) if kept is None else kept[j])
         centre_sq += float(np.vdot(centre, centre))
         for j, item in enumerate(items):
-            dots[j] += float(np.vdot(np.asarray(item[key], np.float64) - ref, centre))
+            dots[j] += float(np.vdot(update(item) if kept is None else kept[j], centre))
     size = math.sqrt(centre_sq)
     return [d / (n * size) if n > 0 and size > 0 else 0.0 for d, n in zip(dots, norms)]
 
