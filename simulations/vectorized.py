@@ -30,6 +30,7 @@ gradient (the sequential loop would skip it — none of the tasks has one).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
 from typing import Any
@@ -108,7 +109,11 @@ class VectorGrid(LoopbackGrid):
         from client_app.app import begin_train, device_of, model_for
 
         groups: dict[Any, list[tuple[int, Any]]] = {}
-        models: dict[tuple, nn.Module] = {}  # one per settings and device, each found stackable in this call
+        # by object (the run's settings and the round's content are one object for all of its clients; two equal
+        # objects only give separate chunks): one model per settings and device, each found stackable in this call,
+        # and each content's ClientRound, whose parsed config the content's clients share (_for_client)
+        models: dict[tuple[int, torch.device], nn.Module] = {}
+        rounds: dict[int, ClientRound] = {}
         for i, msg in enumerate(messages):
             if msg.metadata.message_type != MessageType.TRAIN:
                 continue
@@ -116,16 +121,19 @@ class VectorGrid(LoopbackGrid):
             try:
                 job = begin_train(msg, ctx)
                 device = device_of(ctx, job.fed.device)
-                model = models.get((job.fed, device))
+                model = models.get((id(job.fed), device))
                 if model is None:
                     model = model_for(job.fed, device)
-                rnd = ClientRound(msg.content, ctx.state, seed=job.fed.seed, client_key=job.pid)
+                first = rounds.get(id(msg.content))
+                rnd = (ClientRound(msg.content, ctx.state, seed=job.fed.seed, client_key=job.pid) if first is None
+                       else _for_client(first, ctx.state, job.fed.seed, job.pid))
             except Exception:  # noqa: BLE001 - the sequential ClientApp turns it into this client's error reply
                 continue
-            if (job.fed, device) not in models:
+            rounds.setdefault(id(msg.content), rnd)
+            if (id(job.fed), device) not in models:
                 check_vectorizable(model, job.fed.task)
-                models[job.fed, device] = model
-            key = (id(msg.content), job.fed, str(device), _layout(rnd, len(job.x)))
+                models[id(job.fed), device] = model
+            key = (id(msg.content), id(job.fed), str(device), _layout(rnd, len(job.x)))
             groups.setdefault(key, []).append((i, (msg, ctx, job, rnd, model)))
         replies: dict[int, Message] = {}
         chunks = 0
@@ -172,6 +180,15 @@ class VectorGrid(LoopbackGrid):
         for (i, _), msg, ctx, job, content in zip(part, msgs, ctxs, jobs, contents):
             out[i] = finish_train(job, content, msg, ctx)
         return out
+
+
+def _for_client(rnd: ClientRound, state: Any, seed: int, client_key: int) -> ClientRound:
+    """``ClientRound(rnd.content, state, seed=seed, client_key=client_key)`` for another client of the same round
+    content, without parsing the content again: a copy of ``rnd`` (taken before any training, so its per-round
+    counters are the constructor's) sharing its config, method and content, which a round only reads."""
+    out = copy.copy(rnd)
+    out.state, out.seed, out.client_key = state, int(seed), int(client_key)
+    return out
 
 
 def _layout(rnd: ClientRound, n: int) -> tuple:
@@ -387,25 +404,26 @@ def train_stacked(
     per_step = torch.stack(losses).cpu().tolist()
 
     # per-client views, split once per chunk (the stacked tensors are not written to any more)
-    rows = {n: p.detach().unbind(0) for n, p in params.items()}
-    state_rows = {n: {k: v.unbind(0) for k, v in opt.state[params[n]].items() if _per_client(v, clients)}
-                  for n in named}
+    rows = [(p, params[n].detach().unbind(0)) for n, p in named.items()]
+    # each parameter's optimizer state: (key, the clients' rows or None, value): a stacked entry gives each client
+    # its row, any other is cloned per client
+    state_rows = [(p, [(k, v.unbind(0) if _per_client(v, clients) else None, v)
+                       for k, v in opt.state[params[n]].items()]) for n, p in named.items()]
     fulls = [None] * clients if full is None else [{n: g[c] for n, g in full.items()} for c in range(clients)]
     records = _model_records(model, params, clients) if opt.sends_model else None
     replies = []
     opt_c: LocalOptimizer | None = None
     for c, rnd in enumerate(rnds):
         with torch.no_grad():
-            for n, p in named.items():
-                p.copy_(rows[n][c])
+            for p, row in rows:
+                p.copy_(row[c])
         if opt_c is None:
             opt_c = rnd.optimizer(model, num_examples=sizes[c], full_gradient=fulls[c])
         else:
             opt_c.rebind(load_client_state(rnd.state), fulls[c], steps[c])
-        for n, p in named.items():
-            split = state_rows[n]
-            opt_c.state[p] = {k: split[k][c] if k in split else (v.clone() if isinstance(v, Tensor) else v)
-                              for k, v in opt.state[params[n]].items()}
+        for p, entries in state_rows:
+            opt_c.state[p] = {k: split[c] if split is not None else (v.clone() if isinstance(v, Tensor) else v)
+                              for k, split, v in entries}
         opt_c.state[ROUND]["steps"] = steps[c]  # type: ignore[index]
         total = 0.0
         for s in range(steps[c]):  # the sequential loop's float sum, in its order

@@ -1,8 +1,10 @@
-"""The vectorized engine's batch plan: every client's mini-batches exactly as the sequential ClientApp draws them.
+"""The vectorized engine's per-round plan: every client's mini-batches and round exactly as the sequential ClientApp
+has them.
 
 ``simulations.seeding.generators`` re-seeds one NumPy generator per entropy instead of building
 ``np.random.default_rng(entropy)``; ``simulations.vectorized._batch_plan`` draws each client's epochs in one call.
-Both must give the sequential engine's numbers bit for bit (NumPy itself is the reference)."""
+Both must give the sequential engine's numbers bit for bit (NumPy itself is the reference).  The clients of one
+round content share its parsed ClientRound (``_for_client``)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flower_strategies.core.client import batch_indices
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from flower_strategies.core.client import ClientRound, batch_indices
 from simulations import seeding
-from simulations.vectorized import _batch_plan
+from simulations.vectorized import _batch_plan, _for_client
 
 WORD = st.integers(0, 2**32 - 1)
 
@@ -67,3 +71,13 @@ def test_the_batch_plan_is_every_clients_batch_indices(batch, sizes, steps):
             real = want[s] + offsets[c] if s < k else np.zeros(0, np.int64)
             assert index[s, c, : len(real)].tolist() == real.tolist()
             assert (index[s, c, len(real):] == offsets[c]).all()  # padding: the client's first example
+
+
+def test_a_client_of_the_same_round_content_is_a_freshly_built_client_round():
+    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({"method": "scaffold", "server-round": 4,
+                                                                          "client-lr": 0.1})})
+    first = ClientRound(content, RecordDict(), seed=3, client_key=1)
+    state = RecordDict()
+    other = _for_client(first, state, 5, 9)
+    assert vars(other) == vars(ClientRound(content, state, seed=5, client_key=9))
+    assert other.state is state and first.client_key == 1 and first.seed == 3
