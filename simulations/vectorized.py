@@ -5,11 +5,12 @@ the ClientApp: each round's clients are grouped (same round content, settings, d
 split into chunks that fit a memory budget, and every chunk trains in one pass per local step —
 
 * parameters of shape ``(C, *shape)`` (C clients of the chunk, all starting at the received ``x_t``);
-* per-client losses from ``torch.func`` (``vmap(loss)`` over ``functional_call`` of the task's own model) and their
-  gradients from one backward pass of the losses' sum (client c's loss depends only on its own parameter rows),
-  each client on its own mini-batch, drawn exactly as the sequential ClientApp draws it
-  (:func:`~flower_strategies.core.client.batch_indices`, same seeds); batches shorter than the step's longest are
-  padded and the padding gets weight 0, so each client's loss is the mean over its real examples;
+* the task's own model per client through ``torch.func`` (``vmap`` over ``functional_call``), the per-example losses
+  of all clients' outputs in one call, and the gradients from one backward pass of the clients' losses' sum (client
+  c's loss depends only on its own parameter rows), each client on its own mini-batch, drawn exactly as the
+  sequential ClientApp draws it (:func:`~flower_strategies.core.client.batch_indices`, same seeds; for the whole
+  chunk at once, :func:`_batch_plan`); batches shorter than the step's longest are padded and the padding gets
+  weight 0, so each client's loss is the mean over its real examples;
 * the method's **own** local optimizer over the stacked tensors (``LocalOptimizer.clients = C``: downlink tensors are
   repeated along the client axis, the clients' saved state is stacked, norms are per client);
 * unequal step counts (epochs mode) by masking: once a client has taken its K_i steps, later steps leave its
