@@ -121,16 +121,18 @@ def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] 
     (:mod:`.preloaded_exec`) that forks one ClientApp process per message instead of starting a fresh interpreter.
     ``heartbeat_interval`` (s, 10 or more): what each SuperNode announces instead of Flower's 30 s, so that a lost node
     is marked offline (and its pending messages answered with an error) 2 intervals after its last heartbeat
-    (:mod:`.heartbeat_supernode`)."""
+    (:mod:`.heartbeat_supernode`).  ``task_poll_interval`` (s): how often every SuperExec asks for a task — the
+    SuperLink's, which starts each run's ServerApp, and the SuperNodes' (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``;
+    Flower's default 1 s)."""
     data = node_data_paths(node_data, nodes)
     port = free_port()
     with Cluster(flwr_home, flwr_home / "logs") as cluster:
-        link = cluster.start("superlink", superlink_argv(port, flwr_home / "state.db", "--insecure"),
-                             env={"FLWR_HOME": str(flwr_home / "link")})
-        wait_health(f"http://127.0.0.1:{port}/health", 60, link)
         node_env: dict[str, str] = {}
-        if task_poll_interval is not None:  # how often each SuperNode's SuperExec asks for a new ClientApp task
+        if task_poll_interval is not None:  # how often each SuperExec (the SuperLink's too) asks for a new task
             node_env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(float(task_poll_interval))
+        link = cluster.start("superlink", superlink_argv(port, flwr_home / "state.db", "--insecure"),
+                             env={"FLWR_HOME": str(flwr_home / "link"), **node_env})
+        wait_health(f"http://127.0.0.1:{port}/health", 60, link)
         cluster.superlink_port = port
         for i in range(nodes):
             start_supernode(cluster, i, nodes, data, node_env, preloaded=preloaded,
