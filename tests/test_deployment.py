@@ -110,7 +110,7 @@ def deployment(tmp_path_factory):
             files.append(root / f"node{i}.npz")
             np.savez(files[-1], x=z["x"][:n], y=z["y"][:n])
     with deploy_cluster(NODES, root / "flwr", node_data=files, task_poll_interval=0.5, preloaded=True,
-                        heartbeat_interval=10) as (cluster, conn):
+                        heartbeat_interval=10, idle_poll=0.5) as (cluster, conn):
         wait_online(cluster, conn, NODES)
         yield cluster, conn, files
 

@@ -1,5 +1,6 @@
 """The launcher notices a dead SuperLink: ``flwr run`` is stopped at once, the status says what happened, and every
-process of the launch (orphaned descendants of the SuperLink too) is stopped within the short grace."""
+process of the launch (orphaned descendants of the SuperLink too) is stopped within the short grace.  Here with
+stand-in processes; the real deployment whose SuperLink dies is the last test of ``tests/test_deployment.py``."""
 
 from __future__ import annotations
 
