@@ -12,7 +12,7 @@ same rows the bundled loader gives each node), each cut to :data:`NODE_EXAMPLES`
 (1,420 where the bundled partitions give 1,437) shows the node-local files were read.  They run the pre-loaded
 SuperExec (``preloaded=True``: one forked ClientApp process per message) and announce a 10 s heartbeat (Flower's
 minimum, ``heartbeat_interval``) instead of 30 s, so the SuperLink gives a lost node up 20 s after its last
-heartbeat instead of a minute.
+heartbeat instead of a minute; idle, they ask for messages every 0.5 s instead of Flower's fixed 3 s (``idle_poll``).
 
 1. Node-local data + pre-loaded SuperExec: the reference run (fixture :func:`reference`, SCAFFOLD, 2 rounds) trained
    on each SuperNode's own file, equals the in-process engine on the same files, and every message ran in its own
