@@ -57,7 +57,6 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_runtime.py::test_ray_simulation_failure_is_reported", "ray"),
     ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
     ("tests/test_secagg.py::test_secaggplus_in_the_ray_simulation", "ray"),
-    ("tests/test_secagg.py::test_secaggplus_in_a_real_deployment", "deploy"),
     ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),
     ("tests/test_perf.py::", None),  # the bench smoke tests: child interpreters, no Ray (no --ray) or Flower
     ("tests/test_node_data.py::test_converter_command_line", None),

@@ -7,7 +7,6 @@ run, bit for bit, as one reading the bundled partitions – and never touches th
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,6 @@ from server_app.app import run
 from simulations.convert_data import convert
 from simulations.engine import LoopbackGrid
 from simulations.launch import node_config, node_data_paths
-from tests.helpers import our_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = 4
@@ -216,60 +214,3 @@ def test_launch_deploy_passes_data_paths_and_poll_interval_to_the_supernodes(tmp
     for _, argv, env in started[1:]:
         assert "data-path" not in argv[argv.index("--node-config") + 1]
         assert "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" not in env
-
-
-@pytest.mark.slow
-def test_preloaded_deployment_where_each_supernode_trains_on_its_own_file_matches_the_engine(tmp_path):
-    """``launch_deploy`` for real (SuperLink + 2 SuperNodes on 127.0.0.1, slow), each node started with its own
-    data-path and served by the pre-loaded SuperExec (``preloaded=True``); the stock executor's path is run end to end
-    by ``tests/test_secure_deploy.py``.  One deployment checks what two used to:
-
-    * the node-local files reach the ClientApp: they are cut to 40 and 25 examples, and the ServerApp's aggregate
-      (streamed into flwr-run.log) must count 65 examples, which only these files give (the bundled partitions are
-      ~10x larger);
-    * the pre-loaded SuperExec ran every message the SuperNode received in its own forked process, which exited 0;
-    * the global model and every round's losses equal the in-process engine's on the same files (float32 math in
-      both; 1e-6 absolute allows a different summation order), and nothing is left running."""
-    from simulations.launch import launch_deploy
-
-    files = convert(tmp_path / "full", 2, task="digits-mlp", seed=0)
-    own = []
-    for i, (f, n) in enumerate(zip(files, (40, 25))):
-        with np.load(f) as z:
-            assert len(z["y"]) > 100
-            own.append(tmp_path / f"node{i}.npz")
-            np.savez(own[-1], x=z["x"][:n], y=z["y"][:n])
-    out, home = tmp_path / "out", tmp_path / "flwr"
-    cfg = {"method": "fedprox", "num-server-rounds": 2, "local-steps": 10, "output-dir": str(out)}
-    rc = launch_deploy(2, " ".join(f"{k}={v!r}" for k, v in {**cfg, "run-name": "own"}.items()), home,
-                       timeout=600, node_data=own, task_poll_interval=0.1, preloaded=True)
-    assert rc == 0
-    got = rows(out / "own")
-    assert [r["round"] for r in got] == [0, 1, 2]
-    assert all(r["replies-used"] == 2 and r["replies-rejected"] == 0 and r["updated"] for r in got[1:])
-    assert got[-1]["test-loss"] < got[0]["test-loss"]
-    log = (home / "logs" / "flwr-run.log").read_text(errors="replace")
-    assert "'num-examples': 65.0" in log
-    for i in range(2):
-        exec_log = (home / "logs" / f"superexec{i}.log").read_text()
-        assert "pre-loaded SuperExec" in exec_log and "torch" in exec_log
-        received = (home / "logs" / f"supernode{i}.log").read_text().count("Receiving: ")
-        done = re.findall(r"task \d+: ClientApp process (\d+) exited (\d+)", exec_log)
-        assert received >= 2 and len(done) == received, exec_log
-        assert len({pid for pid, _ in done}) == received and {code for _, code in done} == {"0"}, exec_log
-    assert our_processes(home) == []
-
-    grid = LoopbackGrid(client_app, 2, cfg)
-    for ctx, f in zip(grid.contexts.values(), own):  # what --node-config "data-path='…'" gives each SuperNode
-        ctx.node_config["data-path"] = str(f)
-    run(grid, {**cfg, "run-name": "engine"})
-    ref = rows(out / "engine")
-    for a, b in zip(got, ref, strict=True):
-        assert a["test-loss"] == pytest.approx(b["test-loss"], rel=0, abs=1e-6)
-        assert (a.get("train-loss") is None) == (b.get("train-loss") is None)
-        if b.get("train-loss") is not None:
-            assert a["train-loss"] == pytest.approx(b["train-loss"], rel=0, abs=1e-6)
-    model, ref_model = torch.load(out / "own" / "model.pt"), torch.load(out / "engine" / "model.pt")
-    assert model.keys() == ref_model.keys()
-    for k in ref_model:
-        torch.testing.assert_close(model[k], ref_model[k], rtol=0, atol=1e-6)

@@ -1,4 +1,4 @@
-"""The plug-in edge (issue 23): every method runs inside the project's quickstart-shaped app
+"""The plug-in edge: every method runs inside the project's quickstart-shaped app
 (examples/pytorch_app: its own DataLoader, loop, momentum SGD, device) through the README recipe, in-process
 (LoopbackGrid), and learns or fails naming the fix; the app's batch objects pass through ClientRound; FedDA's
 full-batch rounds and MimeLite's full gradient come from the app's loader; the legacy twin (examples/legacy_app)

@@ -1,4 +1,4 @@
-"""Replay, end to end (issue 24 item 3; the attack-matrix setting of tests/test_attacks.py: digits-mlp, 5 clients,
+"""Replay, end to end (the attack-matrix setting of tests/test_attacks.py: digits-mlp, 5 clients,
 10 rounds, iid seed 0).  Before reply binding, one client re-sending its round-1 reply every round cost 0.908 → 0.842
 and all clients doing so 0.908 → 0.431, every round "updated".  Now the replays are rejected and counted: one
 replaying client leaves the run within noise of clean (4 honest clients), and all replaying fail the run after

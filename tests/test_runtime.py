@@ -180,7 +180,7 @@ def test_preloaded_executor_never_preimports_the_apps_own_packages():
 def test_heartbeat_supernode_sets_the_interval_flower_announces_and_keeps(monkeypatch):
     """``simulations.launch.heartbeat_supernode SECONDS …`` sets ``SECONDS`` where Flower's SuperNode reads its 30 s
     heartbeat interval (what it announces, how often it sends); an interval the SuperLink would refuse is named before
-    anything starts.  The lost-SuperNode deployment test (``tests/test_deploy_reliability.py``) runs the entry point
+    anything starts.  The lost-SuperNode deployment test (``tests/test_deployment.py``) runs the entry point
     for real: with Flower's 30 s its lost node would still be sampled in round 3."""
     from flwr.supercore import heartbeat
     from flwr.supernode import fleet_http_connection
@@ -196,3 +196,25 @@ def test_heartbeat_supernode_sets_the_interval_flower_announces_and_keeps(monkey
     with pytest.raises(SystemExit, match="heartbeat interval 5.0 s: the SuperLink accepts 10 to 1800 s"):
         set_heartbeat_interval(5.0)
     assert [m.HEARTBEAT_DEFAULT_INTERVAL for m in modules] == [12.0, 12.0]
+
+
+def test_heartbeat_supernode_shortens_only_the_idle_poll_of_the_supernode_loop(monkeypatch):
+    """``--idle-poll S``: the SuperNode loop's idle ``time.sleep(3)`` sleeps ``S``; its other sleeps (0.5 s while a
+    reply is awaited) and the real ``time`` module are unchanged; a value out of range is named before anything
+    starts.  ``tests/test_deployment.py`` runs the entry point for real."""
+    import time as real_time
+
+    from flwr.supernode import start_client_internal
+
+    from simulations.launch import heartbeat_supernode as hb
+
+    monkeypatch.setattr(start_client_internal, "time", start_client_internal.time)  # restored after the test
+    slept: list[float] = []
+    monkeypatch.setattr(real_time, "sleep", slept.append)
+    hb.set_idle_poll(0.25)
+    start_client_internal.time.sleep(3)
+    start_client_internal.time.sleep(0.5)
+    assert slept == [0.25, 0.5] and start_client_internal.time.monotonic is real_time.monotonic
+    for bad in (0.0, 4.0):
+        with pytest.raises(SystemExit, match=f"idle poll {bad} s: expected more than 0 and at most 3 s"):
+            hb.set_idle_poll(bad)

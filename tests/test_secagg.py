@@ -235,24 +235,3 @@ def test_secaggplus_in_the_ray_simulation(tmp_path):
            f"learning-curve=false output-dir='{out}' run-name='sa'")
     assert launch_sim(3, cfg, tmp_path / "flwr", timeout=400) == 0
     _check_run(tmp_path / "flwr" / "logs" / "flwr-run.log", out / "sa")
-
-
-@pytest.mark.slow
-def test_secaggplus_in_a_real_deployment(tmp_path):
-    """On one real SuperLink + 3 SuperNodes (loopback), two SecAgg+ runs one after the other: fedcm (client half;
-    weighting = examples), then fedadam (server-only)."""
-    from simulations.launch import APP_DIR, build_run_config, deploy_cluster
-    from simulations.launch.flwr_cli import flwr_run
-
-    out = tmp_path / "out"
-    runs = {"cl": "method='fedcm' weighting='examples'", "so": "method='fedadam'"}
-    with deploy_cluster(3, tmp_path / "flwr", task_poll_interval=0.1, preloaded=True) as (cluster, conn):
-        for name, method in runs.items():
-            cfg = build_run_config(f"{method} secure-aggregation='secaggplus' num-server-rounds=1 local-epochs=1 "
-                                   f"learning-curve=false output-dir='{out}' run-name='{name}'", APP_DIR,
-                                   {"min-available-nodes": 3, "min-train-nodes": 2})
-            run_id, status, output = flwr_run(cluster, conn, cfg, None, 400, APP_DIR)
-            assert status == "finished:completed", (run_id, status, output[-2000:])
-    logs = tmp_path / "flwr" / "logs"
-    _check_run(logs / "flwr-run.log", out / "cl")
-    _check_run(logs / "flwr-run-2.log", out / "so")

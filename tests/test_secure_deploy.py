@@ -1,4 +1,4 @@
-"""Secure local deployment (issue 10): TLS + SuperNode authentication with real Flower processes.
+"""Secure local deployment: TLS + SuperNode authentication with real Flower processes.
 
 ``simulations.launch.launch_secure_deploy`` generates a throw-away CA, a server certificate for 127.0.0.1 and one
 ECDSA key per SuperNode in ``tmp_path``, starts ``flower-superlink --enable-supernode-auth`` with TLS, registers two

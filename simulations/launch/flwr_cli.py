@@ -104,9 +104,10 @@ def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federati
         argv += ["--run-config", run_config]
     if federation_config:
         argv += ["--federation-config", federation_config]
-    runs = sum(name == "flwr-run" for name, _ in cluster.procs)
-    out_path = cluster.log_dir / ("flwr-run.log" if runs == 0 else f"flwr-run-{runs + 1}.log")
-    proc = cluster.start("flwr-run", argv, capture=True)
+    with cluster.starting:  # several runs may start at once (from threads): each gets its own log
+        runs = sum(name == "flwr-run" for name, _ in cluster.procs)
+        out_path = cluster.log_dir / ("flwr-run.log" if runs == 0 else f"flwr-run-{runs + 1}.log")
+        proc = cluster.start("flwr-run", argv, capture=True)
     assert proc.stdout is not None
     watching = cluster.watch_superlink(proc)  # a dead SuperLink ends the stream at once (cluster.lost)
     lines: list[bytes] = []
@@ -128,7 +129,7 @@ def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federati
     text = b"".join(lines).decode(errors="replace")
     m = re.search(r"Successfully started run (\d+)", text)
     run_id = int(m.group(1)) if m else None
-    if cluster.lost:  # nothing to ask: the SuperLink that knew the run's status is gone
+    if cluster.note_lost():  # nothing to ask: the SuperLink that knew the run's status is gone
         return run_id, f"superlink-lost: {cluster.lost}", text
     if run_id is None:
         return None, "not-started", text

@@ -1,5 +1,6 @@
-"""``flower-supernode`` with a chosen heartbeat interval (``python -m simulations.launch.heartbeat_supernode SECONDS
-<flower-supernode arguments>``; :func:`.modes.deploy_cluster` uses it with ``heartbeat_interval=``).
+"""``flower-supernode`` with a chosen heartbeat interval, and optionally a shorter idle poll
+(``python -m simulations.launch.heartbeat_supernode SECONDS [--idle-poll S] <flower-supernode arguments>``;
+:func:`.modes.deploy_cluster` uses it with ``heartbeat_interval=`` / ``idle_poll=``).
 
 A SuperNode tells the SuperLink how often it will send a heartbeat; the SuperLink marks it offline 2 intervals after
 the last one it got and then answers the messages still waiting for that node with a "node unavailable" error.  Flower
@@ -7,11 +8,22 @@ the last one it got and then answers the messages still waiting for that node wi
 flag to change it, so a lost node is noticed up to a minute late; the SuperLink accepts any interval from 10 s to
 30 min.  This runs the very same ``flower-supernode`` with that constant set to ``SECONDS`` in the two modules that read
 it (the node's Fleet API connection: what it announces; the heartbeat sender: how often it sends), nothing else.
+
+An idle SuperNode asks the SuperLink for messages every 3 s: a literal ``time.sleep(3)`` in its loop
+(``flwr.supernode.start_client_internal``), with no flag either, so each exchange of a run waits up to 3 s before a
+node even sees its message.  ``--idle-poll S`` makes that one sleep ``S`` seconds (more requests to the SuperLink while
+idle, a shorter wait for each message); every other sleep of the loop is unchanged.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
+import time
+from typing import Any
+
+#: The idle sleep of Flower 1.42's SuperNode loop, as written in ``flwr.supernode.start_client_internal``.
+IDLE_SLEEP_S = 3
 
 
 def set_heartbeat_interval(seconds: float) -> None:
@@ -29,9 +41,37 @@ def set_heartbeat_interval(seconds: float) -> None:
         module.HEARTBEAT_DEFAULT_INTERVAL = seconds  # type: ignore[attr-defined]
 
 
+class _IdlePollClock:
+    """Stands in for the ``time`` module inside the SuperNode loop's module: ``sleep(3)`` sleeps ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(self.seconds if seconds == IDLE_SLEEP_S else seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def set_idle_poll(seconds: float) -> None:
+    """Make this process's SuperNode ask for messages every ``seconds`` while idle instead of every 3 s."""
+    from flwr.supernode import start_client_internal  # flwr 1.42 internals (pinned): the loop with the idle sleep
+
+    if not 0 < seconds <= IDLE_SLEEP_S:
+        raise SystemExit(f"idle poll {seconds} s: expected more than 0 and at most {IDLE_SLEEP_S} s")
+    if f"time.sleep({IDLE_SLEEP_S})" not in inspect.getsource(start_client_internal):  # a Flower upgrade changed it
+        raise SystemExit(f"{start_client_internal.__name__} has no time.sleep({IDLE_SLEEP_S}) (not flwr 1.42?)")
+    start_client_internal.time = _IdlePollClock(seconds)  # type: ignore[attr-defined]
+
+
 def main() -> None:
-    """``flower-supernode`` (the arguments after ``SECONDS``, from ``sys.argv``) announcing ``SECONDS``."""
+    """``flower-supernode`` (the arguments after ``SECONDS [--idle-poll S]``, from ``sys.argv``) announcing
+    ``SECONDS``."""
     set_heartbeat_interval(float(sys.argv.pop(1)))
+    if sys.argv[1:2] == ["--idle-poll"]:
+        set_idle_poll(float(sys.argv[2]))
+        del sys.argv[1:3]
     from flwr.supernode.cli import flower_supernode
 
     sys.argv[0] = "flower-supernode"

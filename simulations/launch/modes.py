@@ -8,6 +8,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,8 @@ def node_config(i: int, nodes: int, data: list[Path] | None) -> str:
 @contextmanager
 def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] | None = None,
                    task_poll_interval: float | None = None, preloaded: bool = False,
-                   heartbeat_interval: float | None = None) -> Iterator[tuple[Cluster, str]]:
+                   heartbeat_interval: float | None = None,
+                   idle_poll: float | None = None) -> Iterator[tuple[Cluster, str]]:
     """A ``flower-superlink`` and ``nodes`` ``flower-supernode`` processes on 127.0.0.1 (plaintext), stopped on exit;
     yields the cluster and the name of its ``flwr`` connection (several ``flwr run`` may use the same nodes).
 
@@ -121,27 +123,30 @@ def deploy_cluster(nodes: int, flwr_home: Path, node_data: Sequence[str | Path] 
     (:mod:`.preloaded_exec`) that forks one ClientApp process per message instead of starting a fresh interpreter.
     ``heartbeat_interval`` (s, 10 or more): what each SuperNode announces instead of Flower's 30 s, so that a lost node
     is marked offline (and its pending messages answered with an error) 2 intervals after its last heartbeat
-    (:mod:`.heartbeat_supernode`)."""
+    (:mod:`.heartbeat_supernode`).  ``task_poll_interval`` (s): how often every SuperExec asks for a task — the
+    SuperLink's, which starts each run's ServerApp, and the SuperNodes' (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``;
+    Flower's default 1 s).  ``idle_poll`` (s, at most 3): how often an idle SuperNode asks the SuperLink for
+    messages instead of Flower's fixed 3 s (:mod:`.heartbeat_supernode`)."""
     data = node_data_paths(node_data, nodes)
     port = free_port()
     with Cluster(flwr_home, flwr_home / "logs") as cluster:
-        link = cluster.start("superlink", superlink_argv(port, flwr_home / "state.db", "--insecure"),
-                             env={"FLWR_HOME": str(flwr_home / "link")})
-        wait_health(f"http://127.0.0.1:{port}/health", 60, link)
         node_env: dict[str, str] = {}
-        if task_poll_interval is not None:  # how often each SuperNode's SuperExec asks for a new ClientApp task
+        if task_poll_interval is not None:  # how often each SuperExec (the SuperLink's too) asks for a new task
             node_env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(float(task_poll_interval))
+        link = cluster.start("superlink", superlink_argv(port, flwr_home / "state.db", "--insecure"),
+                             env={"FLWR_HOME": str(flwr_home / "link"), **node_env})
+        wait_health(f"http://127.0.0.1:{port}/health", 60, link)
         cluster.superlink_port = port
         for i in range(nodes):
             start_supernode(cluster, i, nodes, data, node_env, preloaded=preloaded,
-                            heartbeat_interval=heartbeat_interval)
+                            heartbeat_interval=heartbeat_interval, idle_poll=idle_poll)
         write_connection(flwr_home, "fedadapt-deploy", port)
         yield cluster, "fedadapt-deploy"
 
 
 def start_supernode(cluster: Cluster, i: int, nodes: int, data: list[Path] | None = None,
                     env: dict[str, str] | None = None, *, preloaded: bool = False,
-                    heartbeat_interval: float | None = None) -> subprocess.Popen:
+                    heartbeat_interval: float | None = None, idle_poll: float | None = None) -> subprocess.Popen:
     """Start (or restart: same node-local directories) SuperNode ``i`` of a :func:`deploy_cluster`.
 
     Its client state (SCAFFOLD's c_i, Fed-LAMB's m, …) is kept in ``<FLWR_HOME>/node<i>/client-state``
@@ -149,8 +154,13 @@ def start_supernode(cluster: Cluster, i: int, nodes: int, data: list[Path] | Non
     home = cluster.flwr_home / f"node{i}"
     node_env = {"FLWR_HOME": str(home), "FEDADAPT_CLIENT_STATE_DIR": str(home / "client-state"), **(env or {})}
     node_port = free_port()
-    exe = ([sys.executable, "-m", "simulations.launch.heartbeat_supernode", str(float(heartbeat_interval))]
-           if heartbeat_interval is not None else [bin_path("flower-supernode")])
+    exe = [bin_path("flower-supernode")]
+    if heartbeat_interval is not None or idle_poll is not None:  # Flower's SuperNode with these two settings
+        from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
+
+        exe = [sys.executable, "-m", "simulations.launch.heartbeat_supernode",
+               str(float(HEARTBEAT_DEFAULT_INTERVAL if heartbeat_interval is None else heartbeat_interval)),
+               *(["--idle-poll", str(float(idle_poll))] if idle_poll is not None else [])]
     node = cluster.start(f"supernode{i}", [
         *exe, "--insecure", "--superlink", f"127.0.0.1:{cluster.superlink_port}",
         "--port", str(node_port), "--node-config", node_config(i, nodes, data),
@@ -244,23 +254,6 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
         write_secure_connections(flwr_home, conn, port, pki["ca"], plain,
                                  (outsider, public_host) if public_host else None)
 
-        # 1. The same CLI call over TLS and over plaintext; plain HTTP to the port.
-        res.tls_client = flwr_json(cluster, ["ls", conn])
-        res.plaintext_client = flwr_json(cluster, ["ls", plain])
-        res.plaintext_http_error = _plain_http_error(port)
-        if public_host:  # a node host with ca.crt alone: neither a SuperNode of its own nor the runs
-            res.outsider_ls = flwr_json(cluster, ["ls", outsider])
-            res.outsider_register = flwr_json(cluster, ["supernode", "register", f"{pki['outsider']}.pub", outsider,
-                                                        "--name", "outsider"])
-
-        # 2. Register the public keys of the first `nodes` SuperNodes (not the unregistered ones).
-        for i in range(nodes):
-            reply = flwr_json(cluster, ["supernode", "register", f"{pki[f'sn{i}']}.pub", conn, "--name", f"sn{i}"])
-            if reply.get("success") is not True or "node-id" not in reply:
-                raise RuntimeError(f"registering sn{i} failed: {reply}")
-            res.registered_ids.append(int(reply["node-id"]))
-
-        # 3. Start all SuperNodes; record how the unregistered ones end.
         def supernode(name: str, node_cfg: str) -> subprocess.Popen:
             node_port = free_port()
             res.node_ports.append(node_port)
@@ -271,9 +264,34 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
             ], env={"FLWR_HOME": str(flwr_home / name),
                     "FEDADAPT_CLIENT_STATE_DIR": str(flwr_home / name / "client-state")})
 
+        # 1. The SuperNodes whose keys are NOT registered try to join; meanwhile (every `flwr` call is a fresh
+        # interpreter, seconds of start-up, so they run side by side): the same CLI call over TLS and over plaintext,
+        # plain HTTP to the port, the outsider's two attempts, and the registration of the first `nodes` keys.
+        bad = [supernode(f"unregistered{j}", node_config(0, nodes, None)) for j in range(unregistered)]
+        with ThreadPoolExecutor(max_workers=4 + nodes) as pool:
+            tls = pool.submit(flwr_json, cluster, ["ls", conn])
+            plaintext = pool.submit(flwr_json, cluster, ["ls", plain])
+            http_error = pool.submit(_plain_http_error, port)
+            if public_host:  # a node host with ca.crt alone: neither a SuperNode of its own nor the runs
+                outsider_ls = pool.submit(flwr_json, cluster, ["ls", outsider])
+                outsider_register = pool.submit(flwr_json, cluster, ["supernode", "register",
+                                                                     f"{pki['outsider']}.pub", outsider,
+                                                                     "--name", "outsider"])
+            registered = [pool.submit(flwr_json, cluster, ["supernode", "register", f"{pki[f'sn{i}']}.pub", conn,
+                                                           "--name", f"sn{i}"]) for i in range(nodes)]
+        res.tls_client, res.plaintext_client, res.plaintext_http_error = (
+            tls.result(), plaintext.result(), http_error.result())
+        if public_host:
+            res.outsider_ls, res.outsider_register = outsider_ls.result(), outsider_register.result()
+        for i, future in enumerate(registered):
+            reply = future.result()
+            if reply.get("success") is not True or "node-id" not in reply:
+                raise RuntimeError(f"registering sn{i} failed: {reply}")
+            res.registered_ids.append(int(reply["node-id"]))
+
+        # 2. Start the registered SuperNodes; record how the unregistered ones ended.
         for i in range(nodes):
             supernode(f"sn{i}", node_config(i, nodes, None))
-        bad = [supernode(f"unregistered{j}", node_config(0, nodes, None)) for j in range(unregistered)]
         for j, proc in enumerate(bad):
             try:
                 res.unregistered_rc.append(proc.wait(timeout=60))
@@ -281,7 +299,7 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
                 res.unregistered_rc.append(None)
             res.unregistered_logs.append((log_dir / f"unregistered{j}.log").read_text(errors="replace"))
 
-        # 4. Train on the registered nodes only.
+        # 3. Train on the registered nodes only.
         res.run_id, res.status, _ = flwr_run(cluster, conn, cfg, None, timeout, app_dir)
         res.nodes_listed = list_supernodes(cluster, conn)
     report(res.run_id, res.status, log_dir)

@@ -21,7 +21,7 @@ installation (their child needs another environment), go to Flower's ``Subproces
 
 Relies on flwr 1.42 internals (``run_superexec.get_executor``, the ``Executor`` protocol, ``run_clientapp``); the
 end-to-end test ``test_preloaded_deployment_where_each_supernode_trains_on_its_own_file_matches_the_engine``
-(``tests/test_node_data.py``) runs it against real SuperNodes.
+(``tests/test_deployment.py``) runs it against real SuperNodes.
 """
 
 from __future__ import annotations

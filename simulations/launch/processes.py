@@ -125,6 +125,8 @@ class Cluster:
         #: Why the federation was lost (the SuperLink exited during a run), else None.
         self.lost: str | None = None
         self._seen: dict[int, tuple[int, str | None]] = {}  # pid → (process group, start time) of every descendant
+        #: Held while a process is named and started, so that runs started from several threads get distinct logs.
+        self.starting = threading.Lock()
         flwr_home.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -163,15 +165,24 @@ class Cluster:
         def watch(link: subprocess.Popen) -> None:
             while not done.wait(WATCH_INTERVAL_S):
                 self.snapshot()
-                rc = link.poll()
-                if rc is not None and run_proc.poll() is None:
-                    self.lost = f"the SuperLink (pid {link.pid}) exited with {rc} during the run"
+                if link.poll() is not None and run_proc.poll() is None:
+                    self.note_lost()
                     signal_group(run_proc.pid, signal.SIGKILL)
                     return
 
         self.snapshot()
         threading.Thread(target=watch, args=(link,), name="superlink-watch", daemon=True).start()
         return done
+
+    def note_lost(self) -> bool:
+        """Whether the SuperLink has exited; if so, :attr:`lost` says so.  Also called once ``flwr run`` has ended:
+        when the SuperLink dies, ``flwr run --stream`` may exit on its own ("Connection to the SuperLink is
+        unavailable") before the watcher's next look, and asking the dead SuperLink for the status would only wait."""
+        link = self.superlink()
+        rc = None if link is None else link.poll()
+        if link is not None and rc is not None and self.lost is None:
+            self.lost = f"the SuperLink (pid {link.pid}) exited with {rc} during the run"
+        return rc is not None
 
     def stop(self) -> None:
         """SIGTERM to the process group of every started process and of each of its descendants (those noted by
