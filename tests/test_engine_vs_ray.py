@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -41,9 +42,12 @@ def test_ray_simulation_with_10_supernodes_matches_the_inprocess_engine(tmp_path
     out = tmp_path / "out"
     cfg = {**CONFIG, "output-dir": str(out)}
     rc = launch_sim(NODES, " ".join(f"{k}={_toml(v)}" for k, v in {**cfg, "run-name": "ray"}.items()),
-                    tmp_path / "flwr", timeout=600)
+                    tmp_path / "flwr", timeout=600, ray_cpus=1)
     assert rc == 0
     assert our_processes(tmp_path / "flwr") == []
+    # ray_cpus=1 (init-args-num-cpus): one ClientApp actor served the 10 SuperNodes
+    log = (tmp_path / "flwr" / "logs" / "flwr-run.log").read_text(errors="replace")
+    assert len(set(re.findall(r"ClientAppActor pid=(\d+)", log))) == 1
     run_inprocess({**cfg, "run-name": "engine"}, NODES)
     ray_model = torch.load(out / "ray" / "model.pt")
     eng_model = torch.load(out / "engine" / "model.pt")

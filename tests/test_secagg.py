@@ -226,18 +226,6 @@ def _check_run(log: Path, run_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_secaggplus_in_the_ray_simulation(tmp_path):
-    """fedadam (server-only) under SecAgg+ through `flwr run` on a Ray simulation (3 nodes, 1 round, digits-mlp)."""
-    from simulations.launch import launch_sim
-
-    out = tmp_path / "out"
-    cfg = (f"method='fedadam' secure-aggregation='secaggplus' num-server-rounds=1 local-epochs=1 "
-           f"learning-curve=false output-dir='{out}' run-name='sa'")
-    assert launch_sim(3, cfg, tmp_path / "flwr", timeout=400) == 0
-    _check_run(tmp_path / "flwr" / "logs" / "flwr-run.log", out / "sa")
-
-
-@pytest.mark.slow
 def test_secaggplus_in_a_real_deployment(tmp_path):
     """On one real SuperLink + 3 SuperNodes (loopback), two SecAgg+ runs one after the other: fedcm (client half;
     weighting = examples), then fedadam (server-only)."""
