@@ -3,8 +3,9 @@ the same global model as that Ray simulation for the same seed.
 
 This one Ray run covers what used to be two (``test_runtime.py::test_ray_simulation_with_10_supernodes`` ran the same
 method, rounds and sampling without the engine comparison): the launcher works from a shell whose venv is not
-activated, 10 SuperNodes with half of them sampled per round, the ServerApp's metrics and model file, nothing left
-running — and every round's model and test loss equal the engine's (float64: deterministic math, 1e-9).
+activated, 10 SuperNodes with half of them sampled per round (all served by one ClientApp actor: ``ray_cpus=1``),
+the ServerApp's metrics and model file, nothing left running — and every round's model and test loss equal the
+engine's (float64: deterministic math, 1e-9).
 """
 
 from __future__ import annotations
