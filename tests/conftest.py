@@ -51,12 +51,9 @@ def _no_learning_curve(request, monkeypatch):
 #: listed under ``None`` starts no Flower or Ray process (in-process runs, plain child processes) and goes to any
 #: worker.  A slow test not listed joins ``"deploy"``: a new end-to-end test is serialised unless placed here.
 SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
-    ("tests/test_examples.py::", "ray"),
     ("tests/test_engine_vs_ray.py::", "ray"),
-    ("tests/test_ray_cluster.py::", "ray"),
-    ("tests/test_runtime.py::test_ray_simulation_failure_is_reported", "ray"),
+    ("tests/test_ray_cluster.py::", "ray"),  # the examples, a failing run and SecAgg+, on one shared Ray cluster
     ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
-    ("tests/test_secagg.py::test_secaggplus_in_the_ray_simulation", "ray"),
     ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),
     ("tests/test_perf.py::", None),  # the bench smoke tests: child interpreters, no Ray (no --ray) or Flower
     ("tests/test_node_data.py::test_converter_command_line", None),

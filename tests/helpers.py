@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import time
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, Metadata, MetricRecord, RecordDict
@@ -308,3 +310,16 @@ def children_in_process(monkeypatch, bench, real: int = 1) -> list[str]:
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     return calls
+
+
+def check_secagg_run(log: Path, run_dir: Path) -> None:
+    """One SecAgg+ round of 3 clients through a real runtime (Ray or a deployment; ``log`` = the run's ``flwr run``
+    log): every reply aggregated, nothing clipped, the model learned; the workflow ran its four stages (the
+    in-process tests of tests/test_secagg.py cover several rounds)."""
+    from flower_strategies.compat.secagg import CLIPPED
+
+    got = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in got] == [0, 1]
+    assert got[1]["replies-used"] == 3 and got[1]["updated"] and got[1][CLIPPED] == 0
+    assert got[1]["test-accuracy"] > got[0]["test-accuracy"] + 0.2
+    assert log.read_text(errors="replace").count("Secure aggregation completed.") == 1

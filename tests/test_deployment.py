@@ -52,7 +52,7 @@ from simulations.launch import APP_DIR, build_run_config, deploy_cluster
 from simulations.launch.flwr_cli import flwr_json, flwr_run, format_run_config, list_supernodes
 from simulations.launch.processes import LOST_GRACE_S, process_tree
 from tests.helpers import our_processes
-from tests.test_secagg import _check_run as check_secagg_run
+from tests.helpers import check_secagg_run
 
 pytestmark = pytest.mark.slow
 NODES = 3

@@ -3,8 +3,9 @@ the same global model as that Ray simulation for the same seed.
 
 This one Ray run covers what used to be two (``test_runtime.py::test_ray_simulation_with_10_supernodes`` ran the same
 method, rounds and sampling without the engine comparison): the launcher works from a shell whose venv is not
-activated, 10 SuperNodes with half of them sampled per round, the ServerApp's metrics and model file, nothing left
-running — and every round's model and test loss equal the engine's (float64: deterministic math, 1e-9).
+activated, 10 SuperNodes with half of them sampled per round (served by one ClientApp actor: ``ray_cpus=1``),
+the ServerApp's metrics and model file, nothing left running — and every round's model and test loss equal the
+engine's (float64: deterministic math, 1e-9).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def test_ray_simulation_with_10_supernodes_matches_the_inprocess_engine(tmp_path
     out = tmp_path / "out"
     cfg = {**CONFIG, "output-dir": str(out)}
     rc = launch_sim(NODES, " ".join(f"{k}={_toml(v)}" for k, v in {**cfg, "run-name": "ray"}.items()),
-                    tmp_path / "flwr", timeout=600)
+                    tmp_path / "flwr", timeout=600, ray_cpus=1)
     assert rc == 0
     assert our_processes(tmp_path / "flwr") == []
     run_inprocess({**cfg, "run-name": "engine"}, NODES)

@@ -2,6 +2,7 @@
 
     python -m simulations.launch sim    [--num-supernodes 10] [--run-config "method='fedadam' num-server-rounds=5"]
                                         [--ray-address HEAD:PORT] [--client-cpus 1] [--client-gpus 0.0]
+                                        [--ray-cpus N]
     python -m simulations.launch deploy [--nodes 2]           [--run-config "..."] [--preloaded]
                                         [--task-poll-interval S]
     python -m simulations.launch secure [--nodes 2]           [--run-config "..."]

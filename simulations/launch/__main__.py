@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
                          "instead of a private Ray instance; an inherited RAY_ADDRESS does the same")
     ap.add_argument("--client-cpus", type=int, default=1, help="sim: Ray CPUs reserved per ClientApp actor")
     ap.add_argument("--client-gpus", type=float, default=0.0, help="sim: Ray GPUs per ClientApp actor (e.g. 0.25)")
+    ap.add_argument("--ray-cpus", type=int, default=None,
+                    help="sim: CPUs of the private Ray instance (default: all); --ray-cpus 1 --client-cpus 1 = one "
+                         "ClientApp actor serving every SuperNode")
     ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy); registered SuperNodes (secure)")
     ap.add_argument("--unregistered", type=int, default=1,
                     help="secure: extra SuperNodes whose keys are not registered (they must be refused)")
@@ -65,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             return launch_inprocess(args.num_supernodes, args.run_config, args.seeds, args.engine)
         if args.mode == "sim":
             return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app,
-                              ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus)
+                              ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus,
+                              ray_cpus=args.ray_cpus)
         if args.mode == "secure":
             res = launch_secure_deploy(args.nodes, args.run_config, home, args.timeout, app,
                                        unregistered=args.unregistered, public_host=args.public_host)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -52,15 +53,18 @@ def ray_address_check(address: str, timeout: float = 5.0) -> str:
     return address
 
 
-def federation_config(num_supernodes: int, client_cpus: int = 1, client_gpus: float = 0.0) -> str:
-    """``--federation-config`` of a simulation run: federation size and Ray resources reserved per ClientApp actor."""
+def federation_config(num_supernodes: int, client_cpus: int = 1, client_gpus: float = 0.0,
+                      ray_cpus: int | None = None) -> str:
+    """``--federation-config`` of a simulation run: federation size, Ray resources reserved per ClientApp actor and
+    (``ray_cpus``) the CPUs of the private Ray instance (``init-args-num-cpus``)."""
     cfg = f"num-supernodes={num_supernodes} client-resources-num-cpus={int(client_cpus)}"
-    return cfg + (f" client-resources-num-gpus={float(client_gpus)}" if client_gpus else "")
+    cfg += f" client-resources-num-gpus={float(client_gpus)}" if client_gpus else ""
+    return cfg + (f" init-args-num-cpus={int(ray_cpus)}" if ray_cpus is not None else "")
 
 
 def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, timeout: float,
                app_dir: Path = APP_DIR, ray_address: str | None = None, client_cpus: int = 1,
-               client_gpus: float = 0.0) -> int:
+               client_gpus: float = 0.0, ray_cpus: int | None = None) -> int:
     """A private ``flower-superlink --simulation`` (Ray) + ``flwr run --federation-config num-supernodes=N``.
 
     ``ray_address`` (``host:port``): attach the simulation to that running Ray cluster instead of starting a private
@@ -68,7 +72,13 @@ def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, tim
     ``init-args-num-cpus/-num-gpus/-logging-level/-log-to-driver``); its Ray backend calls ``ray.init(**init_args)``
     with no address, and Ray then reads ``RAY_ADDRESS`` — so the SuperLink is started with ``RAY_ADDRESS`` set and
     its ``flwr-simulation`` child inherits it.  ``client_cpus``/``client_gpus``: Ray resources per ClientApp actor
-    (``client-resources-num-cpus/-num-gpus``); the number of actors is what the cluster's resources allow."""
+    (``client-resources-num-cpus/-num-gpus``); the number of actors is what the cluster's resources allow.
+    ``ray_cpus``: CPUs of the private Ray instance (``init-args-num-cpus``; default: all of this machine's), so
+    ``ray_cpus // client_cpus`` actors (each imports torch and the app) serve the whole federation; not with an
+    existing cluster, whose resources are fixed (Ray refuses ``num_cpus`` when connecting)."""
+    if ray_cpus is not None and (ray_address or os.environ.get("RAY_ADDRESS")):
+        raise ValueError("--ray-cpus sizes a private Ray instance; an existing cluster (--ray-address / RAY_ADDRESS) "
+                         "has its own CPUs: leave --ray-cpus out, or size the cluster with `ray start --num-cpus`")
     cfg = build_run_config(run_config, app_dir)
     env = {"RAY_ADDRESS": ray_address_check(ray_address)} if ray_address else {}
     port = free_port()
@@ -80,7 +90,7 @@ def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, tim
         write_connection(flwr_home, "fedadapt-sim", port)
         if ray_address:
             print(f"[fedadapt] simulation attaches to the Ray cluster at {ray_address}", flush=True)
-        fed_cfg = federation_config(num_supernodes, client_cpus, client_gpus)
+        fed_cfg = federation_config(num_supernodes, client_cpus, client_gpus, ray_cpus)
         run_id, status, _ = flwr_run(cluster, "fedadapt-sim", cfg, fed_cfg, timeout, app_dir)
     return report(run_id, status, log_dir)
 
