@@ -4,6 +4,7 @@ software, the git commit of the app's checkout and the host."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
 import subprocess
@@ -33,14 +34,21 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def versions() -> dict[str, str | None]:
+@functools.cache
+def _versions() -> tuple[tuple[str, str | None], ...]:
     import numpy
     import torch
 
     from flower_strategies import __version__
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "flwr": _version("flwr"),
-            "numpy": numpy.__version__, "fedadapt": __version__}
+    return (("python", platform.python_version()), ("torch", torch.__version__), ("flwr", _version("flwr")),
+            ("numpy", numpy.__version__), ("fedadapt", __version__))
+
+
+def versions() -> dict[str, str | None]:
+    """The versions of the software this process runs (read once per process: the imported modules cannot change,
+    and Flower's version comes from its installed metadata, a search of ``sys.path``)."""
+    return dict(_versions())
 
 
 def _git(*args: str, timeout: float) -> str | None:
@@ -58,11 +66,14 @@ def git_state(timeout: float = 5.0) -> dict[str, Any]:
     none: dict[str, Any] = {"commit": None, "dirty": None}
     if _git("ls-files", "--error-unmatch", "server_app/app.py", timeout=timeout) is None:
         return none
-    commit = _git("rev-parse", "HEAD", timeout=timeout)
-    status = _git("status", "--porcelain", "--untracked-files=no", timeout=timeout)
-    if commit is None:
+    # One call for both: porcelain v2 with --branch heads its output with "# branch.oid <sha>" ("(initial)" before
+    # the first commit); every other line is a changed tracked file.
+    status = _git("status", "--porcelain=v2", "--branch", "--untracked-files=no", timeout=timeout)
+    lines = [] if status is None else status.splitlines()
+    commit = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if commit is None or commit == "(initial)":
         return none
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
+    return {"commit": commit, "dirty": any(not line.startswith("#") for line in lines)}
 
 
 def host() -> dict[str, Any]:
@@ -71,7 +82,7 @@ def host() -> dict[str, Any]:
 
 def run_info(settings: Any, method: str, hparams: Any) -> dict[str, Any]:
     """The summary's provenance fields: ``config``, ``versions``, ``git``, ``host``.  ``git`` is a
-    :class:`~concurrent.futures.Future` of :func:`git_state`: its three git subprocesses run in a background thread
+    :class:`~concurrent.futures.Future` of :func:`git_state`: its two git subprocesses run in a background thread
     while the run trains; :func:`resolved` waits for it."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedadapt-git")
     git = pool.submit(git_state)

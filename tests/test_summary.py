@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -83,3 +85,16 @@ def test_git_state_is_null_outside_a_checkout_of_the_project(tmp_path, monkeypat
     assert provenance.git_state() == {"commit": None, "dirty": None}
     monkeypatch.setenv("PATH", "")  # no git executable at all
     assert provenance.git_state() == {"commit": None, "dirty": None}
+
+
+def test_git_state_of_this_checkout_agrees_with_git_itself():
+    """The one ``git status --porcelain=v2 --branch`` call gives the commit ``git rev-parse HEAD`` names and the dirty
+    flag ``git status --porcelain`` implies (whatever this checkout's state)."""
+    git = shutil.which("git")
+    if git is None or not (provenance.APP_ROOT / ".git").exists():
+        pytest.skip("not a git checkout with git on PATH")
+    ask = lambda *args: subprocess.run([git, "-C", str(provenance.APP_ROOT), *args], capture_output=True,  # noqa: E731
+                                       text=True, check=True).stdout.strip()
+    state = provenance.git_state()
+    dirty = bool(ask("status", "--porcelain", "--untracked-files=no"))
+    assert state == {"commit": ask("rev-parse", "HEAD"), "dirty": dirty}

@@ -11,6 +11,7 @@ bad value and the valid choices/range, and are raised before the first round.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from collections.abc import Mapping
@@ -73,6 +74,19 @@ def _hints(cls: type) -> dict[str, Any]:
     return hints
 
 
+_KEYS: dict[tuple[type, str | None], dict[str, dataclasses.Field]] = {}
+
+
+def _keys(cls: type, prefix: str | None) -> dict[str, dataclasses.Field]:
+    """``{run-config key: field}`` of a hyper-parameter class, once per class and prefix (a dataclass's fields are
+    fixed; every run-config parse and every registered method's defaults read them)."""
+    keys = _KEYS.get((cls, prefix))
+    if keys is None:
+        pre = f"{prefix}." if prefix else ""
+        keys = _KEYS[cls, prefix] = {pre + to_key(f.name): f for f in dataclasses.fields(cls)}
+    return keys
+
+
 def _client_fields(cls: type) -> tuple[str, ...]:
     names = _CLIENT_FIELDS.get(cls)
     if names is None:
@@ -92,8 +106,7 @@ class HParams:
 
     @classmethod
     def keys(cls, prefix: str | None) -> dict[str, dataclasses.Field]:
-        pre = f"{prefix}." if prefix else ""
-        return {pre + to_key(f.name): f for f in dataclasses.fields(cls)}
+        return dict(_keys(cls, prefix))
 
     @classmethod
     def defaults(cls, prefix: str | None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -144,7 +157,10 @@ class HParams:
         return out
 
     def replace(self: T, **changes: Any) -> T:
-        """A copy with ``changes`` applied (validated); unknown names raise :class:`ConfigError`."""
+        """A copy with ``changes`` applied (validated); unknown names raise :class:`ConfigError`.  Without changes,
+        ``self`` (frozen, and validated when it was built)."""
+        if not changes:
+            return self
         names = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - names)
         if unknown:
@@ -171,10 +187,12 @@ def _toml_value(value: Any) -> str:
     return str(value)
 
 
+@functools.cache
 def _optional(tp: Any) -> bool:
     return type(None) in typing.get_args(tp)
 
 
+@functools.cache
 def _base_type(tp: Any) -> type:
     if tp in (int, float, bool, str):
         return tp

@@ -144,7 +144,8 @@ def parse_run_config(
     if unknown and not ignore_unknown:
         hints = "; ".join(f"{k!r}: {did_you_mean(k, known)}" for k in unknown)
         raise ConfigError(f"unknown run-config key(s) {unknown} ({hints})")
-    fed = settings.from_run_config({k: v for k, v in run_config.items() if k in settings.keys(None)}, None)
+    ours = settings.keys(None)
+    fed = settings.from_run_config({k: v for k, v in run_config.items() if k in ours}, None)
     spec = get_method(fed.method)
     hp = spec.hparams_from_run_config(run_config)
     # A key of another method that differs from its default is a mistake (e.g. a FedDA flag on a FedAvg run).
