@@ -69,6 +69,9 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_replay_attack.py::", None),
     ("tests/test_privacy.py::", None),
     ("tests/test_vectorized.py::", None),  # the bench smoke: child interpreters, no Flower processes
+    ("tests/test_faults.py::", None),  # tests/helpers.py::every_method: the non-representative methods of a matrix
+    ("tests/test_fuzz_replies.py::", None),
+    ("tests/test_legacy.py::", None),
 )
 
 

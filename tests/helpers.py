@@ -11,9 +11,32 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, Metadata, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
+
+
+#: One method of each kind of server state, client state and reply record.  The matrices that cross every method
+#: with one more feature (the vectorized engine, crash/resume, hostile replies, injected faults, Flower's privacy
+#: layers, the legacy API) run these in the fast tier (``-m "not slow"``) and the other methods of the 22 in the full
+#: suite only (:func:`every_method`).  fedavg: no state; fedadam: server moments; fedda: dual averaging; fedcm: a
+#: downlink record; scaffold: client state and summed control deltas; fedlada: second-moment uplink records;
+#: fedlamb: client momentum and the layer-wise trust ratio; fedlocal: a restarted local optimizer with corrections;
+#: mimelite: the full-batch gradient; localupdatedecay: the train-loss-before controller.  Every other method is a
+#: variant of one of these and has its own exactness tests in the fast tier.
+REPRESENTATIVE_METHODS = frozenset({"fedavg", "fedadam", "fedda", "fedcm", "scaffold", "fedlada", "fedlamb", "fedlocal",
+                                    "mimelite", "localupdatedecay"})
+
+
+def every_method() -> list:
+    """Every registered method, sorted, as ``pytest.param``s: those outside :data:`REPRESENTATIVE_METHODS` marked
+    ``slow`` (the full suite runs all 22; tests/conftest.py's ``SLOW_GROUPS`` lists their modules as in-process)."""
+    from flower_strategies.core.registry import METHODS
+
+    assert REPRESENTATIVE_METHODS <= set(METHODS), sorted(REPRESENTATIVE_METHODS - set(METHODS))
+    return [pytest.param(name, marks=() if name in REPRESENTATIVE_METHODS else pytest.mark.slow)
+            for name in sorted(METHODS)]
 
 
 def set_task_identity() -> None:

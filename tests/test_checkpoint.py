@@ -27,7 +27,7 @@ from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core.registry import METHODS
 from server_app.app import run
 from simulations.engine import LoopbackGrid
-from tests.helpers import rewrite_checkpoint
+from tests.helpers import every_method, rewrite_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = 6
@@ -100,7 +100,7 @@ def straight(tmp_path: Path, cfg: dict, name: str = "straight", nodes: int = NOD
 MATRIX_NODES, MATRIX = 4, {**BASE, "num-server-rounds": 5}
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", every_method())
 def test_crash_after_round_3_then_resume_is_bit_identical(tmp_path, method):
     cfg = {**MATRIX, "method": method}
     ref = straight(tmp_path, cfg, nodes=MATRIX_NODES)

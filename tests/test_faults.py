@@ -21,10 +21,9 @@ from flwr.common.constant import ErrorCode
 import flower_strategies  # noqa: F401 - registers the methods
 from client_app.app import app as client_app
 from flower_strategies.methods.baselines import FedAvg
-from flower_strategies.core.registry import METHODS
 from server_app.app import run
 from simulations.engine import LoopbackGrid
-from tests.helpers import NodesGrid, config, reply
+from tests.helpers import NodesGrid, config, every_method, reply
 
 NODES = 6
 BASE = {
@@ -124,7 +123,7 @@ def rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", every_method())
 def test_fault_matrix(tmp_path, method):
     cfg = {**BASE, "method": method, "output-dir": str(tmp_path), "run-name": "f"}
     summary = run(FaultGrid(client_app, NODES, cfg, SCHEDULE), cfg)

@@ -22,7 +22,7 @@ import flower_strategies  # noqa: F401 - registers the methods
 from flower_strategies.core import records as R
 from flower_strategies.core.registry import METHODS
 from flower_strategies.core.validation import layout
-from tests.helpers import NodesGrid, config, metadata
+from tests.helpers import NodesGrid, config, every_method, metadata
 
 START = {"w": np.linspace(-0.5, 0.5, 12, dtype=np.float32).reshape(3, 4), "b": np.zeros(4, np.float32),
          "n": np.array(5, np.int64)}
@@ -216,7 +216,7 @@ def assert_same_model(new: ArrayRecord | None, ref: dict[str, np.ndarray]) -> No
         assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), k
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", every_method())
 @FUZZ
 @given(data=st.data())
 def test_a_hostile_reply_is_rejected_with_a_reason_and_changes_nothing(method, data):

@@ -14,6 +14,7 @@ from flower_strategies.core import records as R
 from flower_strategies.compat.legacy import LAYOUT, LegacyStrategy, pack, unpack
 from flower_strategies.core.registry import METHODS
 from simulations.engine import simulate, simulate_legacy
+from tests.helpers import every_method
 
 RUN_CONFIG = {"task": "synthetic-linear", "seed": 2, "precision": "float64", "synthetic-dim": 4}
 
@@ -30,7 +31,7 @@ def _strategy(name):
                                   seed=5)
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", every_method())
 def test_legacy_and_message_api_give_the_same_global_model(name):
     model = _model()
     s_msg, s_leg = _strategy(name), _strategy(name)

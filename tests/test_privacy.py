@@ -25,7 +25,7 @@ from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.registry import METHODS
 from flower_strategies.core.validation import RecordSpec
 from simulations.engine import LoopbackGrid
-from tests.helpers import SYNTH_RC, NodesGrid, record, reply, synthetic_initial_arrays
+from tests.helpers import SYNTH_RC, NodesGrid, every_method, record, reply, synthetic_initial_arrays
 
 NODES = 4
 BIG = 1e6  # a clip far above every update norm of these runs (they stay below 40)
@@ -76,7 +76,7 @@ def expected_cell(name, component):
     return "equal" if model_only and getattr(strategy, "averages_models", False) else "refused"
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", every_method())
 def test_flower_privacy_layer_composes_or_is_refused(name):
     """Every method × every Flower DP component: noise 0 and a clip above every norm give the unwrapped run (float64
     tolerance), or the run is refused before any client trains / by the client, naming native DP."""
@@ -144,7 +144,7 @@ def model_arrays():
     return record({"w": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)})
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", every_method())
 def test_native_dp_without_noise_and_clip_is_the_plain_run(name):
     """Noise 0 + a clip above every norm = the non-private run with uniform weights (float64), two rounds."""
     plain, private = build(name, weighting="uniform", num_rounds=2), build(name, dp_clip=1e12, num_rounds=2)

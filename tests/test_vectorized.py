@@ -21,9 +21,10 @@ from flwr.app import ArrayRecord
 
 from client_app.task import build_model
 import flower_strategies  # noqa: F401  (registers every method)
-from flower_strategies.core.registry import METHODS, build_strategy
+from flower_strategies.core.registry import build_strategy
 from simulations.engine import simulate
 from simulations.vectorized import NotVectorizable, VectorGrid, check_vectorizable
+from tests.helpers import every_method
 
 #: the engines must agree to 1e-12 (relative) after 10 rounds
 ROUNDS = 10
@@ -65,7 +66,7 @@ def _compare(rc, nodes, tol, **grid):
     return grid_
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", every_method())
 @pytest.mark.parametrize("mode", list(MODES))
 def test_vectorized_engine_equals_sequential_engine(method, mode):
     rc = {**BASE, **MODES[mode], "method": method, "client-lr": LR.get(method, BASE["client-lr"])}
