@@ -91,19 +91,6 @@ def slow_group(nodeid: str) -> str | None:
     return next((group for prefix, group in SLOW_GROUPS if nodeid.startswith(prefix)), None)
 
 
-@pytest.hookimpl(optionalhook=True, wrapper=True)
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: xdist's count (one worker per core), but at least one worker more than there are lanes when slow
-    tests may run (the mark expression does not exclude them) and ``PYTEST_XDIST_AUTO_NUM_WORKERS`` is not set.
-
-    Each lane holds its worker for minutes while its clusters mostly wait (polls, heartbeats, round timeouts); with
-    only 2 workers on a 2-core machine the in-process tests then queue behind them while a core idles."""
-    n = yield
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or "not slow" in (config.getoption("markexpr") or ""):
-        return n
-    return max(n, len({lane for _, lane in SLOW_GROUPS if lane is not None}) + 1)
-
-
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own: the first scheduler returned is used
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` with the lanes of :data:`SLOW_GROUPS` as its groups, read from the test ids.
