@@ -52,10 +52,12 @@ def _no_learning_curve(request, monkeypatch):
 #: ports and its own directories, so they never collide):
 #:
 #: * ``"deploy"``: ``tests/test_deployment.py``, five checks on ONE SuperLink + 3 SuperNodes in file order (the
-#:   reference run and the resume share it; the last two tests break the cluster) — the longest lane;
+#:   reference run and the resume share it; the last two tests break the cluster);
 #: * ``"ray"``: the Ray tests (engine vs Ray, the shared Ray cluster of ``tests/test_ray_cluster.py``, SIGTERM
-#:   mid-run), then the TLS + node-auth deployment (a cluster of its own, Flower's stock executor), which evens the
-#:   two lanes out (lane sums of a whole-suite run in docs/results/suite.md).
+#:   mid-run), then the TLS + node-auth deployment (a cluster of its own, Flower's stock executor).
+#:
+#: Each lane is shorter than half the suite, so the in-process tests even the two workers out whichever lane holds
+#: the TLS test (lane sums of a whole-suite run in docs/results/suite.md).
 #:
 #: ``None``: a slow test that starts no Flower or Ray process (in-process runs, plain child processes); it goes to any
 #: worker.  Every slow test must be listed (``tests/test_suite_settings.py`` checks it in the whole-suite run).
@@ -64,7 +66,7 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_engine_vs_ray.py::", "ray"),
     ("tests/test_ray_cluster.py::", "ray"),  # the examples, a failing run and SecAgg+, on one shared Ray cluster
     ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
-    ("tests/test_secure_deploy.py::", "ray"),  # a cluster of its own: in the lane that is shorter without it
+    ("tests/test_secure_deploy.py::", "ray"),  # a cluster of its own
     ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),
     ("tests/test_perf.py::", None),  # the bench smoke tests: child interpreters, no Ray (no --ray) or Flower
     ("tests/test_node_data.py::test_converter_command_line", None),
