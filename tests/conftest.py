@@ -44,16 +44,29 @@ def _no_learning_curve(request, monkeypatch):
         monkeypatch.setattr(plots, "write_learning_curve", lambda *args, **kwargs: None)
 
 
-#: xdist group of the slow tests that start a Flower deployment or Ray, by node-id prefix (first match wins).  The
-#: tests of one group run one after another on one worker; the two groups run side by side (every launch takes
-#: free loopback ports and its own directories, so they never collide), and each spends much of its time waiting on
-#: Flower's fixed 3 s polls and 30 s heartbeats, which the other group and the in-process tests fill.  A slow test
-#: listed under ``None`` starts no Flower or Ray process (in-process runs, plain child processes) and goes to any
-#: worker.  A slow test not listed joins ``"deploy"``: a new end-to-end test is serialised unless placed here.
+#: Lanes of the slow tests, by node-id prefix (first match wins): the tests of one lane run one after another on one
+#: xdist worker, so a lane's module fixtures (one started cluster) are set up once and no two clusters of one kind
+#: fight for the cores.  ``-n auto --dist loadgroup`` hands the lanes out first (the largest work units go first) and
+#: the other tests fill every worker after them.  Both lanes spend most of their time waiting on Flower's polls,
+#: heartbeats and round timeouts rather than computing, so they run side by side (every launch takes free loopback
+#: ports and its own directories, so they never collide):
+#:
+#: * ``"deploy"``: ``tests/test_deployment.py``, five checks on ONE SuperLink + 3 SuperNodes in file order (the
+#:   reference run and the resume share it; the last two tests break the cluster);
+#: * ``"ray"``: the Ray tests (engine vs Ray, the shared Ray cluster of ``tests/test_ray_cluster.py``, SIGTERM
+#:   mid-run), then the TLS + node-auth deployment (a cluster of its own, Flower's stock executor).
+#:
+#: Each lane is shorter than half the suite, so the in-process tests even the two workers out whichever lane holds
+#: the TLS test (lane sums of a whole-suite run in docs/results/suite.md).
+#:
+#: ``None``: a slow test that starts no Flower or Ray process (in-process runs, plain child processes); it goes to any
+#: worker.  Every slow test must be listed (``tests/test_suite_settings.py`` checks it in the whole-suite run).
 SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
+    ("tests/test_deployment.py::", "deploy"),
     ("tests/test_engine_vs_ray.py::", "ray"),
     ("tests/test_ray_cluster.py::", "ray"),  # the examples, a failing run and SecAgg+, on one shared Ray cluster
     ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
+    ("tests/test_secure_deploy.py::", "ray"),  # a cluster of its own
     ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),
     ("tests/test_perf.py::", None),  # the bench smoke tests: child interpreters, no Ray (no --ray) or Flower
     ("tests/test_node_data.py::test_converter_command_line", None),
@@ -76,13 +89,25 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
 
 
 def slow_group(nodeid: str) -> str | None:
-    return next((group for prefix, group in SLOW_GROUPS if nodeid.startswith(prefix)), "deploy")
+    """The lane of ``nodeid`` (None: not in a lane), as :data:`SLOW_GROUPS` lists it."""
+    return next((group for prefix, group in SLOW_GROUPS if nodeid.startswith(prefix)), None)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests that start real Flower/Ray processes (``slow``: Ray, SuperLink/SuperNodes, launcher signals) get an xdist
-    group (:data:`SLOW_GROUPS`), so that with ``-n`` no two deployments of one kind compete for the cores while the
-    in-process tests fill the other workers."""
-    for item in items:
-        if item.get_closest_marker("slow") is not None and (group := slow_group(item.nodeid)) is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own: the first scheduler returned is used
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the lanes of :data:`SLOW_GROUPS` as its groups, read from the test ids.
+
+    xdist's loadgroup takes a test's group from an ``@group`` suffix that each worker appends to the test id from the
+    test's ``xdist_group`` mark; with pytest 9.2 that id change has no effect any more (pytest-xdist issue #1386),
+    and a mark added by a conftest's ``pytest_collection_modifyitems`` came after it anyway.  Either way the groups
+    were silently ignored: the lanes' tests were spread over both workers, each starting its own cluster.  The
+    scheduler (in the controller) now maps the ids itself; everything else is xdist's loadgroup scheduling."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LaneScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return slow_group(nodeid) or super()._split_scope(nodeid)
+
+    return LaneScheduling(config, log)
