@@ -112,7 +112,7 @@ class HParams:
     def defaults(cls, prefix: str | None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run-config defaults (``None`` is written as ``""``: TOML has no null); ``overrides`` by field name."""
         over = overrides or {}
-        vals = {k: over.get(f.name, f.default) for k, f in cls.keys(prefix).items()}
+        vals = {k: over.get(f.name, f.default) for k, f in _keys(cls, prefix).items()}
         return {k: ("" if v is None else v) for k, v in vals.items()}
 
     @classmethod
@@ -123,7 +123,7 @@ class HParams:
         from ``config`` take ``overrides`` (an alias's defaults, by field name), then the declared default."""
         hints = _hints(cls)
         kwargs: dict[str, Any] = dict(overrides or {})
-        for key, f in cls.keys(prefix).items():
+        for key, f in _keys(cls, prefix).items():
             if key in config:
                 kwargs[f.name] = _coerce(key, config[key], hints[f.name], f.metadata)
         try:
