@@ -304,7 +304,7 @@ def build_hub_model(name: str, seed: int = 0, arch: str = "resnet18-gn") -> nn.M
     """``resnet18-gn`` (any dataset) or ``femnist-cnn``; initialised deterministically from ``seed``."""
     s = spec(name)
     state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)  # the CPU generator only, restored below (as client_app.task.build_model)
     try:
         if arch == "resnet18-gn":
             return ResNet18GN(s.num_classes, s.channels)

@@ -249,7 +249,7 @@ def mlp_task(n=13, seed=0):
     y = torch.randn(n, 2, generator=gen, dtype=torch.float64)
 
     def make_model():
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2)).double()
 
     return make_model, x, y, torch.nn.functional.mse_loss

@@ -22,7 +22,7 @@ N, SEED, KEY = 24, 3, 1
 
 
 def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
+    torch.default_generator.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
 
 

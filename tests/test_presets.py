@@ -57,7 +57,7 @@ def test_presets_only_for_their_task_and_method(fake_preset):
 def test_applied_presets_reach_the_strategy_and_are_logged(tmp_path, fake_preset, caplog):
     """Through the ServerApp: the summary's run_config holds the values used (presets applied or not)."""
     base = {"method": "fedadam", "num-server-rounds": 1, "local-steps": 1, "output-dir": str(tmp_path)}
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO", logger="flwr"):  # tests/conftest.py keeps Flower's logger at WARNING
         on = run_inprocess({**base, "run-name": "on"}, 2)
     assert on["run_config"]["client-lr"] == 0.3 and on["run_config"]["fedadam.server-lr"] == 0.05
     assert any("presets for fedadam on digits-mlp applied" in r.getMessage() and "client-lr=0.3" in r.getMessage()
