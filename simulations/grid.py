@@ -16,11 +16,16 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-try:  # flwr 1.42 internals (pinned): a message factory outside a runtime needs a task identity
-    from flwr.supercore.run import Run
+# Outside a Flower runtime, Flower >= 1.38 builds a message only once a task identity is set (``TaskIdentity``);
+# older releases have no such step.  ``Run`` moved from ``flwr.common.typing`` to ``flwr.supercore.run``.
+try:
     from flwr.supercore.task_identity import TaskIdentity
-except ImportError as err:  # pragma: no cover - only with another flwr version
-    raise ImportError("simulations.grid needs flwr==1.42.0") from err
+except ImportError:  # flwr < 1.38
+    TaskIdentity = None
+try:
+    from flwr.supercore.run import Run
+except ImportError:  # flwr < 1.4x
+    from flwr.common.typing import Run  # type: ignore[no-redef]
 
 Interceptor = Callable[[Message, Message, int], Message]
 
@@ -41,7 +46,8 @@ class LoopbackGrid(Grid):
         node_ids: Iterable[int] | None = None,
         intercept: Interceptor | None = None,
     ) -> None:
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+        if TaskIdentity is not None:
+            TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
         ids = list(node_ids) if node_ids is not None else list(range(1, num_nodes + 1))
         self._app = client_app
         self._run: Run | None = Run.create_empty(1)

@@ -170,7 +170,8 @@ def test_joint_clip_and_noise_against_numpy_reference():
     scales, norms = privacy.joint_clip_scales(kept, specs, current, clip)
     joint = [math.sqrt(np.sum((k[R.MODEL]["w"] - current["w"]) ** 2) + np.sum(k["v"]["w"] ** 2)) for k in kept]
     np.testing.assert_allclose(norms, joint, rtol=1e-14)
-    assert scales == [min(1.0, clip / n) for n in joint] and min(scales) < 1
+    np.testing.assert_allclose(scales, [min(1.0, clip / n) for n in joint], rtol=1e-14)  # BLAS may round the norm
+    assert min(scales) < 1
     agg = privacy.private_aggregates(kept, specs, current, scales, 4, 0.0, rng)
     upd = sum(s * (k[R.MODEL]["w"] - current["w"]) for s, k in zip(scales, kept))
     np.testing.assert_allclose(agg[R.MODEL]["w"], current["w"] + upd / 4, rtol=1e-14)
@@ -210,6 +211,9 @@ def test_epsilon_against_exact_gaussian_and_flower_accountant():
     accountant of dp-accounting agrees with the closed form to 1 %).  Sampled rounds (n < N): the same ε as Flower's
     own RdpAccountant (sampling without replacement, replace-one) given noise multiplier z/2."""
     from dp_accounting import dp_event, pld
+
+    pytest.importorskip("flwr.supercore.privacy_accounting", reason="this Flower release has no RdpAccountant to "
+                        "compare with (the compatibility leg's oldest Flower)")
     from flwr.supercore.privacy_accounting import (
         GaussianPrivacyEvent,
         NeighboringRelation,

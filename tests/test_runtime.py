@@ -184,6 +184,7 @@ def test_preloaded_executor_never_preimports_the_apps_own_packages():
     assert "torch._dynamo" in PRELOAD  # imported by the first torch.optim.Optimizer(...): the largest single cost
 
 
+@pytest.mark.pinned_flower
 def test_heartbeat_supernode_sets_the_interval_flower_announces_and_keeps(monkeypatch):
     """``simulations.launch.heartbeat_supernode SECONDS …`` sets ``SECONDS`` where Flower's SuperNode reads its 30 s
     heartbeat interval (what it announces, how often it sends); an interval the SuperLink would refuse is named before
@@ -205,6 +206,7 @@ def test_heartbeat_supernode_sets_the_interval_flower_announces_and_keeps(monkey
     assert [m.HEARTBEAT_DEFAULT_INTERVAL for m in modules] == [12.0, 12.0]
 
 
+@pytest.mark.pinned_flower
 def test_heartbeat_supernode_shortens_only_the_idle_poll_of_the_supernode_loop(monkeypatch):
     """``--idle-poll S``: the SuperNode loop's idle ``time.sleep(3)`` sleeps ``S``; its other sleeps (0.5 s while a
     reply is awaited) and the real ``time`` module are unchanged; a value out of range is named before anything

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import math
 import typing
 from collections.abc import Mapping
@@ -360,6 +361,10 @@ class StrategyConfig(HParams):
                                   "sensitivity to one client")
             object.__setattr__(self, "weighting", "uniform")
             object.__setattr__(self, "update_norm_ratio", 0.0)
+            if self.dp_noise_multiplier > 0 and importlib.util.find_spec("dp_accounting") is None:
+                raise ConfigError("dp-noise-multiplier > 0: native DP reports ε with Google's dp-accounting, which "
+                                  "is not installed; install fedadapt's 'dp' extra (pip install 'fedadapt[dp]', or "
+                                  "pip install dp-accounting)")
         for f in dataclasses.fields(self):  # an int given for a float field is stored as that float
             value = getattr(self, f.name)
             if f.type in (float, "float") and isinstance(value, int) and not isinstance(value, bool):
