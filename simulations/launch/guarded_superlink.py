@@ -109,7 +109,7 @@ def probe(base_url: str, cafile: str | None = None, timeout: float = 10.0) -> st
 def refusal(reason: str) -> str:
     """The message of a guard that did not take effect."""
     return (f"fedadapt guarded SuperLink: the Control API guard did not take effect ({reason}); a non-loopback peer "
-            f"could reach the Control API, so secure mode is refused (is this Flower newer than 1.42?)")
+            f"could reach the Control API, so secure mode is refused (the guard is written for flwr 1.42's SuperLink)")
 
 
 def self_check(base_url: str, fail: Callable[[str], None] | None = None) -> None:
@@ -173,7 +173,10 @@ def local_url(argv: list[str]) -> str:
 def main() -> None:
     """``flower-superlink`` (same arguments, from ``sys.argv``) with :class:`NodeHostsFleetOnly` outermost, checked
     (:func:`install`, then :func:`self_check` of the running SuperLink)."""
-    import flwr.superlink.main as superlink_app  # flwr 1.42 internals: the app's middleware list
+    try:
+        import flwr.superlink.main as superlink_app  # flwr 1.42 internals: the app's middleware list
+    except ImportError as err:  # a Flower without the HTTP SuperLink app
+        raise SystemExit(refusal(f"{type(err).__name__}: {err}")) from err
     from flwr.superlink.cli import flower_superlink
 
     install(superlink_app)

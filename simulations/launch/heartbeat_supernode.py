@@ -54,8 +54,12 @@ def set_heartbeat_interval(seconds: float) -> None:
     """Make this process's SuperNode announce (and keep) ``seconds`` instead of Flower's 30 s; ``SystemExit`` naming
     the module when the patch would not take effect (the constant gone, or no code there reading it at run time)."""
     from flwr.common import constant
-    from flwr.supercore import heartbeat  # flwr 1.42 internals: the modules holding the interval
-    from flwr.supernode import fleet_http_connection
+
+    try:
+        from flwr.supercore import heartbeat  # flwr 1.42 internals: the modules holding the interval
+        from flwr.supernode import fleet_http_connection
+    except ImportError as err:
+        raise SystemExit(f"the heartbeat patch's modules are missing ({err}; not flwr 1.42?)") from err
 
     low, high = constant.HEARTBEAT_MIN_INTERVAL, constant.HEARTBEAT_MAX_INTERVAL
     if not low <= seconds <= high:
@@ -86,7 +90,10 @@ class _IdlePollClock:
 
 def set_idle_poll(seconds: float) -> None:
     """Make this process's SuperNode ask for messages every ``seconds`` while idle instead of every 3 s."""
-    from flwr.supernode import start_client_internal  # flwr 1.42 internals (pinned): the loop with the idle sleep
+    try:
+        from flwr.supernode import start_client_internal  # flwr 1.42 internals: the loop with the idle sleep
+    except ImportError as err:
+        raise SystemExit(f"the idle-poll patch's module is missing ({err}; not flwr 1.42?)") from err
 
     if not 0 < seconds <= IDLE_SLEEP_S:
         raise SystemExit(f"idle poll {seconds} s: expected more than 0 and at most {IDLE_SLEEP_S} s")
