@@ -69,7 +69,8 @@ def run_rounds(
         raise ValueError(f"start_round must be >= 1, got {start_round}")
     strategy.num_rounds = int(num_rounds)
     log(INFO, "Starting %s strategy at round %d of %d", type(strategy).__name__, start_round, num_rounds)
-    strategy.summary()
+    with strategy.driven():  # fedadapt's own driver (core/privacy.py: summary() outside it means a wrapper)
+        strategy.summary()
     result = Result()
     t_start = time.time()
     if evaluate_fn and start_round == 1:

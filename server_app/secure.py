@@ -58,7 +58,8 @@ def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: 
 
     legacy = SecAggStrategy(strategy, R.to_numpy(initial), evaluate_fn=central, num_rounds=fed.num_server_rounds)
     strategy.num_rounds = fed.num_server_rounds
-    strategy.summary()
+    with strategy.driven():  # fedadapt's own driver (core/privacy.py: summary() outside it means a wrapper)
+        strategy.summary()
     run_secagg(PollingGrid(grid, fed.grid_pull_interval), legacy, fed.num_server_rounds, workflow(fed))
     return result
 

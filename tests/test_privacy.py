@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, MetricRecord
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from flwr.clientapp.mod import LocalDpMod, adaptiveclipping_mod, fixedclipping_mod
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideAdaptiveClipping,
@@ -89,12 +89,69 @@ def test_flower_privacy_layer_composes_or_is_refused(name):
                 final_arrays(run, mod=mod)
             if wrap is not None:  # refused at round 1's prepare_round: no round ever ran
                 assert isinstance(info.value, ConfigError) and strategy.history == []
+            # how it was seen (core/privacy.py, no call-stack inspection): a server-side wrapper ran fedadapt's
+            # summary() from its own start(); a client-side one put 'clipping_norm' into the round's config; the
+            # mod refused the multi-record message itself, or rewrote a one-record reply (its CRC no longer matched)
+            seen = {"server": "summary\\(\\) was called outside", "client": "config carries 'clipping_norm'",
+                    "local": "Flower's DP mods handle model-only messages|a ClientApp mod rewrote the reply's record"}
+            assert info.match(seen[component.split("-")[0]]), (component, str(info.value))
             continue
         baseline = baseline or final_arrays(build(name, fraction_train=1.0))
         got = final_arrays(run, mod=mod)
         assert strategy.num_updates == 2, component
         for key in baseline:
             np.testing.assert_allclose(got[key], baseline[key], rtol=0, atol=1e-10, err_msg=f"{component}:{key}")
+
+
+def test_flower_dp_is_recognised_through_public_signals_only():
+    """No call-stack inspection: the client-side wrappers' config key is Flower's own constant; the strategy's own
+    drivers (start, the app's loops) do not count as a wrapper, a summary() outside them does."""
+    import inspect
+
+    try:  # where Flower keeps it: flwr 1.42 / older 1.2x
+        from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+    except ImportError:
+        from flwr.common.differential_privacy_constants import KEY_CLIPPING_NORM  # type: ignore[no-redef]
+
+    assert privacy.CLIPPING_NORM_KEY == KEY_CLIPPING_NORM
+    assert "_getframe" not in inspect.getsource(privacy) and "f_back" not in inspect.getsource(privacy)
+    strategy = build("fedadam")
+    assert privacy.flower_dp_wrapper(strategy, {}) is None
+    with strategy.driven():
+        strategy.summary()
+    assert not strategy.started_by_another
+    final_arrays(strategy, rounds=1)  # FedAdaptStrategy.start: its own driver
+    assert not strategy.started_by_another and strategy.num_updates == 1
+    assert "clipping_norm" in privacy.flower_dp_wrapper(strategy, {"clipping_norm": 1.0})
+    strategy.summary()  # as a wrapper's start() calls it
+    assert strategy.started_by_another
+    with pytest.raises(ConfigError, match="DifferentialPrivacyServerSide.*native user-level DP"):
+        privacy.refuse_flower_dp(strategy, {})
+    fedavg = build("fedavg")
+    fedavg.summary()
+    privacy.refuse_flower_dp(fedavg, {"clipping_norm": 1.0})  # composes: nothing to refuse
+    other = build("fedadam", fraction_train=1.0)  # a wrapper the user vouches for runs inside driven()
+    with other.driven():
+        final_arrays(DifferentialPrivacyServerSideFixedClipping(other, 0.0, BIG, NODES), rounds=1)
+    assert other.num_updates == 1 and not other.started_by_another
+
+
+def test_client_half_guards_its_reply_against_dp_mods():
+    """The client refuses a non-model reply when a clipping mod is around (the config key), and marks a one-record
+    non-model reply with its CRC so that the server rejects it when a mod rewrote it."""
+    model = R.to_record({"w": np.arange(3.0)})
+    q = R.to_record({"w": np.ones(3)})
+    assert privacy.guard_reply("fedavg", {R.MODEL: model}, {"clipping_norm": 1.0}) == []
+    with pytest.raises(ConfigError, match="fixedclipping_mod.*'clipping_norm'.*\\['q'\\].*native user-level DP"):
+        privacy.guard_reply("localupdate", {"q": q}, {"clipping_norm": 1.0})
+    assert privacy.guard_reply("scaffold", {R.MODEL: model, "c": q}, {}) == []  # Flower's mods refuse it themselves
+    info = dict(privacy.guard_reply("localupdate", {"q": q}, {}))
+    content = RecordDict({"q": q})
+    assert privacy.rewritten_reply_reason(content, info) is None
+    assert privacy.rewritten_reply_reason(content, {}) is None  # no CRC sent (legacy replies, other clients)
+    rewritten = RecordDict({"q": R.to_record({"w": np.ones(3) + 1e-12})})
+    assert "rewrote the reply's record 'q'" in privacy.rewritten_reply_reason(rewritten, info)
+    assert "native user-level DP" in privacy.rewritten_reply_reason(RecordDict({"q": q, "v": q}), info)
 
 
 def test_the_composing_cells_are_the_documented_ones():

@@ -227,3 +227,40 @@ def test_heartbeat_supernode_shortens_only_the_idle_poll_of_the_supernode_loop(m
     for bad in (0.0, 4.0):
         with pytest.raises(SystemExit, match=f"idle poll {bad} s: expected more than 0 and at most 3 s"):
             hb.set_idle_poll(bad)
+
+
+def test_heartbeat_supernode_refuses_a_patch_that_would_not_take_effect(monkeypatch):
+    """The patch fails loudly, before Flower starts, where it would silently do nothing: the constant is gone from a
+    module, or nothing there reads it when it runs (e.g. it became a default argument); the same for the loop's
+    ``time``."""
+    import sys
+    import types
+
+    import flwr.supercore
+    from flwr.supercore import heartbeat
+    from flwr.supernode import fleet_http_connection, start_client_internal
+
+    from simulations.launch import heartbeat_supernode as hb
+
+    assert hb._read_at_call_time(heartbeat, "HEARTBEAT_DEFAULT_INTERVAL")
+    assert hb._read_at_call_time(fleet_http_connection, "HEARTBEAT_DEFAULT_INTERVAL")  # inside decorated functions
+    monkeypatch.setattr(fleet_http_connection, "HEARTBEAT_DEFAULT_INTERVAL", 30)  # restored after the test
+    monkeypatch.setattr(heartbeat, "HEARTBEAT_DEFAULT_INTERVAL", 30)
+    monkeypatch.delattr(heartbeat, "HEARTBEAT_DEFAULT_INTERVAL")
+    with pytest.raises(SystemExit, match="flwr.supercore.heartbeat has no HEARTBEAT_DEFAULT_INTERVAL"):
+        hb.set_heartbeat_interval(12.0)
+
+    frozen = types.ModuleType("flwr.supercore.heartbeat")  # the interval only as a default, bound at import
+    exec("HEARTBEAT_DEFAULT_INTERVAL = 30\ndef send(interval=HEARTBEAT_DEFAULT_INTERVAL):\n    return interval",
+         frozen.__dict__)
+    assert not hb._read_at_call_time(frozen, "HEARTBEAT_DEFAULT_INTERVAL")
+    monkeypatch.setitem(sys.modules, "flwr.supercore.heartbeat", frozen)
+    monkeypatch.setattr(flwr.supercore, "heartbeat", frozen)
+    with pytest.raises(SystemExit, match="no code in flwr.supercore.heartbeat reads HEARTBEAT_DEFAULT_INTERVAL"):
+        hb.set_heartbeat_interval(12.0)
+    assert frozen.HEARTBEAT_DEFAULT_INTERVAL == 30 and fleet_http_connection.HEARTBEAT_DEFAULT_INTERVAL == 30
+
+    monkeypatch.setattr(start_client_internal, "time", start_client_internal.time)
+    monkeypatch.setattr(hb, "_read_at_call_time", lambda module, name: False)
+    with pytest.raises(SystemExit, match="reads its 'time' module when it runs"):
+        hb.set_idle_poll(0.25)

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from . import records as R
 from .local import LocalOptimizer, SGDOptimizer
-from .privacy import refuse_flower_dp_mods
+from .privacy import guard_reply
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 Batch = tuple[Tensor, Tensor]
@@ -440,10 +440,10 @@ class ClientRound:
             ours[R.TRAIN_LOSS] = float(train_loss)
         if train_loss_before is not None:
             ours[R.TRAIN_LOSS_BEFORE] = float(train_loss_before)
-        refuse_flower_dp_mods(self.method, list(reply))  # core/privacy.py; so far only array records
+        info = guard_reply(self.method, reply, self.config)  # Flower's DP mods (core/privacy.py); array records only
         # the caller's metrics are type-checked by Flower; the values built here are an int, floats and a str
         reply[R.METRICS] = R.filled(MetricRecord(dict(metrics)) if metrics else MetricRecord(), ours.items())
-        reply[R.REPLY_INFO] = R.filled(ConfigRecord(), [(R.METHOD, self.method)])
+        reply[R.REPLY_INFO] = R.filled(ConfigRecord(), [(R.METHOD, self.method), *info])
         return R.filled(RecordDict(), reply.items())
 
     def _check_steps(self, optimizer: LocalOptimizer | None) -> int:

@@ -17,22 +17,24 @@ released are read back from the strategy's history, so a resumed run reports the
 (``DifferentialPrivacy*Clipping`` wrappers, ``fixedclipping_mod``, ``adaptiveclipping_mod``, ``LocalDpMod``) and
 noises the strategy's *output* model.  That is right only where the uplink is the model alone; the server-side
 wrappers are right only where, in addition, the output is the mean of the replies and the server keeps no state
-built from un-noised means (:func:`composes_with_flower_dp`).  Every other combination is refused when the round
-is prepared (server wrappers) or when the client builds its reply (client mods), naming :data:`FIX`.
+built from un-noised means (:func:`composes_with_flower_dp`).  Every other combination is refused, naming
+:data:`FIX`, from what fedadapt sees through Flower's public API (no call-stack inspection): a wrapper when the round
+is prepared (:func:`refuse_flower_dp`), a clipping mod when the client builds its reply and a mod that rewrote a
+reply when the server screens it (:func:`guard_reply`, :func:`rewritten_reply_reason`); docs/privacy.md lists what
+is detected.
 """
 
 from __future__ import annotations
 
 import math
-import sys
+import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from functools import cache
 from logging import INFO
-from types import CodeType, FrameType
 from typing import Any
 
 import numpy as np
+from flwr.app import ArrayRecord
 from flwr.common import log
 
 from . import records as R
@@ -54,40 +56,19 @@ _MEAN_RULES = ("mean", "wmean", "umean")
 
 
 # ------------------------------------------------------------------ Flower's privacy layer: compose or refuse
-@cache
-def flower_dp_wrappers() -> tuple[type, ...]:
-    """Flower 1.42's DP strategy wrappers: Message API (``flwr.serverapp.strategy``) and legacy
-    (``flwr.server.strategy``)."""
-    import flwr.server.strategy as legacy
-    import flwr.serverapp.strategy as message_api
+#: The config key Flower's client-side clipping wrappers add to every train config (Message API: before calling the
+#: wrapped strategy's ``configure_train``; legacy: into each FitIns) and that ``fixedclipping_mod`` /
+#: ``adaptiveclipping_mod`` require (``flwr.supercore.differential_privacy.KEY_CLIPPING_NORM`` in Flower 1.42).
+CLIPPING_NORM_KEY = "clipping_norm"
 
-    names = [f"DifferentialPrivacy{side}Side{kind}Clipping" for side in ("Server", "Client")
-             for kind in ("Fixed", "Adaptive")]
-    return tuple(getattr(mod, n) for mod in (message_api, legacy) for n in names) + (legacy.DPFedAvgFixed,)
+#: ``ReplyInfo`` key: a CRC-32 of a reply's only ArrayRecord when that record is not the model — the one reply shape
+#: Flower's DP mods process without refusing it themselves; the server checks it (:func:`rewritten_reply_reason`).
+UPLINK_CRC = "uplink-crc32"
 
-
-@cache
-def flower_dp_mods() -> dict[CodeType, str]:
-    """``{code object: name}`` of Flower's client-side DP mods (``flwr.clientapp.mod`` and ``flwr.client.mod``)."""
-    import flwr.client.mod as legacy
-    import flwr.clientapp.mod as message_api
-
-    out: dict[CodeType, str] = {}
-    for mod in (message_api, legacy):
-        out[mod.fixedclipping_mod.__code__] = "fixedclipping_mod"
-        out[mod.adaptiveclipping_mod.__code__] = "adaptiveclipping_mod"
-        out[mod.LocalDpMod.__call__.__code__] = "LocalDpMod"
-    return out
-
-
-def _callers(depth: int) -> list[FrameType]:
-    """The ``depth`` frames above the caller of the caller."""
-    frames: list[FrameType] = []
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None and len(frames) < depth:
-        frames.append(frame)
-        frame = frame.f_back
-    return frames
+#: Flower's DP components that clip a reply as the model, for the refusal messages.
+_SERVER_WRAPPERS = "DifferentialPrivacyServerSide{Fixed,Adaptive}Clipping"
+_CLIENT_WRAPPERS = "DifferentialPrivacyClientSide{Fixed,Adaptive}Clipping"
+_MODS = "LocalDpMod / fixedclipping_mod / adaptiveclipping_mod"
 
 
 def composes_with_flower_dp(strategy: Any) -> bool:
@@ -99,34 +80,78 @@ def composes_with_flower_dp(strategy: Any) -> bool:
     return model_only and bool(getattr(strategy, "averages_models", False)) and not strategy.downlink(1)
 
 
-def refuse_flower_dp(strategy: Any) -> None:
-    """Raise :class:`~.hparams.ConfigError` when a Flower DP wrapper drives ``strategy`` (found among the callers of
-    :meth:`~.strategy.FedAdaptStrategy.prepare_round`) and would not be right for it."""
-    wrappers = flower_dp_wrappers()
-    wrapper = next((f.f_locals["self"] for f in _callers(6) if isinstance(f.f_locals.get("self"), wrappers)), None)
-    if wrapper is None or composes_with_flower_dp(strategy):
+def flower_dp_wrapper(strategy: Any, config: Mapping[str, Any]) -> str | None:
+    """Which of Flower's DP wrappers drives ``strategy`` this round, from what it can observe through Flower's public
+    API: a client-side clipping wrapper puts :data:`CLIPPING_NORM_KEY` into the ``config`` it hands the wrapped
+    strategy's ``configure_train``; a server-side wrapper's ``start()`` (Flower's ``Strategy.start``) calls the wrapped
+    strategy's ``summary()``, and fedadapt's own drivers call it only under :meth:`~.strategy.FedAdaptStrategy.driven`
+    (``strategy.started_by_another``).  ``None`` when neither is seen."""
+    if CLIPPING_NORM_KEY in config:
+        return f"{_CLIENT_WRAPPERS} (the round's config carries '{CLIPPING_NORM_KEY}')"
+    if getattr(strategy, "started_by_another", False):
+        return (f"{_SERVER_WRAPPERS} (another strategy's start() ran this one: its summary() was called outside "
+                f"fedadapt's own start(); a strategy wrapper does that — one that is not a DP wrapper runs inside "
+                f"`with strategy.driven(): wrapper.start(...)`)")
+    return None
+
+
+def refuse_flower_dp(strategy: Any, config: Mapping[str, Any]) -> None:
+    """Raise :class:`~.hparams.ConfigError` when a Flower DP wrapper drives ``strategy`` (:func:`flower_dp_wrapper`,
+    checked in :meth:`~.strategy.FedAdaptStrategy.prepare_round` with the config the wrapper handed down) and would
+    not be right for it."""
+    if composes_with_flower_dp(strategy):
+        return
+    wrapper = flower_dp_wrapper(strategy, config)
+    if wrapper is None:
         return
     raise ConfigError(
-        f"Flower's {type(wrapper).__name__} cannot wrap fedadapt method '{strategy.method}': it clips every "
+        f"Flower's {wrapper} cannot wrap fedadapt method '{strategy.method}': it clips every "
         f"ArrayRecord of a reply as if it were the model and adds noise to the new model, but "
         f"'{strategy.method}' sends {[s.name for s in strategy.uplink_specs()]} and keeps server state built from "
         f"the replies (only FedAvg/FedProx with server-opt sgd and server-lr 1 compose). Fix: {FIX}")
 
 
-def refuse_flower_dp_mods(method: str, record_names: Sequence[str]) -> None:
-    """Raise :class:`~.hparams.ConfigError` when one of Flower's DP mods runs around this client round
-    (:meth:`~.client.ClientRound.reply`) and the reply carries more or other than the model: the mod would clip and
-    noise statistics and control variates as model weights.  Model-only replies compose (``LocalDpMod`` is local DP
-    of everything the client sends; the clipping mods need a server wrapper, refused by :func:`refuse_flower_dp`)."""
-    if list(record_names) == [R.MODEL]:
-        return
-    mods = flower_dp_mods()
-    name = next((mods[f.f_code] for f in _callers(40) if f.f_code in mods), None)
-    if name is not None:
+def _crc(record: Any) -> int:
+    crc = 0
+    for key, arr in record.items():
+        crc = zlib.crc32(arr.data if isinstance(arr.data, bytes) else b"", zlib.crc32(key.encode(), crc))
+    return crc
+
+
+def guard_reply(method: str, reply: Mapping[str, Any], config: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """The client half's check before its reply leaves (:meth:`~.client.ClientRound.reply`; ``reply``: the array
+    records by name).  A model-only reply composes with every Flower DP mod (``LocalDpMod`` is local DP of everything
+    the client sends; the clipping mods need a server wrapper, refused by :func:`refuse_flower_dp`).  Otherwise:
+
+    * the train config carries :data:`CLIPPING_NORM_KEY` (a client-side clipping wrapper sent it; the clipping mods
+      act only then): raise :class:`~.hparams.ConfigError`;
+    * the reply is one ArrayRecord that is not the model (the one shape the mods clip and noise as if it were the
+      model instead of refusing it): the returned ``ReplyInfo`` entry carries its CRC-32, and the server rejects a
+      reply whose record no longer matches it (a mod rewrote it: :func:`rewritten_reply_reason`).
+
+    A reply with several ArrayRecords needs nothing: Flower's mods refuse it themselves (:func:`mod_refusal_hint`)."""
+    names = list(reply)
+    if names == [R.MODEL]:
+        return []
+    if CLIPPING_NORM_KEY in config:
         raise ConfigError(
-            f"Flower's {name} cannot wrap the client half of fedadapt method '{method}': it clips (and noises) the "
-            f"reply as one model update, but the reply carries the records {list(record_names)}. Fix: remove the mod "
-            f"and {FIX}")
+            f"Flower's fixedclipping_mod / adaptiveclipping_mod (the train config carries '{CLIPPING_NORM_KEY}', sent "
+            f"by {_CLIENT_WRAPPERS}) cannot wrap the client half of fedadapt method '{method}': it clips (and noises) "
+            f"the reply as one model update, but the reply carries the records {names}. Fix: remove the mod and {FIX}")
+    return [(UPLINK_CRC, _crc(reply[names[0]]))] if len(names) == 1 else []
+
+
+def rewritten_reply_reason(content: Any, info: Mapping[str, Any]) -> str | None:
+    """Why a reply is rejected when its ``ReplyInfo`` carries :data:`UPLINK_CRC` and its only ArrayRecord no longer
+    matches it (a ClientApp mod rewrote the record after fedadapt's client half built it), else ``None``."""
+    if UPLINK_CRC not in info:
+        return None
+    arrays = list(R.of_type(content, ArrayRecord))
+    if len(arrays) == 1 and info[UPLINK_CRC] == _crc(arrays[0][1]):
+        return None
+    name = arrays[0][0] if len(arrays) == 1 else [n for n, _ in arrays]
+    return (f"a ClientApp mod rewrote the reply's record {name!r} after fedadapt's client half built it: Flower's "
+            f"{_MODS} clip (and noise) a reply's only ArrayRecord as the model update. Fix: remove the mod and {FIX}")
 
 
 def mod_refusal_hint(client_error: str) -> str:

@@ -20,11 +20,14 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import lru_cache
+from logging import INFO
 from typing import TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common import log
 
 MODEL = "arrays"
 CONFIG = "config"
@@ -161,16 +164,18 @@ def checked_view(array: Array, shape: tuple[int, ...], dtype: np.dtype) -> np.nd
 def view(array: Array) -> np.ndarray:
     """A read-only NumPy view of an Array's serialized bytes, without copying (falls back to a copy for arrays
     that are not plain C-ordered ``.npy`` data).  For the server's own arrays; a client's go through
-    :func:`checked_view`."""
+    :func:`checked_view`.  On the public path (:data:`FAST` false) the read-only ``array.numpy()``."""
     data = array.data
-    if array.stype == "numpy.ndarray" and isinstance(data, bytes):
+    if FAST and array.stype == "numpy.ndarray" and isinstance(data, bytes):
         head = _header_of(data)
         if not isinstance(head, str):
             shape, fortran, dtype, offset = head
             if not fortran and not dtype.hasobject and len(data) >= offset + dtype.itemsize * math.prod(shape):
                 # one array object on the message's bytes (frombuffer + reshape would keep two alive per view)
                 return np.ndarray(shape, dtype=dtype, buffer=data, offset=offset)
-    return array.numpy()
+    out = array.numpy()
+    out.flags.writeable = False  # the same contract on both paths: the server math never writes into x_t
+    return out
 
 
 def views(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -188,32 +193,110 @@ def npy_prefix(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, str]:
     return head.getvalue(), str(dtype)
 
 
-def _direct_array(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
-    """``Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data)`` with the fields set directly: Flower's
-    constructor sorts its arguments and type-checks every field (≈ 10 µs per Array, several per reply); the callers
-    here built the fields themselves.  Used only when it gives exactly the attributes Flower's constructor gives
-    (checked once at import, :data:`_DIRECT_OK`); otherwise the constructor runs."""
-    if not _DIRECT_OK:
-        return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data)
-    return _set_fields(dtype, shape, data)
+Rec = TypeVar("Rec", ArrayRecord, MetricRecord, ConfigRecord, RecordDict)
+
+
+# ------------------------------------------------------------------ fast paths and their public twins
+# Flower's ``Array(...)`` type-checks and sorts its arguments and ``Array(ndarray)`` goes through ``np.save`` into a
+# BytesIO buffer; record item assignment type-checks every key and value.  The fast paths below build the same
+# objects by setting Flower's fields directly (``Array.__dict__``, a record's ``_data``): private attributes, so they
+# are used only where a probe at import (:func:`_fast_path_matches`) finds they give exactly what the public path
+# gives on the running Flower; otherwise every call takes the public twin next to it.
+# Measured reason (flwr 1.42, 2-core x86-64 VM, timeit of to_record / views under record_path(True/False)): a
+# 100k-float32 ArrayRecord of 100 arrays builds in 0.46 ms instead of 7.3 ms and reads in 0.66 ms instead of 9.1 ms
+# (one array of 100k: 0.013 vs 0.050 ms, and 0.002 vs 0.16 ms: the view copies nothing).
 
 
 def _set_fields(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
+    """Fast: an ``Array`` with its fields set directly (no argument checks)."""
     out = Array.__new__(Array)
     out.__dict__.update(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data, _is_dirty=True)
     return out
 
 
-def _direct_matches() -> bool:
-    out = _set_fields("float32", (1,), b"\0\0\0\0")
-    built = Array(dtype="float32", shape=(1,), stype="numpy.ndarray", data=b"\0\0\0\0")
-    return vars(out) == vars(built) and out.is_dirty and out.object_id == built.object_id
+def _construct(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
+    """Public twin of :func:`_set_fields`: Flower's constructor."""
+    return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data)
 
 
-_DIRECT_OK = _direct_matches()
+def _fill_data(record: Rec, items: Iterable[tuple[str, object]]) -> Rec:
+    """Fast: the items put into the record's dict directly (no per-item checks), an ArrayRecord marked dirty."""
+    record.__dict__["_data"].update(items)
+    if isinstance(record, ArrayRecord):
+        record.is_dirty = True
+    return record
 
 
-Rec = TypeVar("Rec", ArrayRecord, MetricRecord, ConfigRecord, RecordDict)
+def _assign(record: Rec, items: Iterable[tuple[str, object]]) -> Rec:
+    """Public twin of :func:`_fill_data`: item assignment."""
+    for key, value in items:
+        record[key] = value  # type: ignore[assignment]
+    return record
+
+
+def _same_array(a: Array, b: Array) -> bool:
+    return (a.dtype, tuple(a.shape), a.stype, a.data) == (b.dtype, tuple(b.shape), b.stype, b.data) and (
+        vars(a) == vars(b))
+
+
+def _same_object_id(a: object, b: object) -> bool:
+    """Equal content hashes where this Flower has them (``object_id``, Flower ≥ 1.2x's inflatable records)."""
+    return not hasattr(b, "object_id") or getattr(a, "object_id", None) == b.object_id
+
+
+def _fast_path_matches() -> str | None:
+    """``None`` when every fast path gives exactly what its public twin gives on the running Flower, else why not
+    (never raises: an attribute a release lacks, a different layout or serialization is a reason, not a crash).
+    Checked: :func:`to_array` of C-ordered float32/float64/int64/0-d arrays == ``Array(ndarray)`` (fields, payload
+    bytes, dtype, shape, content hash); :func:`view` of them == ``.numpy()``; :func:`filled` ArrayRecord /
+    MetricRecord / ConfigRecord / RecordDict == item assignment (same ``vars``, dirty flag, content hash)."""
+    global FAST
+    saved, FAST = FAST, True
+    try:
+        for arr in (np.arange(12, dtype=np.float32).reshape(3, 4), np.linspace(-1, 1, 5), np.array(7, np.int64)):
+            ours, theirs = to_array(arr), Array(arr)
+            if not _same_array(ours, theirs) or not _same_object_id(ours, theirs):
+                return f"a directly built Array differs from Array(ndarray) for {arr.dtype}{arr.shape}"
+            got, want = view(theirs), theirs.numpy()
+            if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+                return f"a zero-copy view differs from Array.numpy() for {arr.dtype}{arr.shape}"
+        array = Array(np.zeros(1, np.float32))
+        samples: list[tuple[type, dict[str, object]]] = [
+            (ArrayRecord, {"a": array}), (MetricRecord, {"m": 1, "n": 2.0}), (ConfigRecord, {"c": "x"}),
+            (RecordDict, {"r": MetricRecord({"m": 1})})]
+        for cls, items in samples:
+            if not isinstance(cls().__dict__.get("_data"), dict):
+                return f"{cls.__name__} keeps no '_data' dict"
+            ours, theirs = _fill_data(cls(), items.items()), _assign(cls(), items.items())
+            if vars(ours) != vars(theirs) or not _same_object_id(ours, theirs):
+                return f"a directly filled {cls.__name__} differs from one filled by item assignment"
+        return None
+    except Exception as err:  # noqa: BLE001  # any failure of a private layout means: use the public path
+        return f"{type(err).__name__}: {err}"
+    finally:
+        FAST = saved
+
+
+#: Which path this module takes: ``True`` — the fast paths; ``False`` — their public twins.  Chosen once at import
+#: (:func:`_fast_path_matches`, at the end of this module); :func:`record_path` forces one (tests run every round
+#: trip through both).
+FAST = False
+#: Why the fast paths are off on this Flower (``None``: they are on).
+FAST_PATH_FAILURE: str | None = None
+
+
+@contextmanager
+def record_path(fast: bool) -> Iterator[None]:
+    """Force the fast paths (``fast=True``; refused where the import probe found they do not match) or their
+    public twins inside the ``with`` block."""
+    global FAST
+    if fast and FAST_PATH_FAILURE is not None:
+        raise RuntimeError(f"the fast record paths do not match this Flower: {FAST_PATH_FAILURE}")
+    saved, FAST = FAST, fast
+    try:
+        yield
+    finally:
+        FAST = saved
 
 
 def filled(record: Rec, items: Iterable[tuple[str, object]]) -> Rec:
@@ -221,40 +304,12 @@ def filled(record: Rec, items: Iterable[tuple[str, object]]) -> Rec:
     per item; a reply sets a dozen, a model record one per tensor).  Only for values the caller built itself with
     the types Flower requires (str keys; ``Array``s; int/float metrics; str configs; records in a RecordDict) —
     values from a user go through item assignment.  The result is the one item assignment gives (an ArrayRecord is
-    marked dirty, as ``__setitem__`` does); used only when that holds for every record type (checked once at
-    import, :data:`_FILL_OK`), otherwise the items are assigned one by one (so are items with a key that is not a
-    str: Flower's error names it)."""
+    marked dirty, as ``__setitem__`` does); on the public path (:data:`FAST` false), and for items with a key that
+    is not a str (Flower's error names it), the items are assigned one by one."""
     items = list(items)
-    if not _FILL_OK or not all(type(key) is str for key, _ in items):
-        for key, value in items:
-            record[key] = value  # type: ignore[assignment]
-        return record
+    if not FAST or not all(type(key) is str for key, _ in items):
+        return _assign(record, items)
     return _fill_data(record, items)
-
-
-def _fill_data(record: Rec, items: Iterable[tuple[str, object]]) -> Rec:
-    record.__dict__["_data"].update(items)
-    if isinstance(record, ArrayRecord):
-        record.is_dirty = True
-    return record
-
-
-def _fill_matches() -> bool:
-    array = Array(dtype="float32", shape=(1,), stype="numpy.ndarray", data=b"\0\0\0\0")
-    samples: list[tuple[type, dict]] = [(ArrayRecord, {"a": array}), (MetricRecord, {"m": 1, "n": 2.0}),
-                                        (ConfigRecord, {"c": "x"}), (RecordDict, {"r": MetricRecord({"m": 1})})]
-    for cls, items in samples:
-        assigned = cls()
-        for key, value in items.items():
-            assigned[key] = value
-        if not isinstance(cls().__dict__.get("_data"), dict):
-            return False
-        if vars(_fill_data(cls(), items.items())) != vars(assigned):
-            return False
-    return True
-
-
-_FILL_OK = _fill_matches()
 
 
 def array_from_buffer(prefix: bytes, dtype: str, shape: tuple[int, ...], buffer: memoryview | bytes) -> Array:
@@ -262,7 +317,7 @@ def array_from_buffer(prefix: bytes, dtype: str, shape: tuple[int, ...], buffer:
     bytes ``buffer`` (one copy: the payload ``np.save`` writes; none for a whole payload already in ``bytes``, i.e.
     an empty ``prefix``: bytes are immutable, Arrays may share them)."""
     data = buffer if not prefix and isinstance(buffer, bytes) else b"".join((prefix, buffer))
-    return _direct_array(dtype, shape, data)
+    return (_set_fields if FAST else _construct)(dtype, shape, data)
 
 
 def to_array(arr: np.ndarray) -> Array:
@@ -270,8 +325,8 @@ def to_array(arr: np.ndarray) -> Array:
     goes through ``np.save`` into a BytesIO buffer: a second, transient copy of the payload and a parsed header per
     call)."""
     arr = np.asarray(arr)
-    if arr.dtype.hasobject or not arr.flags.c_contiguous:
-        return Array(arr)  # exactly what Flower writes (e.g. fortran_order for a transposed tensor)
+    if not FAST or arr.dtype.hasobject or not arr.flags.c_contiguous:
+        return Array(arr)  # the public path; exactly what Flower writes (e.g. fortran_order for a transposed tensor)
     prefix, dtype = npy_prefix(arr.dtype, arr.shape)
     return array_from_buffer(prefix, dtype, arr.shape, memoryview(arr.reshape(-1)).cast("B"))  # type: ignore[arg-type]
 
@@ -300,3 +355,10 @@ def _array_nbytes(arr: Array) -> int:
     except Exception:  # noqa: BLE001  # a client's metadata: anything may fail to describe an array
         pass
     return len(arr.data) if isinstance(arr.data, bytes) else 0
+
+
+FAST_PATH_FAILURE = _fast_path_matches()
+FAST = FAST_PATH_FAILURE is None
+if not FAST:
+    log(INFO, "fedadapt: Flower's record internals differ from flwr 1.42's (%s); using the public Array/record API",
+        FAST_PATH_FAILURE)

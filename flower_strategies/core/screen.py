@@ -39,6 +39,7 @@ from flwr.common import log
 
 from . import records as R
 from .ops import NamedArrays, fold, is_float
+from .privacy import rewritten_reply_reason
 from .robust import COORDINATE_RULES, SELECTION_RULES, TooFewReplies, byzantine_count, check_replies, \
     centre_cosines, clip_scales, clipped, krum_select, lower_median, robust_aggregate
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
@@ -224,7 +225,7 @@ class ReplyScreen:
             if not (self.needs_client_half and model_only):
                 return None
         elif produced_by == self.method:
-            return None
+            return None if info is None else rewritten_reply_reason(msg.content, info)  # a DP mod's rewrite
         return f"{CLIENT_HALF_REASON} '{self.method}' (its '{R.REPLY_INFO}' ConfigRecord names {produced_by!r})"
 
     def _fold(

@@ -23,7 +23,8 @@ needs is in :meth:`~FedAdaptStrategy.state_dict` (data only: arrays, numbers, st
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from logging import INFO, WARNING
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -93,6 +94,10 @@ class FedAdaptStrategy(Strategy):
     accepts_zero_client_lr: ClassVar[bool] = False
     #: The field defaults given to :func:`.registry.register` for this class's own registry name (set there only).
     registered_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: Set when :meth:`summary` runs outside :meth:`driven`: another strategy's ``start()`` (a wrapper's, e.g. one
+    #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
+    started_by_another: bool = False
+    _driving: int = 0
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
@@ -229,6 +234,8 @@ class FedAdaptStrategy(Strategy):
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
+        if not self._driving:  # Flower's Strategy.start of a wrapper calls the wrapped strategy's summary()
+            self.started_by_another = True
         s = self.settings
         log(INFO, "\t├──> %s (%s) settings:", type(self).__name__, self.method)
         for line in self.log_settings():
@@ -239,7 +246,18 @@ class FedAdaptStrategy(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start``, failing a run that trains nothing (:mod:`.policy`); records ``num_rounds``."""
         self.num_rounds = int(num_rounds)
-        return run_checked(self, super().start, grid, initial_arrays, num_rounds, *args, **kwargs)
+        with self.driven():
+            return run_checked(self, super().start, grid, initial_arrays, num_rounds, *args, **kwargs)
+
+    @contextmanager
+    def driven(self) -> Iterator[None]:
+        """fedadapt's own drivers (:meth:`start`, the app's round loops) run the strategy inside this: a
+        :meth:`summary` outside it came from another strategy's ``start()`` (:attr:`started_by_another`)."""
+        self._driving += 1
+        try:
+            yield
+        finally:
+            self._driving -= 1
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -253,7 +271,7 @@ class FedAdaptStrategy(Strategy):
                       num_sampled: int) -> RecordDict:
         """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord
         (transport-agnostic; the legacy adapter uses it too)."""
-        refuse_flower_dp(self)  # Flower's DP wrappers compose only with model averaging (core/privacy.py)
+        refuse_flower_dp(self, config)  # Flower's DP wrappers compose only with model averaging (core/privacy.py)
         rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
         self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:

@@ -261,6 +261,11 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
             host="0.0.0.0" if public_host else "127.0.0.1", guarded=True),
             env={"FLWR_HOME": str(flwr_home / "link")})
         wait_health(f"https://127.0.0.1:{port}/health", 60, link, cafile=pki["ca"])
+        from . import guarded_superlink  # here: `python -m` runs that module; imported by the package, it would warn
+
+        guard_failure = guarded_superlink.probe(f"https://127.0.0.1:{port}", cafile=str(pki["ca"]))
+        if guard_failure is not None:  # the SuperLink stops itself too; the cluster stops everything on the way out
+            raise RuntimeError(guarded_superlink.refusal(f"the launcher's probe got {guard_failure}"))
         write_secure_connections(flwr_home, conn, port, pki["ca"], plain,
                                  (outsider, public_host) if public_host else None)
 
