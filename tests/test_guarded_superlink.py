@@ -16,6 +16,9 @@ import pytest
 from simulations.launch.guarded_superlink import (REFUSAL, NodeHostsFleetOnly, allowed, install, is_loopback,
                                                   local_url, probe, self_check)
 
+# The guard patches Flower internals of the release the app pins (constraints.txt): not a library test.
+pytestmark = pytest.mark.pinned_flower
+
 
 @pytest.mark.parametrize("host,loop", [("127.0.0.1", True), ("127.8.9.10", True), ("::1", True),
                                        ("::ffff:127.0.0.1", True), ("192.0.2.2", False), ("::ffff:192.0.2.2", False),

@@ -229,6 +229,7 @@ def test_heartbeat_supernode_shortens_only_the_idle_poll_of_the_supernode_loop(m
             hb.set_idle_poll(bad)
 
 
+@pytest.mark.pinned_flower
 def test_heartbeat_supernode_refuses_a_patch_that_would_not_take_effect(monkeypatch):
     """The patch fails loudly, before Flower starts, where it would silently do nothing: the constant is gone from a
     module, or nothing there reads it when it runs (e.g. it became a default argument); the same for the loop's
