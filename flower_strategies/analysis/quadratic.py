@@ -151,4 +151,5 @@ def continuum_minimizer(gamma: float, steps: int, num: int = 4001) -> float:
     i = np.linspace(0.5, 2.0, num)
     dens = 8.0 * i / 15.0
     qa = i * steps if gamma == 0.0 else (1.0 - (1.0 - gamma * i) ** steps) / gamma  # Q_i A_i for Θ_{1:K}
-    return float(np.trapezoid(dens * qa / i, i) / np.trapezoid(dens * qa, i))
+    trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")  # NumPy < 2.0 names it trapz
+    return float(trapezoid(dens * qa / i, i) / trapezoid(dens * qa, i))
