@@ -200,6 +200,8 @@ class HubData:
         self._remake = lambda m: make_partitioner(self.spec, partitioner, num_partitions, seed, alpha,
                                                   classes_per_client, m)
         self._fitted = False
+        # DirichletPartitioner.num_partitions makes its assignment: the fallback (client_app.partitions) must come first
+        self._num_partitions = None if partitioner == "natural" else num_partitions
         if source is None:
             source = load_source(name, dataset_path)
         # loaded before anything asks the partitioner (NaturalIdPartitioner counts its partitions on the data);
@@ -209,7 +211,7 @@ class HubData:
 
     @property
     def num_partitions(self) -> int:
-        return self.partitioner.num_partitions
+        return self.partitioner.num_partitions if self._num_partitions is None else self._num_partitions
 
     def partition(self, pid: int, split: str = "train") -> tuple[Tensor, Tensor]:
         """Client ``pid``'s examples.  Without a test split on the hub (FEMNIST) a seeded per-client 90/10 split."""
