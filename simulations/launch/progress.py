@@ -5,7 +5,8 @@ The ServerApp prints one line per round with ``round r/R``, the elapsed time and
 
 * Flower's own INFO lines (``INFO :  [ROUND 2/10]``, ``configure_train: sampled …``, the strategy's settings tree) are
   left out unless ``--verbose``; fedadapt's INFO lines (``fedadapt: …``), every WARNING/ERROR and every other line are
-  shown.  ``<FLWR_HOME>/logs/flwr-run.log`` always holds the whole stream.
+  shown (but Ray's FutureWarning tip, :data:`NOISE`).  ``<FLWR_HOME>/logs/flwr-run.log`` always holds the whole
+  stream.
 * On a terminal a tqdm bar (round r/R, elapsed, time left) stays under the lines; when stdout is not a terminal (a
   file, a pipe, CI) there is no bar, only the plain lines.
 
@@ -27,6 +28,11 @@ LOG_LINE = re.compile(r"^(?:\(\S+ pid=\d+\)\s*)?(DEBUG|INFO|WARNING|ERROR|CRITIC
 ROUND_LINE = re.compile(r"^\[fedadapt\] round\s+(\d+)/(\d+)\b")
 
 
+#: Lines of no use to a person watching a run, left out unless ``--verbose``: Ray's tip about accelerator variables
+#: (a FutureWarning printed by every actor: the warning line and its source line).
+NOISE = re.compile(r"FutureWarning: Tip: In future versions of Ray|^\s+warnings\.warn\($")
+
+
 def is_flower_info(line: str) -> bool:
     """Whether ``line`` is one of Flower's INFO/DEBUG log lines (fedadapt's own ``fedadapt: …`` lines are not)."""
     m = LOG_LINE.match(ANSI.sub("", line))
@@ -44,7 +50,7 @@ class StreamView:
         self.bar: Any = None
 
     def write(self, line: str) -> None:
-        if not self.verbose and is_flower_info(line):
+        if not self.verbose and (is_flower_info(line) or NOISE.search(ANSI.sub("", line))):
             return
         m = ROUND_LINE.match(line)
         if self.tty and m:
