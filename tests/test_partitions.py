@@ -57,7 +57,7 @@ def test_splits_that_worked_before_are_unchanged(key: str, flwr_warnings) -> Non
     assert not [r for r in flwr_warnings.records if "fedadapt" in r.getMessage()]  # no fallback was taken
 
 
-@pytest.mark.parametrize("n", [3, 5, 10, 20, 100, 1000])
+@pytest.mark.parametrize("n", [3, 5, 10, 20, 100, pytest.param(1000, marks=pytest.mark.slow)])  # 1000: ~12 s
 def test_every_documented_client_count_gives_valid_deterministic_partitions(n: int) -> None:
     x_tr, y_tr, _, _ = task.digits_split(0)
     parts = partitions(n)
@@ -70,7 +70,8 @@ def test_every_documented_client_count_gives_valid_deterministic_partitions(n: i
     assert key(x_all, y_all) == key(x_tr, y_tr)
     # deterministic per seed (recomputed from scratch), different for another seed
     assert digest(partitions(n)) == digest(parts)
-    assert digest(partitions(n, seed=1)) != digest(parts)
+    if n < 1000:  # (1000: IID shards of a split that the seed shuffles; 6 s per computation)
+        assert digest(partitions(n, seed=1)) != digest(parts)
 
 
 def test_fallbacks_are_logged_and_say_what_was_done(flwr_warnings) -> None:
@@ -81,11 +82,11 @@ def test_fallbacks_are_logged_and_say_what_was_done(flwr_warnings) -> None:
     sizes = sorted(len(y) for _, y in parts)
     assert sizes[0] >= 1 and sizes[-1] > 2 * sizes[len(sizes) // 2]  # still label-skewed (uneven), not IID (14-15)
     flwr_warnings.clear()
-    parts = partitions(1000, seed=0, alpha=0.3)  # not even one example each: IID, said as such
+    parts = partitions(700, seed=0, alpha=0.3)  # not even one example each in 10 draws: IID, said as such
     msgs = [r.getMessage() for r in flwr_warnings.records]
-    assert any("cannot give 1000 non-empty partitions of 1437 examples" in m and "using IID partitions" in m
+    assert any("cannot give 700 non-empty partitions of 1437 examples" in m and "using IID partitions" in m
                for m in msgs), msgs
-    assert {len(y) for _, y in parts} == {1, 2}
+    assert {len(y) for _, y in parts} == {2, 3}
 
 
 def test_more_partitions_than_examples_names_what_to_change() -> None:
