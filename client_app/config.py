@@ -7,7 +7,7 @@ The library (``flower_strategies``) knows nothing about these keys; both apps pa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flower_strategies.core.hparams import StrategyConfig, param
@@ -18,23 +18,16 @@ PARTITIONERS = ("iid", "dirichlet", "classes")
 TRACKING = ("none", "tensorboard", "mlflow", "wandb")
 
 
-def _app_default(name: str, value: Any) -> Any:
-    """Redeclare :class:`StrategyConfig` field ``name`` with the app's own default (same rule and help)."""
-    return field(default=value, metadata=StrategyConfig.__dataclass_fields__[name].metadata)
-
-
 @dataclass(frozen=True)
 class AppConfig(StrategyConfig):
     """The fedadapt app's run-wide settings: the strategy's (:class:`StrategyConfig`) plus data, model and output.
 
-    The app's defaults of the local-training keys (library: η_l = 0.1, E = 1, B = 32) make the default job
-    (FedAvg, digits-mlp, Dirichlet(0.3), 10 nodes, 10 rounds) reach ≥ 0.90 test accuracy; ``presets`` adapts the
-    learning rates of the other methods to it (:mod:`server_app.presets`).
+    The local-training keys (``client-lr`` 0.5, ``local-epochs`` 5, ``batch-size`` 16) keep the library's defaults
+    (declared once, in :class:`StrategyConfig`); with them the default job (FedAvg, digits-mlp, Dirichlet(0.3),
+    10 nodes, 10 rounds) reaches ≥ 0.90 test accuracy, and ``presets`` adapts the learning rates of the other methods
+    to it (:mod:`server_app.presets`).
     """
 
-    client_lr: float = _app_default("client_lr", 0.5)
-    local_epochs: int = _app_default("local_epochs", 5)
-    batch_size: int = _app_default("batch_size", 16)
     task: str = param("digits-mlp", choices=TASKS, help="data set + model")
     partitioner: str = param("dirichlet", choices=PARTITIONERS, help="how the training split is divided")
     dirichlet_alpha: float = param(0.3, lo=0.0, lo_open=True, help="concentration of the Dirichlet label skew")

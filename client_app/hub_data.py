@@ -68,8 +68,12 @@ def spec(name: str) -> HubSpec:
         raise ValueError(f"unknown hub dataset {name!r}; valid: {', '.join(HUB_DATASETS)}") from None
 
 
+#: Smallest hub partition the Dirichlet partitioner aims for (then 1, then IID: :mod:`client_app.partitions`).
+HUB_MIN_PARTITION = 2
+
+
 def make_partitioner(s: HubSpec, kind: str, num_partitions: int, seed: int, alpha: float = 0.3,
-                     classes_per_client: int = 2):
+                     classes_per_client: int = 2, min_size: int = HUB_MIN_PARTITION):
     from flwr_datasets.partitioner import (DirichletPartitioner, IidPartitioner, NaturalIdPartitioner,
                                            PathologicalPartitioner)
 
@@ -77,7 +81,7 @@ def make_partitioner(s: HubSpec, kind: str, num_partitions: int, seed: int, alph
         return IidPartitioner(num_partitions=num_partitions)
     if kind == "dirichlet":
         return DirichletPartitioner(num_partitions=num_partitions, partition_by=s.label, alpha=alpha,
-                                    min_partition_size=2, self_balancing=True, seed=seed)
+                                    min_partition_size=min_size, self_balancing=True, seed=seed)
     if kind == "classes":
         return PathologicalPartitioner(num_partitions=num_partitions, partition_by=s.label,
                                        num_classes_per_partition=classes_per_client,
@@ -191,8 +195,13 @@ class HubData:
                  alpha: float = 0.3, classes_per_client: int = 2, source: Any = None, dataset_path: str = "",
                  test_fraction: float = 0.1) -> None:
         self.spec = spec(name)
-        self.kind, self.seed, self.test_fraction = partitioner, seed, test_fraction
+        self.kind, self.seed, self.test_fraction, self.alpha = partitioner, seed, test_fraction, alpha
         self.partitioner = make_partitioner(self.spec, partitioner, num_partitions, seed, alpha, classes_per_client)
+        self._remake = lambda m: make_partitioner(self.spec, partitioner, num_partitions, seed, alpha,
+                                                  classes_per_client, m)
+        self._fitted = False
+        # DirichletPartitioner.num_partitions makes its assignment: the fallback (client_app.partitions) must come first
+        self._num_partitions = None if partitioner == "natural" else num_partitions
         if source is None:
             source = load_source(name, dataset_path)
         # loaded before anything asks the partitioner (NaturalIdPartitioner counts its partitions on the data);
@@ -202,12 +211,18 @@ class HubData:
 
     @property
     def num_partitions(self) -> int:
-        return self.partitioner.num_partitions
+        return self.partitioner.num_partitions if self._num_partitions is None else self._num_partitions
 
     def partition(self, pid: int, split: str = "train") -> tuple[Tensor, Tensor]:
         """Client ``pid``'s examples.  Without a test split on the hub (FEMNIST) a seeded per-client 90/10 split."""
         if not 0 <= pid < self.num_partitions:
             raise ValueError(f"partition-id {pid} is outside [0, {self.num_partitions})")
+        if not self._fitted:  # the assignment is made on first use (the server may only need the test split)
+            from client_app.partitions import fit_partitioner
+
+            self.partitioner = fit_partitioner(self.kind, self._remake, self.partitioner.dataset,
+                                               self.num_partitions, self.alpha, HUB_MIN_PARTITION)
+            self._fitted = True
         ds = self.partitioner.load_partition(pid)
         if self.spec.test_split is None:
             # the rows ``ds.train_test_split(test_size, seed=seed + pid)`` picks, selected in memory (it would write

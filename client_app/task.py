@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from client_app.partitions import fit_partitioner, partition_hint  # noqa: F401 - partition_hint: re-exported
 from client_app.sampling import seeded_subset
 
 
@@ -154,7 +155,12 @@ def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return x_tr, y_tr, x_te, y_te
 
 
-def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0.3, classes_per_client: int = 2):
+#: Smallest digits partition the Dirichlet partitioner aims for (then 1, then IID: :mod:`client_app.partitions`).
+DIGITS_MIN_PARTITION = 5
+
+
+def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0.3, classes_per_client: int = 2,
+                     min_size: int = DIGITS_MIN_PARTITION):
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner
 
     if kind == "iid":
@@ -162,7 +168,7 @@ def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0
     if kind == "dirichlet":
         return DirichletPartitioner(
             num_partitions=num_partitions, partition_by="label", alpha=alpha,
-            min_partition_size=5, self_balancing=True, seed=seed,
+            min_partition_size=min_size, self_balancing=True, seed=seed,
         )
     if kind == "classes":
         return PathologicalPartitioner(
@@ -175,34 +181,22 @@ def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0
 @lru_cache(maxsize=8)
 def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int):
     """Every partition of the digits training split as ``(x, y)`` tensors, materialised once per split setting (the
-    flwr-datasets partitioners are lazy, and each ``load_partition`` re-shards the Arrow table: ~3 ms per call)."""
-    import warnings
-
+    flwr-datasets partitioners are lazy, and each ``load_partition`` re-shards the Arrow table: ~3 ms per call).
+    A ``dirichlet`` split its minimum partition size cannot reach falls back, logged (:mod:`client_app.partitions`).
+    """
     from datasets import Dataset
 
     x_tr, y_tr, _, _ = digits_split(seed)
     ds = Dataset.from_dict({"x": x_tr, "label": y_tr})
-    part = make_partitioner(kind, num_partitions, seed, alpha, classes_per_client)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        part.dataset = ds
-        out = []
-        try:
-            for i in range(num_partitions):
-                rows = part.load_partition(i).with_format("numpy")[:]
-                out.append((torch.from_numpy(np.asarray(rows["x"], dtype=np.float32)),
-                            torch.from_numpy(np.asarray(rows["label"], dtype=np.int64))))
-        except ValueError as err:
-            raise ValueError(partition_hint(kind, num_partitions, len(y_tr), alpha, err)) from None
+    part = fit_partitioner(
+        kind, lambda m: make_partitioner(kind, num_partitions, seed, alpha, classes_per_client, m),
+        ds, num_partitions, alpha, DIGITS_MIN_PARTITION)
+    out = []
+    for i in range(num_partitions):
+        rows = part.load_partition(i).with_format("numpy")[:]
+        out.append((torch.from_numpy(np.asarray(rows["x"], dtype=np.float32)),
+                    torch.from_numpy(np.asarray(rows["label"], dtype=np.int64))))
     return tuple(out)
-
-
-def partition_hint(kind: str, num_partitions: int, num_examples: int, alpha: float, err: Exception) -> str:
-    """A partitioner failure, with what the user can change."""
-    fix = {"dirichlet": f"raise dirichlet-alpha (now {alpha}), use fewer partitions, or partitioner = 'iid'",
-           "classes": "lower classes-per-client or use fewer partitions"}.get(kind, "use fewer partitions")
-    return (f"cannot split {num_examples} training examples into {num_partitions} '{kind}' partitions "
-            f"({err}); {fix}")
 
 
 def digits_partition(

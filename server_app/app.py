@@ -48,7 +48,7 @@ from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy,
 from . import plots, presets, provenance, rundir, tracking
 from . import secure
 from .loop import exchange, run_rounds
-from .metrics import MetricsWriter, progress_line
+from .metrics import MetricsWriter, Progress, progress_line
 
 app = ServerApp()
 
@@ -328,12 +328,14 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
             initial, start_round = resume_into(strategy, writer, payload)
             log(INFO, "fedadapt: resuming from %s after round %d", fed.resume, start_round - 1)
 
+        progress = Progress(fed.num_server_rounds, t0)  # elapsed and ETA on every round's line
+
         def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
             model.load_state_dict(record_tensors(arrays, copy=False))
             m = evaluate(model, x_test, y_test, fed.task)
             row = writer.add(round_row(server_round, m, strategy.history))
             tracker.log_round(row)
-            print(progress_line(row, fed.num_server_rounds), flush=True)
+            print(progress_line(row, fed.num_server_rounds, progress), flush=True)
             return MetricRecord(dict(m))  # run_rounds then applies the run-failure policy (core/policy.py)
 
         token = run_token(payload) if fed.checkpoint_every > 0 else ""

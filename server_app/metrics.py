@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,41 @@ class MetricsWriter:
             w.writerows(self.rows)
 
 
-def progress_line(row: dict[str, Any], num_rounds: int) -> str:
+def duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``: a duration as a person reads it."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Progress:
+    """Elapsed time and time left of a run, for its per-round lines.
+
+    The rate is measured from the first round it is told of (round 0, the initial model's evaluation, or the last
+    round before a resume), so start-up time does not inflate the estimate: ETA = seconds per round so far × rounds
+    left.  ``start``: when the run started (``clock`` time; default now); ``clock``: seconds (monotonic; tests pass
+    their own)."""
+
+    def __init__(self, num_rounds: int, start: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.num_rounds, self.clock = num_rounds, clock
+        self.t0 = clock() if start is None else start
+        self.first: tuple[int, float] | None = None
+
+    def text(self, server_round: int) -> str:
+        """``elapsed 1m05s, ETA 3m10s`` (``ETA --`` until a round has finished; ``ETA 0s`` at the last round)."""
+        now = self.clock()
+        if self.first is None:
+            self.first = (server_round, now)
+        done, left = server_round - self.first[0], max(0, self.num_rounds - server_round)
+        eta = duration((now - self.first[1]) / done * left) if done > 0 or left == 0 else "--"
+        return f"elapsed {duration(now - self.t0)}, ETA {eta if left else '0s'}"
+
+
+def progress_line(row: dict[str, Any], num_rounds: int, progress: Progress | None = None) -> str:
     def f(key: str, fmt: str) -> str:
         v = row.get(key)
         return "-" if v is None else format(v, fmt)
@@ -82,4 +117,5 @@ def progress_line(row: dict[str, Any], num_rounds: int) -> str:
         f"acc {f('test-accuracy', '.4f')} | train loss {f('train-loss', '.4f')} | replies "
         f"{row.get('replies-used', '-')} ok / {row.get('replies-rejected', '-')} rejected | "
         f"{row.get('bytes-up', 0) / 1e6:.2f} MB up{privacy} | {row['seconds']:.1f}s"
+        + (f" | {progress.text(row['round'])}" if progress is not None else "")
     )

@@ -202,7 +202,7 @@ def test_the_apps_batch_objects_pass_through_and_unpack_maps_them():
     x, y = _digits(40)
     model = _double_net()
     loss = torch.nn.functional.cross_entropy
-    content = _message("fedavg", model, batch_size=8)
+    content = _message("fedavg", model, batch_size=8, local_epochs=1)  # one pass: 40 examples, 5 batches
     rnd = fs.ClientRound(content, None, _DictLoader(x, y, 8), loss)
     batches = list(rnd.loader)
     assert len(batches) == 5 and all(set(b) == {"img", "label"} for b in batches)

@@ -4,6 +4,7 @@ reached the target.  Checked on hand-made result rows (no runs), so this is fast
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from simulations import reproduce as R
 
@@ -63,3 +64,43 @@ def test_full_run_is_not_labelled_and_keeps_its_verdicts(tmp_path):
     assert [c["verdict"] for c in data["claims"]] == ["reproduced", "n/a"]
     assert R.SMOKE_HEADING not in R.write_summary(tmp_path).read_text()
 
+
+
+def _figure_texts(monkeypatch, tmp_path, quick: bool) -> dict[str, list[str]]:
+    """Every text artist of each figure write_outputs saves (captured at savefig), by file name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    rows = _rows(0.5, 0.3, reached=False)
+    for r in rows:  # each run's metrics file, as the plots read them back
+        run = tmp_path / "runs" / f"{r['label']}-{r['seed']}"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"round": t, "test-accuracy": 0.1 * t, "test-loss": 2.0 - 0.1 * t,
+                        **({"train-loss-before": 2.0 - 0.1 * t} if t else {})}) + "\n" for t in range(4)))
+        r["run_dir"] = str(run)
+    seen: dict[str, list[str]] = {}
+    save = Figure.savefig
+
+    def spy(fig, path, *args, **kwargs):
+        seen[Path(path).name] = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    R.write_outputs(PAPER, "iid", rows, tmp_path / "out", "cmd", plots=True, quick=quick)
+    return seen
+
+
+def test_quick_plots_say_smoke_run_on_the_image(monkeypatch, tmp_path):
+    texts = _figure_texts(monkeypatch, tmp_path, quick=True)
+    assert set(texts) == {"accuracy.png", "loss.png", "train_loss.png"}
+    for name, found in texts.items():
+        assert "SMOKE RUN" in found and R.SMOKE_HEADING in found, name
+        assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_full_run_plots_carry_no_smoke_label(monkeypatch, tmp_path):
+    texts = _figure_texts(monkeypatch, tmp_path, quick=False)
+    assert texts and not any("SMOKE" in t for found in texts.values() for t in found)

@@ -258,13 +258,16 @@ class StrategyConfig(HParams):
     num_server_rounds: int = param(10, lo=1, help="number of federated rounds")
     seed: int = param(0, lo=0, hi=2**32 - 1,  # scikit-learn's random_state (the data splits) takes 32-bit seeds
                       help="seeds model init, data partitioning, client sampling and batch order")
+    # The local-training defaults (η_l, E, B) are the app's run-config defaults too (one declaration: the fedadapt
+    # app's AppConfig inherits them); with them the default job (FedAvg, digits-mlp, Dirichlet(0.3), 10 nodes,
+    # 10 rounds) reaches >= 0.90 test accuracy.
     client_lr: float = param(  # 0 is LocalUpdate's γ = 0 (every step's gradient taken at the round's start)
-        0.1, lo=0.0,
+        0.5, lo=0.0,
         help="client (local) learning rate η_l, sent by the server each round",
     )
-    local_epochs: int = param(1, lo=0, help="local epochs E (used when local-steps = 0)")
+    local_epochs: int = param(5, lo=0, help="local epochs E (used when local-steps = 0)")
     local_steps: int = param(0, lo=0, help="local optimizer steps K per round; 0 = E·ceil(n_i/B)")
-    batch_size: int = param(32, lo=1, help="local mini-batch size B")
+    batch_size: int = param(16, lo=1, help="local mini-batch size B")
     fraction_train: float = param(
         1.0, lo=0.0, hi=1.0, lo_open=True,
         help="fraction of available nodes sampled per round",

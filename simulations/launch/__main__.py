@@ -1,4 +1,4 @@
-"""``python -m simulations.launch sim|deploy|secure``: see :mod:`simulations.launch`."""
+"""``python -m simulations.launch sim|deploy|secure``: see :mod:`simulations.launch` (``--help`` is kept short)."""
 
 from __future__ import annotations
 
@@ -7,53 +7,69 @@ import os
 import sys
 from pathlib import Path
 
-from . import __doc__ as DOC
 from .flwr_cli import RunConfigError
 from .modes import launch_deploy, launch_secure_deploy, launch_sim
 from .processes import APP_DIR
+from .progress import quiet_flower
+
+DESCRIPTION = ("Run the fedadapt Flower app for real; exit 0 only when the run finished:completed.\n"
+               "One line per round (round r/R, elapsed, ETA); more in docs/deployment.md.")
+EXAMPLES = """examples:
+  python -m simulations.launch sim --run-config "method='fedadam' num-server-rounds=5"
+  python -m simulations.launch sim --engine vectorized --num-supernodes 100 --run-config "method='scaffold'"
+  python -m simulations.launch sim --engine inprocess --seeds 3
+  python -m simulations.launch deploy --nodes 3 --preloaded
+  python -m simulations.launch secure --nodes 2
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The launcher's options: the common ones first, then those of each mode; examples at the end."""
+    ap = argparse.ArgumentParser(
+        prog="python -m simulations.launch", usage="%(prog)s {sim,deploy,secure} [options]", description=DESCRIPTION,
+        epilog=EXAMPLES, formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=30))
+    ap.add_argument("mode", choices=("sim", "deploy", "secure"),
+                    help="sim: Flower's Ray simulation (or --engine); deploy: a local SuperLink + SuperNodes; "
+                         "secure: deploy over TLS with SuperNode authentication")
+    ap.add_argument("--run-config", default=None, metavar="STR",
+                    help="run-config overrides, TOML-typed: \"method='fedadam' num-server-rounds=5\"")
+    ap.add_argument("--verbose", action="store_true",
+                    help="also show Flower's INFO lines (always in <flwr-home>/logs/flwr-run.log)")
+    ap.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(APP_DIR / ".flwr")), metavar="DIR",
+                    help="Flower's state, logs and connections (default: <app>/.flwr)")
+    ap.add_argument("--timeout", type=float, default=3600.0, metavar="S", help="abandon the run after S seconds")
+    ap.add_argument("--app", default=str(APP_DIR), metavar="DIR", help="Flower app directory (default: this project)")
+    sim = ap.add_argument_group("sim")
+    sim.add_argument("--num-supernodes", type=int, default=10, metavar="N", help="virtual SuperNodes (default 10)")
+    sim.add_argument("--engine", choices=("ray", "inprocess", "vectorized"), default="ray",
+                     help="ray (default); inprocess: this process, no SuperLink; vectorized: each round's clients "
+                          "trained together")
+    sim.add_argument("--seeds", type=int, default=None, metavar="N",
+                     help="inprocess|vectorized: seeds s..s+N-1 (s = run-config seed): seeds.json/.csv, "
+                          "accuracy_band.png")
+    sim.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                     help="an existing Ray cluster's head (or RAY_ADDRESS) instead of a private Ray instance")
+    sim.add_argument("--client-cpus", type=int, default=1, metavar="N", help="Ray CPUs per ClientApp actor")
+    sim.add_argument("--client-gpus", type=float, default=0.0, metavar="F", help="Ray GPUs per ClientApp actor")
+    sim.add_argument("--ray-cpus", type=int, default=None, metavar="N",
+                     help="CPUs of the private Ray instance (default: all)")
+    dep = ap.add_argument_group("deploy / secure")
+    dep.add_argument("--nodes", type=int, default=2, metavar="N", help="SuperNodes (secure: registered ones)")
+    dep.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
+                     help="deploy: one .npz per node, or a directory of partition-<i>.npz (simulations.convert_data)")
+    dep.add_argument("--preloaded", action="store_true",
+                     help="deploy: a pre-loaded SuperExec forks each ClientApp (simulations.launch.preloaded_exec)")
+    dep.add_argument("--task-poll-interval", type=float, default=None, metavar="S",
+                     help="deploy: seconds between SuperExec task polls (Flower: 1.0)")
+    dep.add_argument("--unregistered", type=int, default=1, metavar="N",
+                     help="secure: SuperNodes with unregistered keys (must be refused)")
+    dep.add_argument("--public-host", default=None, metavar="ADDR",
+                     help="secure: a non-loopback address of this machine to connect through")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simulations.launch", description=DOC,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("sim", "deploy", "secure"))
-    ap.add_argument("--num-supernodes", type=int, default=10, help="virtual SuperNodes (sim)")
-    ap.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                    help="sim: run on this existing Ray cluster (the head's `ray start --head --port=PORT`) "
-                         "instead of a private Ray instance; an inherited RAY_ADDRESS does the same")
-    ap.add_argument("--client-cpus", type=int, default=1, help="sim: Ray CPUs reserved per ClientApp actor")
-    ap.add_argument("--client-gpus", type=float, default=0.0, help="sim: Ray GPUs per ClientApp actor (e.g. 0.25)")
-    ap.add_argument("--ray-cpus", type=int, default=None,
-                    help="sim: CPUs of the private Ray instance (default: all); --ray-cpus 1 --client-cpus 1 = one "
-                         "ClientApp actor serving every SuperNode")
-    ap.add_argument("--nodes", type=int, default=2, help="SuperNode processes (deploy); registered SuperNodes (secure)")
-    ap.add_argument("--unregistered", type=int, default=1,
-                    help="secure: extra SuperNodes whose keys are not registered (they must be refused)")
-    ap.add_argument("--public-host", default=None, metavar="ADDR",
-                    help="secure: a non-loopback address of this machine; SuperNodes connect through it and an "
-                         "outsider with ca.crt alone is shown to be refused the Control API")
-    ap.add_argument("--run-config", default=None,
-                    help="run-config overrides, TOML-typed: \"method='fedadam' num-server-rounds=5\"")
-    ap.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(APP_DIR / ".flwr")))
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
-    ap.add_argument("--app", default=str(APP_DIR), help="Flower app directory (default: this project)")
-    ap.add_argument("--task-poll-interval", type=float, default=None, metavar="S",
-                    help="deploy: seconds between a SuperNode's SuperExec task polls (Flower default 1.0; 0.01-60)")
-    ap.add_argument("--preloaded", action="store_true",
-                    help="deploy: SuperNodes with --isolation process + a pre-loaded SuperExec that forks one "
-                         "ClientApp process per message (python -m simulations.launch.preloaded_exec) instead of a "
-                         "fresh flwr-clientapp interpreter")
-    ap.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
-                    help="deploy: node-local data, one .npz per node or a directory of partition-<i>.npz "
-                         "(python -m simulations.convert_data); passed as node config data-path")
-    ap.add_argument("--engine", choices=("ray", "inprocess", "vectorized"), default="ray",
-                    help="sim: ray = Flower's Ray simulation (default); inprocess = the in-process engine "
-                         "(simulations.engine, this process, no SuperLink; see simulations.launch.seeds); vectorized "
-                         "= the in-process engine training each round's clients together (simulations.vectorized)")
-    ap.add_argument("--seeds", type=int, default=None, metavar="N",
-                    help="sim --engine inprocess|vectorized: run the configuration with seeds s..s+N-1 "
-                         "(s = run-config seed) and write seeds.json/.csv (final test accuracy/loss per seed, "
-                         "mean ± std) and accuracy_band.png")
+    ap = parser()
     args = ap.parse_args(argv)
     in_process = args.engine in ("inprocess", "vectorized")
     if (args.seeds is not None or in_process) and args.mode != "sim":
@@ -65,18 +81,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "sim" and in_process:
             from .seeds import launch_inprocess
 
-            return launch_inprocess(args.num_supernodes, args.run_config, args.seeds, args.engine)
+            with quiet_flower(args.verbose):
+                return launch_inprocess(args.num_supernodes, args.run_config, args.seeds, args.engine)
         if args.mode == "sim":
             return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app,
                               ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus,
-                              ray_cpus=args.ray_cpus)
+                              ray_cpus=args.ray_cpus, verbose=args.verbose)
         if args.mode == "secure":
             res = launch_secure_deploy(args.nodes, args.run_config, home, args.timeout, app,
-                                       unregistered=args.unregistered, public_host=args.public_host)
+                                       unregistered=args.unregistered, public_host=args.public_host,
+                                       verbose=args.verbose)
             return 0 if res.status == "finished:completed" else 1
         return launch_deploy(args.nodes, args.run_config, home, args.timeout, app,
                              node_data=args.node_data, task_poll_interval=args.task_poll_interval,
-                             preloaded=args.preloaded)
+                             preloaded=args.preloaded, verbose=args.verbose)
     except (RunConfigError, ValueError, ConnectionError) as err:
         print(f"[fedadapt] {err}", file=sys.stderr, flush=True)
         return 2

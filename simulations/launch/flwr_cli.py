@@ -7,7 +7,6 @@ import difflib
 import json
 import re
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .processes import APP_DIR, Cluster, bin_path
+from .progress import StreamView
 
 
 # ------------------------------------------------------------------ connections
@@ -94,11 +94,12 @@ def build_run_config(run_config: str | None, app_dir: Path, defaults: Mapping[st
 
 # ------------------------------------------------------------------ flwr commands
 def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federation_config: str | None,
-             timeout: float, app_dir: Path = APP_DIR) -> tuple[int | None, str, str]:
+             timeout: float, app_dir: Path = APP_DIR, verbose: bool = False) -> tuple[int | None, str, str]:
     """``flwr run --stream`` (a process of ``cluster``, stopped with it); returns (run id, status, full output).
 
     The output is also written to ``<log_dir>/flwr-run.log`` (``flwr-run-2.log``, … for further runs on the same
-    cluster, which may stream at the same time)."""
+    cluster, which may stream at the same time).  It is echoed through :class:`.progress.StreamView`: Flower's INFO
+    lines only when ``verbose``, a round bar on a terminal."""
     argv = [bin_path("flwr"), "run", str(app_dir), connection, "--stream"]
     if run_config:
         argv += ["--run-config", run_config]
@@ -111,6 +112,7 @@ def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federati
     assert proc.stdout is not None
     watching = cluster.watch_superlink(proc)  # a dead SuperLink ends the stream at once (cluster.lost)
     lines: list[bytes] = []
+    view = StreamView(verbose)
     try:
         with open(out_path, "wb") as fh:
             t_end = time.monotonic() + timeout
@@ -118,14 +120,14 @@ def flwr_run(cluster: Cluster, connection: str, run_config: str | None, federati
                 lines.append(line)
                 fh.write(line)
                 fh.flush()
-                sys.stdout.write(line.decode(errors="replace"))
-                sys.stdout.flush()
+                view.write(line.decode(errors="replace"))
                 if time.monotonic() > t_end:
                     proc.kill()
                     break
             proc.wait()
     finally:
         watching.set()
+        view.close()
     text = b"".join(lines).decode(errors="replace")
     m = re.search(r"Successfully started run (\d+)", text)
     run_id = int(m.group(1)) if m else None

@@ -64,7 +64,7 @@ def federation_config(num_supernodes: int, client_cpus: int = 1, client_gpus: fl
 
 def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, timeout: float,
                app_dir: Path = APP_DIR, ray_address: str | None = None, client_cpus: int = 1,
-               client_gpus: float = 0.0, ray_cpus: int | None = None) -> int:
+               client_gpus: float = 0.0, ray_cpus: int | None = None, verbose: bool = False) -> int:
     """A private ``flower-superlink --simulation`` (Ray) + ``flwr run --federation-config num-supernodes=N``.
 
     ``ray_address`` (``host:port``): attach the simulation to that running Ray cluster instead of starting a private
@@ -91,7 +91,7 @@ def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, tim
         if ray_address:
             print(f"[fedadapt] simulation attaches to the Ray cluster at {ray_address}", flush=True)
         fed_cfg = federation_config(num_supernodes, client_cpus, client_gpus, ray_cpus)
-        run_id, status, _ = flwr_run(cluster, "fedadapt-sim", cfg, fed_cfg, timeout, app_dir)
+        run_id, status, _ = flwr_run(cluster, "fedadapt-sim", cfg, fed_cfg, timeout, app_dir, verbose)
     return report(run_id, status, log_dir)
 
 
@@ -186,14 +186,14 @@ def start_supernode(cluster: Cluster, i: int, nodes: int, data: list[Path] | Non
 
 def launch_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
                   app_dir: Path = APP_DIR, node_data: Sequence[str | Path] | None = None,
-                  task_poll_interval: float | None = None, preloaded: bool = False) -> int:
+                  task_poll_interval: float | None = None, preloaded: bool = False, verbose: bool = False) -> int:
     """:func:`deploy_cluster`, then ``flwr run`` on it.
 
     ``min-available-nodes = nodes`` and ``min-train-nodes = min(2, nodes)`` unless the run-config sets them; a
     lower ``min-available-nodes`` lets the run go on with the nodes that remain when some are lost."""
     cfg = build_run_config(run_config, app_dir, {"min-available-nodes": nodes, "min-train-nodes": min(2, nodes)})
     with deploy_cluster(nodes, flwr_home, node_data, task_poll_interval, preloaded) as (cluster, conn):
-        run_id, status, _ = flwr_run(cluster, conn, cfg, None, timeout, app_dir)
+        run_id, status, _ = flwr_run(cluster, conn, cfg, None, timeout, app_dir, verbose)
     return report(run_id, status, flwr_home / "logs")
 
 
@@ -233,7 +233,8 @@ def _plain_http_error(port: int) -> str | None:
 
 def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, timeout: float,
                          app_dir: Path = APP_DIR, unregistered: int = 1,
-                         pki_dir: Path | None = None, public_host: str | None = None) -> SecureDeployResult:
+                         pki_dir: Path | None = None, public_host: str | None = None,
+                         verbose: bool = False) -> SecureDeployResult:
     """SuperLink (TLS + ``--enable-supernode-auth``, :mod:`.guarded_superlink`: only the Fleet API served to
     non-loopback peers), ``nodes`` registered SuperNodes and ``unregistered`` SuperNodes with unknown keys; probes a
     plaintext client; runs the app on the registered nodes (``min-available-nodes = min-train-nodes = nodes`` unless
@@ -315,7 +316,7 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
             res.unregistered_logs.append((log_dir / f"unregistered{j}.log").read_text(errors="replace"))
 
         # 3. Train on the registered nodes only.
-        res.run_id, res.status, _ = flwr_run(cluster, conn, cfg, None, timeout, app_dir)
+        res.run_id, res.status, _ = flwr_run(cluster, conn, cfg, None, timeout, app_dir, verbose)
         res.nodes_listed = list_supernodes(cluster, conn)
     report(res.run_id, res.status, log_dir)
     listed = [(n.get("node-id"), n.get("status")) for n in res.nodes_listed]

@@ -172,7 +172,7 @@ def write_outputs(paper: Paper, setting: str, results: list[dict[str, Any]], out
         indent=2, default=_json_default))
     files["table"].write_text(markdown_table(paper, setting, results, command, quick))
     if plots and any(r["status"] == "ok" for r in results):
-        files.update(plot_curves(paper, setting, results, out))
+        files.update(plot_curves(paper, setting, results, out, quick=quick))
     return files
 
 
@@ -224,7 +224,16 @@ def curves(results: Sequence[Mapping[str, Any]], column: str) -> dict[str, tuple
     return out
 
 
-def plot_curves(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]], out: Path) -> dict[str, Path]:
+def smoke_label(fig: Any) -> None:
+    """Mark a figure of a ``--quick`` run on the image itself: a plot copied out of its folder still says so."""
+    fig.text(0.5, 0.5, "SMOKE RUN", fontsize=54, color="tab:red", alpha=0.22, rotation=25, ha="center",
+             va="center", weight="bold", zorder=10)
+    fig.text(0.5, 0.01, SMOKE_HEADING, fontsize=9, color="tab:red", ha="center", va="bottom")
+
+
+def plot_curves(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]], out: Path,
+                quick: bool = False) -> dict[str, Path]:
+    """accuracy/loss/train_loss.png: mean ± std over seeds per entry; ``quick``: labelled SMOKE RUN on the image."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,7 +263,9 @@ def plot_curves(paper: Paper, setting: str, results: Sequence[Mapping[str, Any]]
                      fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.04 if quick else 0, 1, 1))  # room for the smoke run's footer
+        if quick:
+            smoke_label(fig)
         files[name] = out / f"{name}.png"
         fig.savefig(files[name], dpi=110)
         plt.close(fig)

@@ -1,0 +1,77 @@
+"""Partitions that scale: the Dirichlet partitioner at any federation size, with a logged fallback.
+
+flwr-datasets' ``DirichletPartitioner`` draws the label proportions again (10 draws) until every partition holds at
+least ``min_partition_size`` examples, and raises once the draws are spent.  With a small training split and many
+clients (the digits' 1,437 training examples over 100 SuperNodes: ~14 each) that minimum is out of reach and the
+run used to stop.  :func:`fit_partitioner` makes the assignment at once and, for ``dirichlet``, walks down a ladder:
+
+1. the configured partitioner (same seed, same minimum size): whenever it succeeds, the partitions are exactly the
+   ones fedadapt always made (the default 10-client job included);
+2. the same Dirichlet(α) draws with ``min_partition_size = 1``: label skew as configured, no client empty;
+3. IID partitions (``IidPartitioner``: sizes ⌊n/N⌋ or ⌈n/N⌉, never empty while N ≤ n).
+
+Steps 2 and 3 log one WARNING saying what was done and how to choose for oneself.  Other partitioners are not
+changed: their failure names what to change (:func:`partition_hint`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from logging import WARNING
+from typing import Any
+
+#: min_partition_size of the second rung (the first is the task's own: 5 for the digits, 2 for hub data).
+NON_EMPTY = 1
+
+
+def partition_hint(kind: str, num_partitions: int, num_examples: int, alpha: float, err: Exception) -> str:
+    """A partitioner failure, with what the user can change."""
+    fix = {"dirichlet": f"raise dirichlet-alpha (now {alpha}), use fewer partitions, or partitioner = 'iid'",
+           "classes": "lower classes-per-client or use fewer partitions"}.get(kind, "use fewer partitions")
+    return (f"cannot split {num_examples} training examples into {num_partitions} '{kind}' partitions "
+            f"({err}); {fix}")
+
+
+def _assign(part: Any, dataset: Any) -> Any:
+    """``part`` with ``dataset`` and its assignment of every partition made now (the partitioners are lazy: the first
+    ``load_partition`` makes it), so a failure shows here rather than at some client's first round."""
+    with warnings.catch_warnings():  # flwr-datasets warns on every unsuccessful Dirichlet draw
+        warnings.simplefilter("ignore", UserWarning)
+        part.dataset = dataset
+        part.load_partition(0)
+    return part
+
+
+def fit_partitioner(kind: str, make: Callable[[int], Any], dataset: Any, num_partitions: int,
+                    alpha: float, min_size: int) -> Any:
+    """The partitioner ``make(min_size)`` on ``dataset``, its assignment made; for ``dirichlet`` the ladder above.
+
+    ``make(m)``: the task's partitioner of kind ``kind`` with ``min_partition_size = m`` (ignored by other kinds).
+    Raises ``ValueError`` (:func:`partition_hint`) when no rung works (more partitions than examples)."""
+    from flwr.common import log
+
+    rungs = [min_size] + ([NON_EMPTY] if kind == "dirichlet" and min_size > NON_EMPTY else [])
+    err: Exception | None = None
+    for m in rungs:
+        try:
+            part = _assign(make(m), dataset)
+        except ValueError as e:
+            err = e
+            continue
+        if m != min_size:
+            log(WARNING, "fedadapt: Dirichlet(%s) gave no %d partitions of %d examples with at least %d each in 10 "
+                "draws; using the same Dirichlet(%s) draws with at least %d example each (set partitioner = 'iid' or "
+                "a larger dirichlet-alpha to choose otherwise)", alpha, num_partitions, len(dataset), min_size, alpha,
+                m)
+        return part
+    if kind == "dirichlet" and num_partitions <= len(dataset):
+        from flwr_datasets.partitioner import IidPartitioner
+
+        log(WARNING, "fedadapt: Dirichlet(%s) cannot give %d non-empty partitions of %d examples (%s); using IID "
+            "partitions instead (%d-%d examples each, as partitioner = 'iid' would; fewer clients or a larger "
+            "dirichlet-alpha keep the label skew)", alpha, num_partitions, len(dataset), err,
+            len(dataset) // num_partitions, -(-len(dataset) // num_partitions))
+        return _assign(IidPartitioner(num_partitions=num_partitions), dataset)
+    assert err is not None
+    raise ValueError(partition_hint(kind, num_partitions, len(dataset), alpha, err)) from None
