@@ -102,7 +102,7 @@ class Progress:
         if self.first is None:
             self.first = (server_round, now)
         done, left = server_round - self.first[0], max(0, self.num_rounds - server_round)
-        eta = duration((now - self.first[1]) / done * left) if done > 0 or left == 0 else "--"
+        eta = duration((now - self.first[1]) / done * left) if done > 0 else "--"
         return f"elapsed {duration(now - self.t0)}, ETA {eta if left else '0s'}"
 
 

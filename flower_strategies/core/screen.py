@@ -196,6 +196,11 @@ class ReplyScreen:
                     survivors.remove(j)
                     self._reject(out, server_round, kept[j][0], f"record '{spec.name}' norm {norms[i][j]:.4g} exceeds "
                                  f"update-norm-ratio {ratio:g} × the round's median {median:.4g}")
+        for j in list(survivors):  # last of the validity checks, so that a corrupt reply is named for what it holds
+            info = R.get(kept[j][0].content, R.REPLY_INFO, ConfigRecord)
+            if info is not None and (reason := rewritten_reply_reason(kept[j][0].content, info)) is not None:
+                survivors.remove(j)  # a DP mod rewrote a well-formed reply after the client half built it
+                self._reject(out, server_round, kept[j][0], reason)
         survivors = self._direction_screen(out, server_round, kept, survivors, norms)
         changed = len(survivors) < len(kept)
         kept = [kept[j] for j in survivors]
@@ -225,7 +230,7 @@ class ReplyScreen:
             if not (self.needs_client_half and model_only):
                 return None
         elif produced_by == self.method:
-            return None if info is None else rewritten_reply_reason(msg.content, info)  # a DP mod's rewrite
+            return None
         return f"{CLIENT_HALF_REASON} '{self.method}' (its '{R.REPLY_INFO}' ConfigRecord names {produced_by!r})"
 
     def _fold(
