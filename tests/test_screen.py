@@ -43,9 +43,31 @@ def test_policy_rules_and_weights():
     assert ScreenPolicy(max_weight_ratio=0).weights([10, 10, 1e12]) == [10, 10, 1e12]
 
 
+def test_defence_profiles_resolve_unset_keys_and_an_explicit_key_wins():
+    from flower_strategies.core.hparams import DEFENCES, StrategyConfig
+    from flower_strategies.core.registry import parse_run_config
+    from flower_strategies.methods.baselines import FedAvg
+
+    off = StrategyConfig()
+    assert off.defence == "off" and off.max_weight_ratio is None  # unset: the profile decides
+    assert ScreenPolicy.from_settings(off, "examples") == ScreenPolicy()  # off = the paper algorithms
+    assert ScreenPolicy() == ScreenPolicy(max_weight_ratio=0.0, update_clip_ratio=0.0, update_cosine_floor=-1.0,
+                                          aggregator="mean")
+    robust = off.replace(defence="robust")
+    assert {k: robust.setting(k) for k in DEFENCES["robust"]} == {
+        "max_weight_ratio": 1.5, "update_clip_ratio": 1.0, "update_cosine_floor": 0.0, "aggregator": "mean"}
+    assert robust.replace(max_weight_ratio=0.0).setting("max_weight_ratio") == 0.0  # an explicit key wins
+    assert off.replace(update_clip_ratio=2).setting("update_clip_ratio") == 2.0
+    fed, _, _ = parse_run_config({"defence": "robust", "max-weight-ratio": "", "update-clip-ratio": 3.0})
+    assert (fed.setting("max_weight_ratio"), fed.setting("update_clip_ratio")) == (1.5, 3.0)
+    assert FedAvg(defence="robust").update_cosine_floor == 0.0 and FedAvg().max_weight_ratio == 0.0
+    with pytest.raises(Exception, match="defence = 'strong' is not valid; choose one of: off, robust"):
+        parse_run_config({"defence": "strong"})
+
+
 def test_weight_clipping_bounds_a_liar_and_is_counted():
     replies = [model_reply(1, 1.0), model_reply(2, 1.0), model_reply(3, 100.0, n=1e12)]
-    out = screen(ScreenPolicy(max_weight_ratio=1.5, update_norm_ratio=0, update_clip_ratio=0)).run(1, replies)
+    out = screen(ScreenPolicy(max_weight_ratio=1.5, update_norm_ratio=0)).run(1, replies)
     assert out.weights == [10, 10, 15.0]
     metrics, clipped = out.reply_metrics()
     assert clipped == 1 and [m[R.NUM_EXAMPLES] for m in metrics] == [10, 10, 15.0]
@@ -75,7 +97,7 @@ def test_max_update_norm_measures_the_update_not_the_model():
 @pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
 def test_robust_aggregation_ignores_one_outlier(rule):
     replies = [model_reply(1, 1.0), model_reply(2, 2.0), model_reply(3, 3.0), model_reply(4, 1e6)]
-    policy = ScreenPolicy(aggregator=rule, byzantine_fraction=0.25, update_norm_ratio=0, update_clip_ratio=0)
+    policy = ScreenPolicy(aggregator=rule, byzantine_fraction=0.25, update_norm_ratio=0)
     out = screen(policy).run(1, replies)
     assert len(out.kept) == 4
     # median of 4 = mean of the middle two; trimmed-mean(0.25) drops floor(0.25·4) = 1 value at each end
@@ -148,10 +170,10 @@ def test_krum_and_multi_krum_keep_the_replies_closest_to_their_neighbours():
     brute = [sorted(float(np.sum((vectors[i] - vectors[j]) ** 2)) for j in range(5) if j != i)[:2] for i in range(5)]
     assert krum_scores(vectors, 1) == pytest.approx([sum(b) for b in brute], rel=1e-12)
     replies = [model_reply(i + 1, v) for i, v in enumerate(values)]
-    krum = screen(ScreenPolicy(aggregator="krum", update_clip_ratio=0, update_norm_ratio=0)).run(1, replies)
+    krum = screen(ScreenPolicy(aggregator="krum", update_norm_ratio=0)).run(1, replies)
     assert [m.metadata.src_node_id for m, _ in krum.kept] == [1]  # 1.0: nearest to 1.1 and 0.9
     np.testing.assert_array_equal(krum.aggregates[R.MODEL]["w"], np.full(4, 1.0, np.float32))
-    multi = screen(ScreenPolicy(aggregator="multi-krum", update_clip_ratio=0, update_norm_ratio=0)).run(1, replies)
+    multi = screen(ScreenPolicy(aggregator="multi-krum", update_norm_ratio=0)).run(1, replies)
     assert [m.metadata.src_node_id for m, _ in multi.kept] == [1, 2, 3, 4]
     assert len(multi.rejections) == 1 and "node 5: left out by aggregator multi-krum" in multi.rejections[0]
     np.testing.assert_allclose(multi.aggregates[R.MODEL]["w"], np.full(4, 1.075), rtol=1e-6)
@@ -245,4 +267,6 @@ def test_direction_screen_is_refused_with_native_dp():
 
     with pytest.raises(ConfigError, match="update-cosine-floor = -1: .* rejection set by the other clients"):
         StrategyConfig(dp_clip=1.0, update_cosine_floor=0.0)
-    assert StrategyConfig(dp_clip=1.0).update_cosine_floor == -1.0
+    with pytest.raises(ConfigError, match="defence = off"):
+        StrategyConfig(dp_clip=1.0, defence="robust")
+    assert StrategyConfig(dp_clip=1.0).setting("update_cosine_floor") == -1.0

@@ -73,8 +73,13 @@ def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
     if strategy.weighting != "examples":
         return (f"{name} averages with weighting = uniform, but SecAgg+ always weights each client by its "
                 f"num-examples; set weighting = examples (an example-weighted variant of {name}) or {INSTEAD}")
-    needs_replies = {"aggregator": s.aggregator != "mean", "update-clip-ratio": s.update_clip_ratio > 0,
-                     "max-update-norm": s.max_update_norm > 0, "update-cosine-floor": s.update_cosine_floor > -1}
+    if s.defence != "off":
+        return (f"defence = {s.defence} screens, clips and weighs the individual replies, which SecAgg+ hides from "
+                f"the server (every reply it sees is the same average); set defence = off, or {INSTEAD}")
+    needs_replies = {"aggregator": s.setting("aggregator") != "mean",
+                     "update-clip-ratio": s.setting("update_clip_ratio") > 0,
+                     "max-update-norm": s.max_update_norm > 0,
+                     "update-cosine-floor": s.setting("update_cosine_floor") > -1}
     named = [key for key, on in needs_replies.items() if on]
     if named:
         return (f"{', '.join(named)} need(s) the individual replies, which SecAgg+ hides from the server (every reply "

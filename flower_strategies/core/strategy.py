@@ -65,7 +65,8 @@ class FedAdaptStrategy(Strategy):
         The method's frozen hyper-parameter dataclass (paper defaults when omitted).
     settings
         The run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig` or an app's extension of it,
-        documented as the run-config keys).  Every field reads as an attribute of the strategy (``self.client_lr``);
+        documented as the run-config keys).  Every field reads as an attribute of the strategy (``self.client_lr``;
+        a ``defence`` key left unset reads as the profile's value, :meth:`.StrategyConfig.setting`);
         assigning one (``s.max_update_norm = 5.0``) replaces the settings with a validated copy.
     overrides
         Settings fields by name, applied to ``settings`` (default ``StrategyConfig()``) in one validated replace.
@@ -138,7 +139,7 @@ class FedAdaptStrategy(Strategy):
     # ------------------------------------------------------------------ settings as attributes
     def __getattr__(self, name: str) -> Any:  # only for names not found the normal way
         if name in SETTINGS and "settings" in self.__dict__:
-            return getattr(self.__dict__["settings"], name)
+            return self.__dict__["settings"].setting(name)  # a defence key left unset: its profile's value
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
