@@ -85,9 +85,17 @@ def claim(out: Path, *, fresh: bool) -> Iterator[Path]:
         os.close(fd)  # releases the lock (so does the process's death)
 
 
+def earlier_files(out: Path) -> list[Path]:
+    """The files an earlier run left in ``out``: every entry but the lock and another run's directory (a
+    sub-directory holding its own ``.lock``: an ``output-dir`` pointed inside this run directory), which stays."""
+    return sorted(p for p in out.iterdir() if p.name != LOCK and not (p.is_dir() and (p / LOCK).exists()))
+
+
 def move_aside(out: Path) -> Path | None:
-    """Move the files of an earlier run in ``out`` (all but the lock) to ``<out>.prev-<n>``; return that path."""
-    entries = [p for p in out.iterdir() if p.name != LOCK]
+    """Move the files of an earlier run in ``out`` (:func:`earlier_files`) to ``<out>.prev-<n>``; return that
+    path.  Only ``out``'s own files move: ``out`` is one path component inside ``output-dir`` (``run-name``,
+    :func:`client_app.config.run_name_problem`), and another run's directory inside it stays where it is."""
+    entries = earlier_files(out)
     if not entries:
         return None
     n = 1

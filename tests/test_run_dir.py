@@ -107,3 +107,42 @@ def test_a_deployed_run_with_the_declared_defaults_keeps_the_short_name(tmp_path
     declared = app_config_keys(APP_DIR)
     assert default_dir({**declared, "output-dir": str(tmp_path)}).name == "fedavg-digits-mlp-seed0"
     assert default_dir({**declared, "output-dir": str(tmp_path), "client-lr": 0.1}).name != "fedavg-digits-mlp-seed0"
+
+
+@pytest.mark.parametrize("name,rule", [
+    ("/tmp/elsewhere", "one path component inside output-dir"),
+    ("../x", "one path component inside output-dir"),
+    ("a/b", "one path component inside output-dir"),
+    ("a\\b", "one path component inside output-dir"),
+    (".", "names output-dir itself or its parent"),
+    ("..", "names output-dir itself or its parent"),
+    ("a\x00b", "holds a NUL byte"),
+    ("x" * 129, "129 characters; at most 128"),
+    ("mine.prev-1", "ending in .prev-<n> are where earlier runs' files are moved aside"),
+], ids=["absolute", "dotdot-x", "separator", "backslash", "dot", "dotdot", "nul", "too-long", "prev-suffix"])
+def test_a_run_name_that_is_not_one_safe_path_component_is_refused_at_config_time(tmp_path, name, rule):
+    from flower_strategies.core.hparams import ConfigError
+
+    out = tmp_path / "out"
+    sibling = tmp_path / "sibling"  # what ".." and "." used to move or write into
+    sibling.mkdir()
+    (sibling / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"run-name = .* is not valid: .*{rule.replace('.', '[.]')}"):
+        parse_run_config({"run-name": name}, AppConfig)
+    with pytest.raises(ConfigError, match="run-name"):
+        run_inprocess({**BASE, "output-dir": str(out), "run-name": name}, 2)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["sibling"]
+    assert (sibling / "summary.json").exists()
+    assert parse_run_config({"run-name": "x" * 128}, AppConfig)[0].run_name == "x" * 128
+
+
+def test_a_fresh_run_moves_only_its_own_files_never_another_runs_directory(tmp_path):
+    out = tmp_path / "r"
+    other = out / "nested-run"  # another run's directory: an output-dir pointed inside this one
+    other.mkdir(parents=True)
+    (other / ".lock").write_text("1\n")
+    (other / "summary.json").write_text("{}")
+    (out / "summary.json").write_text("{}")
+    assert rundir.move_aside(out) == tmp_path / "r.prev-1"
+    assert sorted(p.name for p in out.iterdir()) == ["nested-run"] and (other / "summary.json").exists()
+    assert [p.name for p in (tmp_path / "r.prev-1").iterdir()] == ["summary.json"]
