@@ -44,6 +44,8 @@ class AppConfig(StrategyConfig):
     run_name: str = param("", help="sub-directory of output-dir, one path component (no / or \\, not . or .., no NUL, "
                           "at most 128 characters, not ending in .prev-<n>); empty = <method>-<task>-seed<seed>, then "
                           "-<hash of the other non-default keys> if any (server_app/rundir.py)")
+    overwrite: bool = param(False, help="a fresh run into a run directory that holds an earlier run's files moves "
+                            "them to <run-name>.prev-<n>/; false = refuse (set resume to continue that run)")
     synthetic_clients: int = param(10, lo=1, help="clients of the synthetic task (partitions)")
     synthetic_dim: int = param(10, lo=1, help="dimension of the synthetic least-squares task")
     synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")
