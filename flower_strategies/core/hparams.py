@@ -339,7 +339,9 @@ class StrategyConfig(HParams):
     byzantine_fraction: float = param(
         0.2, lo=0.0, hi=0.49,
         help="fraction of replies the robust aggregators tolerate as Byzantine: trimmed-mean drops ⌈f·N⌉ values "
-             "at each end per coordinate, krum / multi-krum score against the N − ⌈f·N⌉ − 2 nearest replies",
+             "at each end per coordinate, krum / multi-krum score against the max(1, N − ⌈f·N⌉ − 2) nearest "
+             "replies (as Flower's Krum); a sample smaller than 2·⌈f·N⌉ + 1 for these three fails the run before "
+             "round 1",
     )
     max_reply_bytes: int = param(
         0, lo=0,
