@@ -6,11 +6,12 @@ The library (``flower_strategies``) knows nothing about these keys; both apps pa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flower_strategies.core.hparams import StrategyConfig, param
+from flower_strategies.core.hparams import ConfigError, StrategyConfig, param
 
 TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm",  # then five on hub data:
          "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")
@@ -33,8 +34,11 @@ class AppConfig(StrategyConfig):
     dirichlet_alpha: float = param(0.3, lo=0.0, lo_open=True, help="concentration of the Dirichlet label skew")
     classes_per_client: int = param(2, lo=1, hi=10, help="labels per client for `partitioner=classes`")
     output_dir: str = param("outputs", help="metrics/model directory (relative paths: to the ServerApp's cwd)")
-    run_name: str = param("", help="sub-directory of output-dir; empty = <method>-<task>-seed<seed>, then "
+    run_name: str = param("", help="sub-directory of output-dir, one path component (no / or \\, not . or .., no NUL, "
+                          "at most 128 characters, not ending in .prev-<n>); empty = <method>-<task>-seed<seed>, then "
                           "-<hash of the other non-default keys> if any (server_app/rundir.py)")
+    overwrite: bool = param(False, help="a fresh run into a run directory that holds an earlier run's files moves "
+                            "them to <run-name>.prev-<n>/; false = refuse (set resume to continue that run)")
     synthetic_clients: int = param(10, lo=1, help="clients of the synthetic task (partitions)")
     synthetic_dim: int = param(10, lo=1, help="dimension of the synthetic least-squares task")
     synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")
@@ -92,6 +96,36 @@ class AppConfig(StrategyConfig):
              "(quantization-range · Σ num-examples / max-weight) of the exact mean")
     secagg_max_weight: float = param(1000.0, lo=0.0, lo_open=True,
         help="SecAgg+ num-examples that weighs 1 (a client with more has its values clipped sooner)")
+
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        reason = run_name_problem(self.run_name)
+        if reason is not None:
+            raise ConfigError(f"run-name = {self.run_name!r} is not valid: {reason}")
+
+
+#: The longest ``run-name`` (a directory name well inside every file system's 255-byte limit, with room for
+#: ``.prev-<n>``).
+RUN_NAME_MAX = 128
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a run directory's name inside ``output-dir`` (``None``: it can; empty = the default
+    name): it must be one path component, so that a run writes, and moves aside, only its own directory."""
+    if not name:
+        return None
+    if "\x00" in name:
+        return "it holds a NUL byte"
+    if "/" in name or "\\" in name:
+        return "it must be one path component inside output-dir (no / or \\)"
+    if name in (".", ".."):
+        return f"{name!r} names output-dir itself or its parent, not a run directory inside it"
+    if len(name) > RUN_NAME_MAX:
+        return f"it has {len(name)} characters; at most {RUN_NAME_MAX}"
+    if re.search(r"\.prev-\d+$", name):
+        return "names ending in .prev-<n> are where earlier runs' files are moved aside (server_app/rundir.py)"
+    return None
 
 
 def parse(run_config: Mapping[str, Any]) -> AppConfig:

@@ -34,7 +34,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from client_app import client_state
-from client_app.config import AppConfig
+from client_app.config import AppConfig, run_name_problem
 from client_app.hub_data import DatasetUnavailable
 from client_app.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
@@ -53,12 +53,23 @@ from .metrics import MetricsWriter, Progress, progress_line
 app = ServerApp()
 
 
-def run_dir(fed: AppConfig, run_config: Mapping[str, Any] | None = None) -> Path:
-    """``<output-dir>/<run-name>``; an empty run-name gives :func:`server_app.rundir.default_run_name` of
-    ``run_config`` (the run-config as given, before presets)."""
-    name = fed.run_name or rundir.default_run_name(
-        fed.method, fed.task, fed.seed, run_config or {}, run_config_defaults(AppConfig),
-        ckpt.RESUMABLE_CHANGES | APP_RESUMABLE_CHANGES)
+def run_dir(fed: AppConfig, run_config: Mapping[str, Any] | None = None,
+            payload: Mapping[str, Any] | None = None) -> Path:
+    """``<output-dir>/<run-name>``.  An empty run-name gives, for a fresh run, :func:`server_app.rundir.
+    default_run_name` of ``run_config`` (the run-config as given, before presets); for a resumed run (``payload``:
+    its checkpoint) the directory name the checkpoint records, so that what a resumed run may change does not move
+    it (a checkpoint written before names were recorded: the name it had then, which hashed no resumable key)."""
+    given = run_config or {}
+    name = fed.run_name
+    if not name and payload is not None:
+        name = str(payload["app"].get(RUN_NAME) or "")
+        reason = run_name_problem(name)
+        if reason is not None:
+            raise ckpt.CheckpointError(f"the checkpoint's run directory name {name!r} is not valid: {reason}")
+        name = name or rundir.default_run_name(fed.method, fed.task, fed.seed, given, run_config_defaults(AppConfig),
+                                               ckpt.RESUMABLE_CHANGES | APP_RESUMABLE_CHANGES)
+    name = name or rundir.default_run_name(fed.method, fed.task, fed.seed, given, run_config_defaults(AppConfig),
+                                           rundir.UNHASHED)
     return Path(fed.output_dir).expanduser().resolve() / name
 
 
@@ -139,7 +150,7 @@ def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, wri
     def encode(server_round: int, arrays: ArrayRecord) -> bytes:
         return ckpt.encode(server_round=server_round, num_rounds=fed.num_server_rounds, arrays=R.to_numpy(arrays),
                            strategy=strategy, metrics_rows=writer.rows, run_config=run_config,
-                           app={RUN_TOKEN: run_token})
+                           app={RUN_TOKEN: run_token, RUN_NAME: out.name})
 
     return Checkpointer(out / "checkpoint.npz", fed.checkpoint_every, fed.num_server_rounds, encode)
 
@@ -162,7 +173,7 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
 
 
 #: App run-config keys that may differ on resume besides the library's ``checkpoint.RESUMABLE_CHANGES``.
-APP_RESUMABLE_CHANGES = frozenset({"tracking"})
+APP_RESUMABLE_CHANGES = frozenset({"tracking", "overwrite"})
 
 
 def read_resume(fed: AppConfig, run_config: Mapping[str, Any], model: torch.nn.Module) -> dict[str, Any] | None:
@@ -171,7 +182,8 @@ def read_resume(fed: AppConfig, run_config: Mapping[str, Any], model: torch.nn.M
         return None
     payload = ckpt.load(fed.resume, max_member_bytes=ckpt.member_limit(model.state_dict()))
     ckpt.check_round(payload, fed.num_server_rounds)
-    # where the rows are also sent (``tracking``) is no part of the run's results: it may change on resume
+    # where the rows are also sent (``tracking``) is no part of the run's results, nor is ``overwrite`` (how a fresh
+    # run starts): they may change on resume
     drop = APP_RESUMABLE_CHANGES
     ckpt.check_compatible({**payload, "run_config": {k: v for k, v in payload["run_config"].items() if k not in drop}},
                           {k: v for k, v in run_config.items() if k not in drop},
@@ -233,6 +245,8 @@ def round_row(server_round: int, test_metrics: Mapping[str, float], history: lis
 
 
 RUN_TOKEN = "run-token"
+#: The run directory's name, in the checkpoint: where a resumed run with an empty run-name continues.
+RUN_NAME = "run-name"
 
 
 def run_token(payload: Mapping[str, Any] | None) -> str:
@@ -302,14 +316,15 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     given = run_config
     run_config = presets.apply(run_config)  # the task's per-method presets on keys left at their defaults
     fed, model, strategy = build(run_config)
-    out = run_dir(fed, given)
-    with rundir.claim(out, fresh=not fed.resume):  # the run owns its directory until it ends (server_app.rundir)
-        return _run(grid, run_config, fed, model, strategy, out)
+    payload = read_resume(fed, run_config, model)
+    out = run_dir(fed, given, payload)
+    # the run owns its directory until it ends, and a fresh run never takes over another's (server_app.rundir)
+    with rundir.claim(out, fresh=not fed.resume, overwrite=fed.overwrite):
+        return _run(grid, run_config, fed, model, strategy, out, payload)
 
 
 def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch.nn.Module,
-         strategy: FedAdaptStrategy, out: Path) -> dict[str, Any]:
-    payload = read_resume(fed, run_config, model)
+         strategy: FedAdaptStrategy, out: Path, payload: dict[str, Any] | None) -> dict[str, Any]:
     writer = MetricsWriter(out)
     info = provenance.run_info(fed, strategy.method, strategy.hparams)
     log(INFO, "fedadapt: method=%s task=%s rounds=%d → %s", fed.method, fed.task, fed.num_server_rounds, out)

@@ -56,7 +56,9 @@ def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: 
         metrics = dict(evaluate_fn(server_round, record))
         return float(metrics.get("loss", 0.0)), metrics
 
-    legacy = SecAggStrategy(strategy, R.to_numpy(initial), evaluate_fn=central, num_rounds=fed.num_server_rounds)
+    legacy = SecAggStrategy(strategy, R.to_numpy(initial), evaluate_fn=central, num_rounds=fed.num_server_rounds,
+                            clipping_range=fed.secagg_clipping_range, quantization_range=fed.secagg_quantization_range,
+                            max_weight=fed.secagg_max_weight)
     strategy.num_rounds = fed.num_server_rounds
     with strategy.driven():  # fedadapt's own driver (core/privacy.py: summary() outside it means a wrapper)
         strategy.summary()

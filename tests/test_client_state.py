@@ -55,8 +55,8 @@ def test_fresh_run_with_the_same_run_name_does_not_pick_up_stale_state(tmp_path)
     cfg = {**BASE, "method": "scaffold", "num-server-rounds": 3}
     out = {"output-dir": str(tmp_path), "checkpoint-every": 1}
     run(LoopbackGrid(client_app, NODES, cfg), {**cfg, **out, "run-name": "ref"})
-    for _ in range(2):  # the second run finds the first one's files on the same disks and must ignore them
-        run(grid_with_state_dirs(tmp_path / "disks", cfg), {**cfg, **out, "run-name": "again"})
+    for _ in range(2):  # the second run (told to overwrite) finds the first one's files on the disks, ignores them
+        run(grid_with_state_dirs(tmp_path / "disks", cfg), {**cfg, **out, "run-name": "again", "overwrite": True})
         assert rows(tmp_path / "again") == rows(tmp_path / "ref")
     assert len(list((tmp_path / "disks").glob("node1/*"))) == 2  # one token per run
 

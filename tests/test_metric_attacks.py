@@ -97,10 +97,12 @@ def test_huge_num_steps_counts_as_the_plan_and_changes_nothing(tmp_path, method)
 
 
 def test_huge_num_steps_in_epochs_mode_moves_the_run_less_than_leaving_the_client_out(tmp_path):
-    """Epochs mode (K_i = E·⌈n_i/B⌉ differs by client): the cap is max(E·⌈w_i/B⌉, max-weight-ratio × median), so
-    K̄ stays within the honest clients' range.  Honest noise here = how far the run moves when the attacker's reply
-    is simply left out; 1e300 steps move it less than that."""
-    cfg = {**BASE, "method": "fedcm", "local-steps": 0, "local-epochs": 1, "batch-size": 4}
+    """Epochs mode (K_i = E·⌈n_i/B⌉ differs by client), with the robust profile's weight clip (max-weight-ratio 1.5;
+    under defence = off there is no epochs-mode cap: an honest client's own loader may take more steps than the
+    run's plan): the cap is max(E·⌈w_i/B⌉, max-weight-ratio × median), so K̄ stays within the honest clients'
+    range.  Honest noise here = how far the run moves when the attacker's reply is simply left out; 1e300 steps
+    move it less than that."""
+    cfg = {**BASE, "method": "fedcm", "local-steps": 0, "local-epochs": 1, "batch-size": 4, "max-weight-ratio": 1.5}
     clean = go(tmp_path, "clean", cfg)[0][-1]["test-loss"]
     dropped = go(tmp_path, "dropped", cfg, attacker(**{"num-examples": 0}))[0][-1]["test-loss"]
     rows, _ = go(tmp_path, "huge", cfg, attacker(**{"num-steps": 1e300}))

@@ -50,7 +50,10 @@ def test_two_runs_at_once_into_one_directory_the_second_fails_and_the_first_is_i
     assert result["status"] == "completed" and rounds(out) == [0, 1, 2]
     assert "seed" not in json.loads((out / "summary.json").read_text())["run_config"]  # the first run's summary
     assert not list(tmp_path.glob("shared.prev-*"))
-    run_inprocess(cfg, 2)  # the lock went with the first run: the next one may start (and moves the files aside)
+    with pytest.raises(rundir.RunDirUsed, match="holds a completed run of fedavg, 2 rounds; a run directory belongs "
+                                                "to one run: set resume"):
+        run_inprocess(cfg, 2)  # the lock went with the first run, but its files stay its own
+    run_inprocess({**cfg, "overwrite": True}, 2)  # explicitly: the earlier files move aside
     assert rounds(out) == [0, 1, 2] and rounds(tmp_path / "shared.prev-1") == [0, 1, 2]
 
 
@@ -71,7 +74,11 @@ def test_claim_holds_the_directory_until_released(tmp_path):
         (out / "summary.json").write_text("{}")
     with rundir.claim(out, fresh=False):  # resume: the files stay
         assert (out / "summary.json").exists()
-    with rundir.claim(out, fresh=True):  # a fresh run: the earlier files move aside
+    with pytest.raises(rundir.RunDirUsed, match="overwrite = true"):
+        with rundir.claim(out, fresh=True):  # a fresh run: refused, the earlier files stay
+            pass
+    assert (out / "summary.json").exists()
+    with rundir.claim(out, fresh=True, overwrite=True):  # a fresh run told to: the earlier files move aside
         assert [p.name for p in out.iterdir()] == [".lock"]
         assert (tmp_path / "x.prev-1" / "summary.json").exists()
 
@@ -84,10 +91,14 @@ def test_default_run_names_differ_for_settings_that_change_results(tmp_path):
              default_dir({**cfg, "client-lr": 0.1, "partitioner": "iid"}), default_dir({**cfg, "seed": 1})}
     assert len(names) == 5
     assert default_dir({**cfg, "client-lr": 0.1}).name.startswith("fedavg-digits-mlp-seed0-")
-    # keys at their defaults, where the files go and what may change on resume keep the name
-    defaults_given = {**cfg, "client-lr": AppConfig.defaults(None)["client-lr"], "num-server-rounds": 99,
-                      "run-name": "", "tracking": "none", "checkpoint-every": 3, "resume": "x.npz"}
+    # keys at their defaults, where the files go and how the run starts keep the name
+    defaults_given = {**cfg, "client-lr": AppConfig.defaults(None)["client-lr"], "run-name": "", "tracking": "none",
+                      "resume": "x.npz", "overwrite": True}
     assert default_dir(defaults_given) == plain
+    # a run with other rounds or tracking is another configuration: its own directory (issue 37: a 1-round run
+    # moved a finished 10-round run aside)
+    assert len({plain, default_dir({**cfg, "num-server-rounds": 1}), default_dir({**cfg, "tracking": "tensorboard"}),
+                default_dir({**cfg, "checkpoint-every": 3})}) == 4
 
 
 def test_a_seed_beyond_32_bits_is_a_config_error_naming_the_bound(tmp_path):
@@ -107,3 +118,63 @@ def test_a_deployed_run_with_the_declared_defaults_keeps_the_short_name(tmp_path
     declared = app_config_keys(APP_DIR)
     assert default_dir({**declared, "output-dir": str(tmp_path)}).name == "fedavg-digits-mlp-seed0"
     assert default_dir({**declared, "output-dir": str(tmp_path), "client-lr": 0.1}).name != "fedavg-digits-mlp-seed0"
+
+
+@pytest.mark.parametrize("name,rule", [
+    ("/tmp/elsewhere", "one path component inside output-dir"),
+    ("../x", "one path component inside output-dir"),
+    ("a/b", "one path component inside output-dir"),
+    ("a\\b", "one path component inside output-dir"),
+    (".", "names output-dir itself or its parent"),
+    ("..", "names output-dir itself or its parent"),
+    ("a\x00b", "holds a NUL byte"),
+    ("x" * 129, "129 characters; at most 128"),
+    ("mine.prev-1", "ending in .prev-<n> are where earlier runs' files are moved aside"),
+], ids=["absolute", "dotdot-x", "separator", "backslash", "dot", "dotdot", "nul", "too-long", "prev-suffix"])
+def test_a_run_name_that_is_not_one_safe_path_component_is_refused_at_config_time(tmp_path, name, rule):
+    from flower_strategies.core.hparams import ConfigError
+
+    out = tmp_path / "out"
+    sibling = tmp_path / "sibling"  # what ".." and "." used to move or write into
+    sibling.mkdir()
+    (sibling / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"run-name = .* is not valid: .*{rule.replace('.', '[.]')}"):
+        parse_run_config({"run-name": name}, AppConfig)
+    with pytest.raises(ConfigError, match="run-name"):
+        run_inprocess({**BASE, "output-dir": str(out), "run-name": name}, 2)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["sibling"]
+    assert (sibling / "summary.json").exists()
+    assert parse_run_config({"run-name": "x" * 128}, AppConfig)[0].run_name == "x" * 128
+
+
+def test_a_fresh_run_moves_only_its_own_files_never_another_runs_directory(tmp_path):
+    out = tmp_path / "r"
+    other = out / "nested-run"  # another run's directory: an output-dir pointed inside this one
+    other.mkdir(parents=True)
+    (other / ".lock").write_text("1\n")
+    (other / "summary.json").write_text("{}")
+    (out / "summary.json").write_text("{}")
+    assert rundir.move_aside(out) == tmp_path / "r.prev-1"
+    assert sorted(p.name for p in out.iterdir()) == ["nested-run"] and (other / "summary.json").exists()
+    assert [p.name for p in (tmp_path / "r.prev-1").iterdir()] == ["summary.json"]
+
+
+def test_a_run_with_other_rounds_gets_its_own_directory_and_a_rerun_is_refused_unless_told(tmp_path):
+    cfg = {**BASE, "output-dir": str(tmp_path)}
+    run_inprocess(cfg, 2)
+    run_inprocess({**cfg, "num-server-rounds": 1}, 2)  # another configuration: another directory, nothing moved
+    dirs = sorted(p.name for p in tmp_path.iterdir())
+    assert len(dirs) == 2 and not any(".prev-" in d for d in dirs)
+    assert sorted(len(rounds(tmp_path / d)) for d in dirs) == [2, 3]
+    with pytest.raises(rundir.RunDirUsed, match=r"holds a completed run of fedavg, 2 rounds"):
+        run_inprocess(cfg, 2)  # the same configuration again
+    assert sorted(p.name for p in tmp_path.iterdir()) == dirs  # refused before anything moved or was written
+
+
+def test_a_resumed_run_with_more_rounds_continues_in_its_directory(tmp_path):
+    cfg = {**BASE, "output-dir": str(tmp_path), "checkpoint-every": 1}
+    run_inprocess(cfg, 2)
+    (first,) = tmp_path.iterdir()
+    more = {**cfg, "num-server-rounds": 3, "resume": str(first / "checkpoint.npz"), "tracking": "none"}
+    assert run_inprocess(more, 2)["status"] == "completed"
+    assert [p.name for p in tmp_path.iterdir()] == [first.name] and rounds(first) == [0, 1, 2, 3]

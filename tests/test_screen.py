@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -43,9 +45,36 @@ def test_policy_rules_and_weights():
     assert ScreenPolicy(max_weight_ratio=0).weights([10, 10, 1e12]) == [10, 10, 1e12]
 
 
+def test_defence_profiles_resolve_unset_keys_and_an_explicit_key_wins():
+    from flower_strategies.core.hparams import DEFENCES, StrategyConfig
+    from flower_strategies.core.registry import parse_run_config
+    from flower_strategies.methods.baselines import FedAvg
+
+    off = StrategyConfig()
+    assert off.defence == "off" and off.max_weight_ratio is None  # unset: the profile decides
+    assert ScreenPolicy.from_settings(off, "examples") == ScreenPolicy()  # off = the paper algorithms
+    assert ScreenPolicy() == ScreenPolicy(max_weight_ratio=0.0, update_clip_ratio=0.0, update_cosine_floor=-1.0,
+                                          aggregator="mean")
+    robust = off.replace(defence="robust")
+    assert {k: robust.setting(k) for k in DEFENCES["robust"]} == {
+        "max_weight_ratio": 1.5, "update_clip_ratio": 1.0, "update_cosine_floor": 0.0, "aggregator": "mean"}
+    assert robust.replace(max_weight_ratio=0.0).setting("max_weight_ratio") == 0.0  # an explicit key wins
+    assert off.replace(update_clip_ratio=2).setting("update_clip_ratio") == 2.0
+    fed, _, _ = parse_run_config({"defence": "robust", "max-weight-ratio": "", "update-clip-ratio": 3.0})
+    assert (fed.setting("max_weight_ratio"), fed.setting("update_clip_ratio")) == (1.5, 3.0)
+    from server_app.provenance import resolved_config
+
+    ran = resolved_config(fed, "fedavg", FedAvg.make_hparams())  # summary.json: the values the run ran with
+    assert (ran["defence"], ran["max-weight-ratio"], ran["update-clip-ratio"], ran["aggregator"]) == (
+        "robust", 1.5, 3.0, "mean")
+    assert FedAvg(defence="robust").update_cosine_floor == 0.0 and FedAvg().max_weight_ratio == 0.0
+    with pytest.raises(Exception, match="defence = 'strong' is not valid; choose one of: off, robust"):
+        parse_run_config({"defence": "strong"})
+
+
 def test_weight_clipping_bounds_a_liar_and_is_counted():
     replies = [model_reply(1, 1.0), model_reply(2, 1.0), model_reply(3, 100.0, n=1e12)]
-    out = screen(ScreenPolicy(max_weight_ratio=1.5, update_norm_ratio=0, update_clip_ratio=0)).run(1, replies)
+    out = screen(ScreenPolicy(max_weight_ratio=1.5, update_norm_ratio=0)).run(1, replies)
     assert out.weights == [10, 10, 15.0]
     metrics, clipped = out.reply_metrics()
     assert clipped == 1 and [m[R.NUM_EXAMPLES] for m in metrics] == [10, 10, 15.0]
@@ -75,7 +104,7 @@ def test_max_update_norm_measures_the_update_not_the_model():
 @pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
 def test_robust_aggregation_ignores_one_outlier(rule):
     replies = [model_reply(1, 1.0), model_reply(2, 2.0), model_reply(3, 3.0), model_reply(4, 1e6)]
-    policy = ScreenPolicy(aggregator=rule, byzantine_fraction=0.25, update_norm_ratio=0, update_clip_ratio=0)
+    policy = ScreenPolicy(aggregator=rule, byzantine_fraction=0.25, update_norm_ratio=0)
     out = screen(policy).run(1, replies)
     assert len(out.kept) == 4
     # median of 4 = mean of the middle two; trimmed-mean(0.25) drops floor(0.25·4) = 1 value at each end
@@ -148,16 +177,16 @@ def test_krum_and_multi_krum_keep_the_replies_closest_to_their_neighbours():
     brute = [sorted(float(np.sum((vectors[i] - vectors[j]) ** 2)) for j in range(5) if j != i)[:2] for i in range(5)]
     assert krum_scores(vectors, 1) == pytest.approx([sum(b) for b in brute], rel=1e-12)
     replies = [model_reply(i + 1, v) for i, v in enumerate(values)]
-    krum = screen(ScreenPolicy(aggregator="krum", update_clip_ratio=0, update_norm_ratio=0)).run(1, replies)
+    krum = screen(ScreenPolicy(aggregator="krum", update_norm_ratio=0)).run(1, replies)
     assert [m.metadata.src_node_id for m, _ in krum.kept] == [1]  # 1.0: nearest to 1.1 and 0.9
     np.testing.assert_array_equal(krum.aggregates[R.MODEL]["w"], np.full(4, 1.0, np.float32))
-    multi = screen(ScreenPolicy(aggregator="multi-krum", update_clip_ratio=0, update_norm_ratio=0)).run(1, replies)
+    multi = screen(ScreenPolicy(aggregator="multi-krum", update_norm_ratio=0)).run(1, replies)
     assert [m.metadata.src_node_id for m, _ in multi.kept] == [1, 2, 3, 4]
     assert len(multi.rejections) == 1 and "node 5: left out by aggregator multi-krum" in multi.rejections[0]
     np.testing.assert_allclose(multi.aggregates[R.MODEL]["w"], np.full(4, 1.075), rtol=1e-6)
 
 
-@pytest.mark.parametrize("aggregator,need", [("trimmed-mean", 3), ("krum", 5), ("multi-krum", 5)])
+@pytest.mark.parametrize("aggregator,need", [("trimmed-mean", 3), ("krum", 3), ("multi-krum", 3)])
 def test_too_few_replies_for_the_byzantine_fraction_are_rejected_with_the_fix(aggregator, need):
     replies = [model_reply(i, 1.0 + 0.1 * i) for i in range(1, need)]  # one short: t = ⌈0.2·(need − 1)⌉ = 1
     out = screen(ScreenPolicy(aggregator=aggregator, byzantine_fraction=0.2)).run(1, replies)
@@ -245,4 +274,65 @@ def test_direction_screen_is_refused_with_native_dp():
 
     with pytest.raises(ConfigError, match="update-cosine-floor = -1: .* rejection set by the other clients"):
         StrategyConfig(dp_clip=1.0, update_cosine_floor=0.0)
-    assert StrategyConfig(dp_clip=1.0).update_cosine_floor == -1.0
+    with pytest.raises(ConfigError, match="defence = off"):
+        StrategyConfig(dp_clip=1.0, defence="robust")
+    assert StrategyConfig(dp_clip=1.0).setting("update_cosine_floor") == -1.0
+
+
+# ------------------------------------------------------------------------------------------ Krum size, sample bounds
+def test_krum_counts_its_neighbours_as_flower_does_and_picks_the_same_reply():
+    """max(1, n − t − 2) nearest neighbours (Flower's ``aggregate_krum``): 6 replies at the default fraction
+    (t = ⌈0.2·6⌉ = 2) run, where n ≥ 2t + 3 = 7 refused every round."""
+    from flwr.server.strategy.aggregate import aggregate_krum
+
+    from flower_strategies.core.robust import krum_select
+
+    rng = np.random.default_rng(3)
+    for n, t in ((6, 2), (5, 2), (4, 1), (3, 1)):
+        vectors = rng.normal(size=(n, 7))
+        chosen, _ = krum_select(vectors, t, multi=False)
+        flower = aggregate_krum([([v], 1) for v in vectors], num_malicious=t, to_keep=0)[0]
+        np.testing.assert_array_equal(vectors[chosen[0]], flower)
+    replies = [model_reply(i, 1.0 + 0.1 * i) for i in range(1, 7)]
+    out = screen(ScreenPolicy(aggregator="krum", byzantine_fraction=0.2, update_norm_ratio=0)).run(1, replies)
+    assert len(out.kept) == 1 and len(out.rejections) == 5
+    assert all("left out by aggregator krum" in r for r in out.rejections)
+
+
+SMALL = {"task": "synthetic-linear", "synthetic-dim": 4, "precision": "float64", "local-steps": 2, "batch-size": 8,
+         "num-server-rounds": 2, "client-lr": 0.05}
+
+
+def test_krum_at_the_default_fraction_with_6_nodes_runs(tmp_path):
+    from simulations.engine import run_inprocess
+
+    cfg = {**SMALL, "aggregator": "krum", "output-dir": str(tmp_path), "run-name": "krum6"}
+    assert run_inprocess(cfg, 6)["status"] == "completed"
+    rows = [json.loads(line) for line in (tmp_path / "krum6" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["updated"] and r["replies-used"] == 1 and r["replies-rejected"] == 5 for r in rows[1:])
+
+
+@pytest.mark.parametrize("aggregator,nodes,message", [
+    ("trimmed-mean", 4, "aggregator trimmed-mean needs at least 5 usable replies to tolerate 2 Byzantine "
+                        r"\(byzantine-fraction 0.4\), got 4"),
+    ("multi-krum", 4, "aggregator multi-krum needs at least 5 usable replies to tolerate 2 Byzantine"),
+])
+def test_a_byzantine_fraction_the_sample_cannot_hold_fails_at_start(tmp_path, aggregator, nodes, message):
+    """Formerly every round was refused and the run failed after max-idle-rounds; now before round 1, nothing sent."""
+    from flower_strategies.core.hparams import ConfigError
+    from simulations.engine import run_inprocess
+
+    sent = []
+
+    def count(request, rep, partition_id):
+        sent.append(partition_id)
+        return rep
+
+    cfg = {**SMALL, "aggregator": aggregator, "byzantine-fraction": 0.4, "output-dir": str(tmp_path),
+           "run-name": "small"}
+    with pytest.raises(ConfigError, match=message + r".* every round would be refused"):
+        run_inprocess(cfg, nodes, intercept=count)
+    assert not sent
+    summary = json.loads((tmp_path / "small" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "byzantine-fraction 0.4" in summary["failure"]
+    assert run_inprocess({**cfg, "run-name": "five"}, 5)["status"] == "completed"  # 0.4 of 5: t = 2, needs 5

@@ -206,3 +206,108 @@ def test_error_bound_closed_form():
     w = sum(round(n / MAX_WEIGHT * Q) / Q for n in (200, 300, 500))
     assert error_bound([200, 300, 500], C, Q, MAX_WEIGHT) == pytest.approx(3 * 3 * C / (Q * w), rel=1e-15)
     assert abs(w - 1.0) <= 1.5 / Q
+
+
+# ------------------------------------------------------------------------------------------ a hostile or lost client
+def _masking(request) -> bool:
+    """Whether ``request`` asks for the masked vector (SecAgg+ stage 2; Flower's mod pops the stage key from the
+    request, the ciphertexts of the shared keys stay)."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+    cfg = request.content.config_records.get(RECORD_KEY_CONFIGS)
+    return cfg is not None and Key.CIPHERTEXT_LIST in cfg
+
+
+def _shift_masked(index: int, by: int = 2**30, pid: int = 0):
+    """``intercept``: partition ``pid`` adds ``by`` (mod 2^32) to entry 0 of array ``index`` of its masked vector
+    (index 0 is the weight factor Flower prepends, 1… the values)."""
+    from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_mod
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+    from flwr.common.typing import NDArray
+
+    from flwr.common import bytes_to_ndarray, ndarray_to_bytes
+
+    def intercept(request, reply, partition_id):
+        if partition_id != pid or reply.has_error() or not _masking(request):
+            return reply
+        cfg = reply.content.config_records[RECORD_KEY_CONFIGS]
+        vec: list[NDArray] = [bytes_to_ndarray(b) for b in cfg[Key.MASKED_PARAMETERS]]
+        vec[index].reshape(-1)[0] += by
+        cfg[Key.MASKED_PARAMETERS] = [ndarray_to_bytes(a) for a in parameters_mod(vec, 2**32)]
+        return reply
+
+    return intercept
+
+
+SECURE = {**RUN_CONFIG, "secure-aggregation": "secaggplus", "method": "fedavg", "num-server-rounds": 2,
+          "local-steps": 3, "batch-size": 8, "client-lr": 0.02, "learning-curve": False}
+
+
+def _secure_run(tmp_path, name, nodes, intercept=None):
+    import json
+
+    from server_app.app import run
+
+    cfg = {**SECURE, "output-dir": str(tmp_path), "run-name": name}
+    error = None
+    try:
+        run(LoopbackGrid(client_app, nodes, cfg, intercept=intercept), cfg)
+    except RunFailed as err:
+        error = err
+    rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return rows, error
+
+
+@pytest.mark.parametrize("index,reason", [
+    (1, r"holds [\d.e+]+, beyond the ±[\d.e+-]+ that 5 clients' values clipped at ±secagg-clipping-range 8"),
+    (0, r"its canary decodes to [\d.e+-]+, expected 1 ± "),
+], ids=["value", "weight-factor"])
+def test_one_client_shifting_its_masked_vector_fails_the_round_with_the_reason(tmp_path, index, reason):
+    """Issue 36: a client shifting its masked vector by 2^30 took the model to 0.097 with nothing rejected and the
+    run 'completed'.  Now the decoded aggregate is checked before it is applied: no round updates, each says why,
+    and the run fails; the shift of the weight factor (which scales the whole mean toward 0) is caught by the
+    canary."""
+    clean, error = _secure_run(tmp_path, "clean", 5)
+    assert error is None and all(r["updated"] and not r.get("rejections") for r in clean[1:])
+    rows, error = _secure_run(tmp_path, "shifted", 5, _shift_masked(index))
+    assert error is not None and "no round of the run updated the model" in str(error)
+    for r in rows[1:]:
+        assert not r["updated"] and r["replies-used"] == 0 and r["replies-rejected"] == 5
+        assert r["test-loss"] == rows[0]["test-loss"]  # the model stayed the initial one
+        assert "secure aggregate of 5 replies rejected:" in r["rejections"]
+        import re
+        assert re.search(reason, r["rejections"]), r["rejections"]
+
+
+def test_a_client_dropping_out_mid_round_is_counted_sampled_used_dropped(tmp_path):
+    """Formerly "4 ok / 2 rejected" with 5 sampled (Flower lists a failure per stage the client missed)."""
+    def drop(request, reply, partition_id):
+        if partition_id == 4 and _masking(request):
+            return Message(Error(code=0, reason="node went away"), reply_to=request)
+        return reply
+
+    rows, error = _secure_run(tmp_path, "dropout", 5, drop)
+    assert error is None
+    for r in rows[1:]:
+        assert r["updated"] and (r["replies-used"], r["replies-rejected"], r["replies-missing"]) == (4, 0, 1)
+        assert (r["secagg-sampled"], r["secagg-used"], r["secagg-dropped"]) == (5, 4, 1)
+        assert not r.get("rejections")
+
+
+def test_the_aggregate_norm_check_rejects_a_round_far_beyond_the_earlier_ones():
+    """The plain path's median-relative bound (update-norm-ratio, 100) on the aggregate's update norm, against the
+    applied rounds' aggregates (there are no individual replies to take a median of)."""
+    strategy = METHODS["fedavg"].build(client_lr=0.02, local_steps=3, batch_size=8)
+    legacy = SecAggStrategy(strategy, {"w": np.zeros(3)})
+    strategy.current = {"w": np.zeros(3)}
+    legacy.update_norms = [0.01, 0.02, 0.005]
+    layout = '[["arrays", "w"]]'
+
+    def res(value):
+        arrays = [np.full(3, value), np.ones(1)]  # values, canary (weights 0.5 each: canary = 1)
+        return [(_Proxy(i), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 500,
+                                   {"fedadapt.layout": layout})) for i in (1, 2)]
+
+    assert legacy.check_aggregate(res(0.5 / math.sqrt(3))) is None  # norm 0.5 ≤ 100 × 0.01
+    assert "exceeds update-norm-ratio 100 × the median 0.01" in legacy.check_aggregate(res(1.01 / math.sqrt(3)))
+    assert "beyond the ±16" in legacy.check_aggregate(res(17.0))  # 2 clients × 8 / (0.5 + 0.5)

@@ -22,17 +22,20 @@ on each client and the server reports their total per round (``secagg-clipped``)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from logging import INFO, WARNING
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import FitRes, Parameters, Scalar, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
+from ..core import records as R
 from ..core.hparams import ConfigError
+from ..core.ops import is_float
 from ..core.strategy import FedAdaptStrategy
 from .legacy import LAYOUT, LegacyStrategy, unpack
 
@@ -73,8 +76,13 @@ def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
     if strategy.weighting != "examples":
         return (f"{name} averages with weighting = uniform, but SecAgg+ always weights each client by its "
                 f"num-examples; set weighting = examples (an example-weighted variant of {name}) or {INSTEAD}")
-    needs_replies = {"aggregator": s.aggregator != "mean", "update-clip-ratio": s.update_clip_ratio > 0,
-                     "max-update-norm": s.max_update_norm > 0, "update-cosine-floor": s.update_cosine_floor > -1}
+    if s.defence != "off":
+        return (f"defence = {s.defence} screens, clips and weighs the individual replies, which SecAgg+ hides from "
+                f"the server (every reply it sees is the same average); set defence = off, or {INSTEAD}")
+    needs_replies = {"aggregator": s.setting("aggregator") != "mean",
+                     "update-clip-ratio": s.setting("update_clip_ratio") > 0,
+                     "max-update-norm": s.max_update_norm > 0,
+                     "update-cosine-floor": s.setting("update_cosine_floor") > -1}
     named = [key for key, on in needs_replies.items() if on]
     if named:
         return (f"{', '.join(named)} need(s) the individual replies, which SecAgg+ hides from the server (every reply "
@@ -119,31 +127,130 @@ def error_bound(num_examples: list[int], clipping_range: float, quantization_ran
 class SecAggStrategy(LegacyStrategy):
     """:class:`~.legacy.LegacyStrategy` for Flower's ``SecAggPlusWorkflow``: the averaged records arrive in float64
     (Flower's dequantizer) and are cast back to the global arrays' dtypes; the clients' counts of values clipped by
-    the quantizer are summed into the round's metrics (``secagg-clipped``, with a warning)."""
+    the quantizer are summed into the round's metrics (``secagg-clipped``, with a warning).
+
+    The decoded aggregate is checked before it is applied (:meth:`check_aggregate`; ``clipping_range``,
+    ``quantization_range`` and ``max_weight``: the workflow's settings): a failed check fails the round with the
+    reason (no update; every used reply counted rejected).  The round's counters say what happened to the sampled
+    clients: ``secagg-sampled`` / ``secagg-used`` / ``secagg-dropped`` (a client that dropped out of the protocol
+    is counted missing, once, not rejected once per stage)."""
 
     def __init__(self, strategy: FedAdaptStrategy, initial_arrays: dict[str, np.ndarray], *args: Any,
+                 clipping_range: float = 8.0, quantization_range: int = 4194304, max_weight: float = 1000.0,
                  **kwargs: Any) -> None:
+        #: The plain path's median-relative bound, kept for the aggregate's norm check (check_secagg switches the
+        #: per-reply screen off: every reply the server sees is the same average).
+        self.norm_ratio = float(strategy.update_norm_ratio)
         check_secagg(strategy)
         super().__init__(strategy, initial_arrays, *args, **kwargs)
+        self.clipping_range, self.quantization_range, self.max_weight = clipping_range, quantization_range, max_weight
+        self.sampled = 0
+        self._norm: float | None = None  # the last checked aggregate's update norm
+        #: The update norm of each applied round's aggregate (model records), for :meth:`check_aggregate`.
+        self.update_norms: list[float] = []
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> list[Any]:
+        picked = super().configure_fit(server_round, parameters, client_manager)
+        self.sampled = len(picked)
+        return picked
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException],
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
         clipped = sum(int(res.metrics.get(CLIPPED, 0)) for _, res in results)
-        if results:
-            averaged = self._cast(results[0][1])
-            for _, res in results:
-                res.parameters = averaged
-        out, metrics = super().aggregate_fit(server_round, results, failures)
-        metrics[CLIPPED] = clipped
+        used = len(results)
+        dropped = max(0, self.sampled - used)
+        if dropped:
+            log(WARNING, "secure-aggregation: round %d: %d of %d sampled clients dropped out of the SecAgg+ protocol "
+                "(%s); the aggregate is of the %d others", server_round, dropped, self.sampled,
+                "; ".join(sorted({str(f) for f in failures}))[:300] or "no masked vector", used)
+        self._norm = None
+        reason = self.check_aggregate(results) if results else None
+        if reason is not None:
+            log(WARNING, "secure-aggregation: round %d: the decoded aggregate is rejected: %s", server_round, reason)
+            out, metrics = super().aggregate_fit(server_round, [], [])  # no update
+        else:
+            if results:
+                averaged = self._cast(results[0][1])
+                for _, res in results:
+                    res.parameters = averaged
+            # a dropout is missing, not rejected (Flower lists a failure per protocol stage it missed)
+            out, metrics = super().aggregate_fit(server_round, results, [])
+        counters = {CLIPPED: float(clipped), "secagg-sampled": float(self.sampled), "secagg-used": float(used),
+                    "secagg-dropped": float(dropped)}
         history = self.inner.history
         if history and history[-1].server_round == server_round:
-            history[-1].round_metrics[CLIPPED] = float(clipped)
+            rlog = history[-1]
+            if reason is not None:
+                rlog.replies_rejected = used
+                rlog.rejections.append(f"secure aggregate of {used} replies rejected: {reason}")
+                metrics["replies-rejected"] = used
+            elif rlog.updated and self._norm is not None:
+                self.update_norms.append(self._norm)
+            rlog.round_metrics.update(counters)
+        metrics.update(counters)
         if clipped:
             log(WARNING, "secure-aggregation: round %d: %d reply value(s) beyond ±clipping-range were clipped by "
                 "SecAgg+ (the mean is off there); raise secagg-clipping-range (or lower secagg-max-weight)",
                 server_round, clipped)
         return out, metrics
+
+    def check_aggregate(self, results: list[tuple[ClientProxy, FitRes]]) -> str | None:
+        """Why the decoded aggregate of ``results`` cannot be the protocol's honest output (``None``: it can).  It
+        strips the clients' canary (:func:`secagg_mod`) from the parameters when present.
+
+        * **range** — every client's weighted, clipped value is within ±c before quantisation, so every coordinate
+          of the decoded mean is within ``n·c / Σ w_i`` (``w_i``: the quantised weights of the clear num-examples);
+        * **canary** — each client appends the constant 1 (weighted, clipped and masked like its values), so the
+          decoded canary is ``Σ min(w_i, c) / Σ w_i`` up to :func:`error_bound`: a shifted weight factor or
+          canary shows here;
+        * **norm** — the aggregate's update norm (model records, ``x̄ − x_t``) is at most ``update-norm-ratio`` (the
+          plain path's bound, default 100) × the lower median of the applied rounds' aggregate update norms."""
+        res = results[0][1]
+        arrays = parameters_to_ndarrays(res.parameters)
+        entries = json.loads(str(res.metrics.get(LAYOUT, "[]")))
+        n, c, q = len(results), self.clipping_range, self.quantization_range
+        weights = [round(float(r.num_examples) / self.max_weight * q) / q for _, r in results]
+        total = sum(weights)
+        if total <= 0:
+            return "the clients' weights sum to 0 (num-examples far below secagg-max-weight)"
+        tolerance = error_bound([int(r.num_examples) for _, r in results], c, q, self.max_weight)
+        if len(arrays) == len(entries) + 1:
+            canary = float(np.asarray(arrays[-1], np.float64).reshape(-1)[0])
+            expected = sum(min(w, c) for w in weights) / total
+            arrays = arrays[:-1]
+            res.parameters = ndarrays_to_parameters(arrays)
+            if not abs(canary - expected) <= tolerance:
+                return (f"its canary decodes to {canary:.6g}, expected {expected:.6g} ± {tolerance:.2g} (a client's "
+                        f"masked vector or weight factor was tampered with, or the clients' num-examples in the clear "
+                        f"are not the weights they used)")
+        limit = n * c / total * (1 + 1e-9) + tolerance
+        for i, a in enumerate(arrays):
+            worst = float(np.max(np.abs(a))) if np.size(a) else 0.0
+            if not worst <= limit:
+                name = ".".join(entries[i]) if i < len(entries) else str(i)
+                return (f"'{name}' holds {worst:.4g}, beyond the ±{limit:.4g} that {n} clients' values clipped at "
+                        f"±secagg-clipping-range {c:g} can average to (a client's masked vector was tampered with)")
+        self._norm = norm = self._update_norm(arrays, entries)
+        if self.norm_ratio > 0 and self.update_norms and norm is not None:
+            median = float(np.quantile(self.update_norms, 0.5, method="lower"))
+            if not norm <= self.norm_ratio * median:
+                return (f"its update norm {norm:.4g} exceeds update-norm-ratio {self.norm_ratio:g} × the median "
+                        f"{median:.4g} of the earlier rounds' aggregates")
+        return None
+
+    def _update_norm(self, arrays: list[np.ndarray], entries: list[list[str]]) -> float | None:
+        """The update norm ``‖x̄ − x_t‖`` of the model record of a (canary-free) decoded aggregate (``None``: no
+        model record, or no current model)."""
+        current = self.inner.current
+        if current is None:
+            return None
+        total, seen = 0.0, False
+        for (name, key), arr in zip(entries, arrays):
+            if name == R.MODEL and key in current and is_float(np.asarray(current[key])):
+                diff = np.asarray(arr, np.float64) - np.asarray(current[key], np.float64)
+                total, seen = total + float(np.vdot(diff, diff)), True
+        return float(np.sqrt(total)) if seen else None
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """As :meth:`LegacyStrategy.evaluate`; a round in which the workflow halted (too few clients answered one of
@@ -224,9 +331,17 @@ def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         reply = call_next(inner, ctx)
         if not reply.has_error():
             count_clipped(reply.content, ctx.state.config_records[SECAGG_STATE])
+            add_canary(reply.content)
         return reply
 
     return secaggplus_mod(msg, context, counted)
+
+
+def add_canary(fitres: RecordDict) -> None:
+    """Append the canary, a constant 1, to a legacy ``FitRes`` record dict's parameters: weighted, clipped, quantised
+    and masked like every value, its decoded mean is known to the server (:meth:`SecAggStrategy.check_aggregate`)."""
+    record: ArrayRecord = fitres.array_records["fitres.parameters"]
+    record[str(len(record))] = Array(np.ones(1, np.float64))
 
 
 def count_clipped(fitres: RecordDict, state: Mapping[str, Any]) -> int:

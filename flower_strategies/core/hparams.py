@@ -21,6 +21,14 @@ from typing import Any, TypeVar
 
 from .robust import AGGREGATORS
 
+#: What each ``defence`` profile sets (field: value).  A key given explicitly (not ``None``; ``""`` in a run-config)
+#: overrides its profile's value (:meth:`StrategyConfig.setting`).  ``"off"`` is every method's paper algorithm.
+DEFENCES: dict[str, dict[str, Any]] = {
+    "off": {"max_weight_ratio": 0.0, "update_clip_ratio": 0.0, "update_cosine_floor": -1.0, "aggregator": "mean"},
+    "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 1.0, "update_cosine_floor": 0.0, "aggregator": "mean"},
+}
+DEFENCE_CHOICES = tuple(DEFENCES)
+
 T = TypeVar("T", bound="HParams")
 
 
@@ -302,32 +310,42 @@ class StrategyConfig(HParams):
         help="reject replies whose update norm exceeds this multiple of the round's median (0 = off; honest "
              "training stays far below 100)",
     )
-    max_weight_ratio: float = param(
-        1.5, lo=0.0,
-        help="clip each reply's num-examples weight at this multiple of the round's median count (0 = off; a "
-             "1-of-5 liar then weighs at most 1.5 honest clients, see docs/robustness.md)",
+    defence: str = param(
+        "off", choices=DEFENCE_CHOICES,
+        help="off = every method is its paper's algorithm, bit for bit (only the guards that never change an honest "
+             "run: malformed, oversized, stale, replayed, NaN/Inf, 100× norm, metric validity, steps within the plan); "
+             "robust = the opt-in profile (max-weight-ratio 1.5, update-clip-ratio 1, update-cosine-floor 0; "
+             "docs/robustness.md). The four keys below override it when set",
     )
-    update_clip_ratio: float = param(
-        0.0, lo=0.0,
+    max_weight_ratio: float | None = param(
+        None, lo=0.0,
+        help="clip each reply's num-examples weight (and, in epochs mode, its num-steps) at this multiple of the "
+             "round's median; empty = the defence profile's (off: 0 = exact n_k weighting; robust: 1.5)",
+    )
+    update_clip_ratio: float | None = param(
+        None, lo=0.0,
         help="scale each reply's update (and every other uplink record) back onto this multiple of the round's "
-             "median norm of that record (needs ≥ 3 replies; 1 = the median, see docs/robustness.md; 0 = off: the "
-             "methods' own algorithms)",
+             "median norm of that record (needs ≥ 3 replies; 0 = off); empty = the defence profile's (off: 0; "
+             "robust: 1)",
     )
-    update_cosine_floor: float = param(
-        -1.0, lo=-1.0, hi=1.0,
+    update_cosine_floor: float | None = param(
+        None, lo=-1.0, hi=1.0,
         help="reject a reply whose model update has a cosine below this with the round's robust centre (the mean of "
-             "the updates, each scaled down onto the round's median norm; needs ≥ 3 replies); -1 = off",
+             "the updates, each scaled down onto the round's median norm; needs ≥ 3 replies; -1 = off); empty = the "
+             "defence profile's (off: -1; robust: 0)",
     )
-    aggregator: str = param(
-        "mean", choices=AGGREGATORS,
+    aggregator: str | None = param(
+        None, choices=AGGREGATORS,
         help="mean = the method's own rule; median / trimmed-mean = coordinate-wise robust aggregation of every "
              "mean-rule record (O(N·model) memory); krum / multi-krum = use only the best-scored reply / the "
-             "N − ⌈byzantine-fraction·N⌉ best-scored replies",
+             "N − ⌈byzantine-fraction·N⌉ best-scored replies; empty = the defence profile's (mean in both)",
     )
     byzantine_fraction: float = param(
         0.2, lo=0.0, hi=0.49,
         help="fraction of replies the robust aggregators tolerate as Byzantine: trimmed-mean drops ⌈f·N⌉ values "
-             "at each end per coordinate, krum / multi-krum score against the N − ⌈f·N⌉ − 2 nearest replies",
+             "at each end per coordinate, krum / multi-krum score against the max(1, N − ⌈f·N⌉ − 2) nearest "
+             "replies (as Flower's Krum); a sample smaller than 2·⌈f·N⌉ + 1 for these three fails the run before "
+             "round 1",
     )
     max_reply_bytes: int = param(
         0, lo=0,
@@ -353,15 +371,23 @@ class StrategyConfig(HParams):
     )
     dp_delta: float = param(1e-5, lo=0.0, hi=1.0, lo_open=True, help="δ of the ε reported per round (native DP)")
 
+    def setting(self, name: str) -> Any:
+        """The value field ``name`` runs with: its own, or (a :data:`DEFENCES` key left unset, ``None``) the value
+        of the ``defence`` profile."""
+        value = getattr(self, name)
+        if value is None and name in DEFENCES[self.defence]:
+            return DEFENCES[self.defence][name]
+        return value
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.dp_clip > 0:  # native DP (core/privacy.py): bounded, unweighted contributions
-            if (self.weighting == "examples" or self.aggregator != "mean" or self.update_clip_ratio > 0
-                    or self.update_cosine_floor > -1):
-                raise ConfigError("dp-clip > 0 needs weighting = uniform (or default), aggregator = mean, "
-                                  "update-clip-ratio = 0 and update-cosine-floor = -1: a weighted or robust aggregate, "
-                                  "or a clip bound or rejection set by the other clients' replies, has no bounded "
-                                  "sensitivity to one client")
+            if (self.weighting == "examples" or self.setting("aggregator") != "mean"
+                    or self.setting("update_clip_ratio") > 0 or self.setting("update_cosine_floor") > -1):
+                raise ConfigError("dp-clip > 0 needs weighting = uniform (or default) and defence = off, i.e. "
+                                  "aggregator = mean, update-clip-ratio = 0 and update-cosine-floor = -1: a weighted "
+                                  "or robust aggregate, or a clip bound or rejection set by the other clients' "
+                                  "replies, has no bounded sensitivity to one client")
             object.__setattr__(self, "weighting", "uniform")
             object.__setattr__(self, "update_norm_ratio", 0.0)
             if self.dp_noise_multiplier > 0 and importlib.util.find_spec("dp_accounting") is None:
@@ -370,7 +396,7 @@ class StrategyConfig(HParams):
                                   "pip install dp-accounting)")
         for f in dataclasses.fields(self):  # an int given for a float field is stored as that float
             value = getattr(self, f.name)
-            if f.type in (float, "float") and isinstance(value, int) and not isinstance(value, bool):
+            if f.type in (float, "float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
                 object.__setattr__(self, f.name, float(value))
         if self.local_steps == 0 and self.local_epochs == 0:
             raise ConfigError("local-steps and local-epochs are both 0: clients would not train")

@@ -8,7 +8,7 @@
 * :func:`byzantine_count` — how many of ``n`` replies a tolerated Byzantine fraction ``f`` means, ``⌈f·n⌉``;
 * :func:`robust_aggregate` — coordinate-wise median / trimmed mean (trimming ``t`` values per side);
 * :func:`krum_select` — Krum / multi-Krum (Blanchard et al., 2017): the replies whose updates are closest to their
-  ``n − t − 2`` nearest neighbours.
+  ``max(1, n − t − 2)`` nearest neighbours (as Flower's own ``Krum``).
 
 Each aggregator states the fewest replies it needs to tolerate ``t`` Byzantine ones (:func:`min_replies`);
 :class:`TooFewReplies` names the fix when a round has fewer.
@@ -44,9 +44,10 @@ def byzantine_count(fraction: float, n: int) -> int:
 
 def min_replies(aggregator: str, t: int) -> int:
     """The fewest replies ``aggregator`` needs when ``t`` of them may be Byzantine: trimmed mean 2t+1 (one value left
-    per coordinate), Krum / multi-Krum 2t+3 (Blanchard et al.: each score sums n−t−2 ≥ 1 distances and the honest
-    replies outnumber the others), mean and median 1."""
-    return {"trimmed-mean": 2 * t + 1, "krum": 2 * t + 3, "multi-krum": 2 * t + 3}.get(aggregator, 1)
+    per coordinate), Krum / multi-Krum 2t+1 (the honest replies outnumber the others; each score sums the
+    ``max(1, n−t−2)`` nearest distances, as Flower's ``Krum`` — Blanchard et al.'s bound n ≥ 2t+3 refused every round
+    of 6 nodes at the default fraction), mean and median 1."""
+    return {"trimmed-mean": 2 * t + 1, "krum": 2 * t + 1, "multi-krum": 2 * t + 1}.get(aggregator, 1)
 
 
 def check_replies(aggregator: str, t: int, n: int, fraction: float) -> None:
@@ -145,13 +146,13 @@ def robust_aggregate(items: Sequence[Mapping[str, np.ndarray]], rule: str, t: in
 
 # ------------------------------------------------------------------------------------------ Krum
 def krum_scores(vectors: np.ndarray, t: int) -> list[float]:
-    """Krum score of each reply: the sum of its squared distances to its ``n − t − 2`` nearest other replies
-    (``t`` of the ``n`` may be Byzantine).  ``vectors``: one row per reply (its floating arrays flattened,
-    float64).  O(n²·d) time, O(n·d) memory."""
+    """Krum score of each reply: the sum of its squared distances to its ``max(1, n − t − 2)`` nearest other replies
+    (``t`` of the ``n`` may be Byzantine; Flower's ``Krum`` counts its neighbours the same way).  ``vectors``: one
+    row per reply (its floating arrays flattened, float64).  O(n²·d) time, O(n·d) memory."""
     n = len(vectors)
-    if n < 2 * t + 3:
-        raise TooFewReplies(f"Krum needs at least {2 * t + 3} replies to tolerate {t} Byzantine, got {n}")
-    near = n - t - 2
+    if n < min_replies("krum", t):
+        raise TooFewReplies(f"Krum needs at least {min_replies('krum', t)} replies to tolerate {t} Byzantine, got {n}")
+    near = max(1, n - t - 2)
     scores = []
     for i in range(n):
         dist = np.square(vectors - vectors[i]).sum(axis=1)

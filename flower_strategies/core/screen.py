@@ -6,9 +6,11 @@ Every defence of the server sits here, in this order:
    if every reply of the round lacks it the run cannot train (:class:`ClientHalfMissing`);
 2. **structure** — :func:`.validation.parse_reply` (``num-examples``/``num-steps`` whole and ≥ 1, keys/shapes/
    dtypes, every payload against its own metadata before it is viewed);
-3. **weight clipping** — ``num-examples`` clipped at ``max_weight_ratio`` × the round's median
-   (:meth:`ScreenPolicy.weights`); ``num-steps`` clipped at what the round planned (:meth:`ScreenPolicy.step_caps`),
-   so that one reply cannot move K̄, the mean step count the server math reads;
+3. **weight clipping** — ``num-steps`` clipped at what the round planned (``local-steps``; always on), and with
+   ``max_weight_ratio`` > 0 (``defence = "robust"``) ``num-examples`` clipped at that multiple of the round's median
+   (:meth:`ScreenPolicy.weights`) and epochs-mode ``num-steps`` at the plan of the clipped weight
+   (:meth:`ScreenPolicy.step_caps`), so that one reply cannot move the weights or K̄, the mean step count the server
+   math reads;
 4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured in
    the same chunk-major pass that folds the replies into the aggregates (:func:`.ops.fold`);
 5. **direction screen** — with ``update_cosine_floor`` > −1 (opt-in), a reply whose model update has a cosine
@@ -61,7 +63,8 @@ class ClientHalfMissing(RuntimeError):
 
 @dataclass(frozen=True)
 class ScreenPolicy:
-    """The screening and aggregation settings (the run-config keys of the same names)."""
+    """The screening and aggregation settings (the run-config keys of the same names, a key left unset resolved by
+    the ``defence`` profile; the defaults here are ``defence = "off"``: the paper algorithms)."""
 
     weighting: str = "examples"
     aggregator: str = "mean"
@@ -70,7 +73,7 @@ class ScreenPolicy:
     update_norm_ratio: float = 100.0
     update_clip_ratio: float = 0.0
     update_cosine_floor: float = -1.0
-    max_weight_ratio: float = 1.5
+    max_weight_ratio: float = 0.0
     #: The round's plan (what :func:`.client.num_local_steps` gives a client): K, else E·⌈n/B⌉.
     local_steps: int = 0
     local_epochs: int = 1
@@ -80,7 +83,7 @@ class ScreenPolicy:
     def from_settings(cls, settings: Any, weighting: str) -> ScreenPolicy:
         """The policy of a :class:`~flower_strategies.core.hparams.StrategyConfig` (``weighting`` resolved)."""
         names = [f.name for f in dataclasses.fields(cls) if f.name != "weighting"]
-        return cls(weighting=weighting, **{name: getattr(settings, name) for name in names})
+        return cls(weighting=weighting, **{name: settings.setting(name) for name in names})
 
     def rule(self, spec: RecordSpec) -> str:
         """The aggregation rule of ``spec`` under this policy."""

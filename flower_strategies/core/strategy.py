@@ -42,6 +42,7 @@ from .local import LocalOptimizer, SGDOptimizer
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
 from .policy import run_checked
 from .privacy import privatize, refuse_flower_dp
+from .robust import TooFewReplies, byzantine_count, check_replies
 from .rounds import RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, mean_reply_metrics, weighted_mean
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
@@ -66,7 +67,8 @@ class FedAdaptStrategy(Strategy):
         The method's frozen hyper-parameter dataclass (paper defaults when omitted).
     settings
         The run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig` or an app's extension of it,
-        documented as the run-config keys).  Every field reads as an attribute of the strategy (``self.client_lr``);
+        documented as the run-config keys).  Every field reads as an attribute of the strategy (``self.client_lr``;
+        a ``defence`` key left unset reads as the profile's value, :meth:`.StrategyConfig.setting`);
         assigning one (``s.max_update_norm = 5.0``) replaces the settings with a validated copy.
     overrides
         Settings fields by name, applied to ``settings`` (default ``StrategyConfig()``) in one validated replace.
@@ -143,7 +145,7 @@ class FedAdaptStrategy(Strategy):
     # ------------------------------------------------------------------ settings as attributes
     def __getattr__(self, name: str) -> Any:  # only for names not found the normal way
         if name in SETTINGS and "settings" in self.__dict__:
-            return getattr(self.__dict__["settings"], name)
+            return self.__dict__["settings"].setting(name)  # a defence key left unset: its profile's value
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -272,6 +274,7 @@ class FedAdaptStrategy(Strategy):
         """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord
         (transport-agnostic; the legacy adapter uses it too)."""
         refuse_flower_dp(self, config)  # Flower's DP wrappers compose only with model averaging (core/privacy.py)
+        self.check_sample_size(num_sampled)
         rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
         self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:
@@ -286,6 +289,21 @@ class FedAdaptStrategy(Strategy):
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
         rlog.bytes_down = (nbytes(self.current) + sum(nbytes(v) for v in extras.values())) * num_sampled
         return content
+
+    def check_sample_size(self, num_sampled: int) -> None:
+        """A robust ``aggregator`` whose sample is too small for its ``byzantine-fraction`` (:func:`.robust.
+        min_replies`) would refuse every round: before the run's first round that is a :class:`ConfigError` naming
+        the fix (nothing has been sent); later (nodes lost) a warning, and the round's replies are refused with the
+        reason as they arrive."""
+        aggregator, fraction = self.aggregator, self.settings.byzantine_fraction
+        if aggregator == "mean" or num_sampled <= 0:
+            return
+        try:
+            check_replies(aggregator, byzantine_count(fraction, num_sampled), num_sampled, fraction)
+        except TooFewReplies as err:
+            if not self.history:
+                raise ConfigError(f"{err} (with {num_sampled} sampled nodes every round would be refused)") from None
+            log(WARNING, "%s (%d nodes sampled this round)", err, num_sampled)
 
     def reply_screen(self) -> ReplyScreen:
         """This round's :class:`.ReplyScreen` (the current model, uplink specs, trainable keys and settings)."""

@@ -37,7 +37,8 @@ def run_one(cfg: Mapping[str, Any], num_nodes: int,
         with contextlib.redirect_stdout(io.StringIO()):
             if engine == "vectorized" and not vectorizable(app_config(cfg)):
                 engine = "inprocess"
-            summary = run_inprocess(dict(cfg), num_nodes, engine=engine)
+            # a tool's grid owns its run directories: a rerun moves its earlier runs aside (server_app.rundir)
+            summary = run_inprocess({"overwrite": True, **cfg}, num_nodes, engine=engine)
     finally:
         flwr_logger.setLevel(level)
         torch.set_num_threads(threads)

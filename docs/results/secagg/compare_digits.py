@@ -18,7 +18,7 @@ from simulations.engine import run_inprocess
 def main(method: str, extra: dict) -> None:
     out = tempfile.mkdtemp()
     base = {"method": method, "task": "digits-mlp", "num-server-rounds": 2, "local-epochs": 1, "output-dir": out,
-            "learning-curve": False, "update-norm-ratio": 0.0, "max-weight-ratio": 0.0, **extra}
+            "learning-curve": False, "update-norm-ratio": 0.0, **extra}
     plain = run_inprocess({**base, "run-name": "plain"}, 3)
     secure = run_inprocess({**base, "run-name": "secagg", "secure-aggregation": "secaggplus"}, 3)
     a, b = torch.load(f"{out}/plain/model.pt"), torch.load(f"{out}/secagg/model.pt")
