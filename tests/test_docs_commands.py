@@ -382,16 +382,25 @@ def test_surrogate_plot_command(tmp_path):
     assert (tmp_path / "out.png").stat().st_size > 0
 
 
-@pytest.mark.slow  # the reproduction suite's commands, each cut to 1 round and 1 seed (~1-2 min)
+@pytest.mark.slow  # the reproduction suite's commands, each cut to 1 round, 1 seed, 3 clients (~1-2 min)
 def test_reproduce_commands(tmp_path, monkeypatch):
     """docs/reproduce.md's commands, each with 1 round and 1 seed (`--quick`: the first data setting only), in the
     order a user runs them: a paper, the whole suite with 2 processes, a sweep, a run with the swept lrs, a report,
-    the theory plots (its catalogue cut to 2 client lrs and 2 rounds)."""
+    the theory plots (its catalogue cut to 2 client lrs and 2 rounds).  Every paper runs with 3 clients instead of
+    10: the commands' paths are what is checked, tests/test_reproduce.py checks the numbers."""
+    import dataclasses
+
     from simulations import reproduce as R
+    from simulations.reproduce import catalogue as C
+    from simulations.reproduce import cli
+    from simulations.reproduce import report as RP
     from simulations.reproduce import theory as T
 
     monkeypatch.chdir(tmp_path)
     small = ["--rounds", "1", "--seeds", "1"]
+    table = {k: dataclasses.replace(p, num_nodes=3) for k, p in C.papers().items()}  # 3 clients a run, not 10
+    monkeypatch.setattr(cli, "papers", lambda: table)
+    monkeypatch.setattr(RP, "papers", lambda: table)
 
     def argv(command: str) -> list[str]:
         words = shlex.split(command)[3:]
@@ -406,7 +415,7 @@ def test_reproduce_commands(tmp_path, monkeypatch):
     assert R.main([*argv(all_), "--quick", *small, "--out", "outputs/all"]) == 0
     # the same command with other sizes and folder: nothing else to run
     assert argv(all_big) == ["all", "--out", "outputs/my-run"] and argv(all_) == ["all", "--jobs", "2"]
-    assert R.main([*argv(sweep), *small, "--jobs", "1"]) == 0
+    assert R.main([*argv(sweep), *small, "--jobs", "1", "--lrs", "0.1"]) == 0  # one client lr per entry
     assert Path(argv(lrs)[-1]).is_file(), "the sweep did not write the file the next command reads"
     assert R.main([*argv(lrs), "--quick", *small]) == 0
     assert R.main(argv(report)) == 0
