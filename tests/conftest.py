@@ -65,9 +65,11 @@ def _no_learning_curve(request, monkeypatch):
 #: worker.  Every slow test must be listed (``tests/test_suite_settings.py`` checks it in the whole-suite run).
 SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_deployment.py::", "deploy"),
+    ("tests/test_docs_commands.py::test_local_deployment", "deploy"),  # a SuperLink + 2 SuperNodes of its own
     ("tests/test_engine_vs_ray.py::", "ray"),
     ("tests/test_ray_cluster.py::", "ray"),  # the examples, a failing run and SecAgg+, on one shared Ray cluster
     ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
+    ("tests/test_docs_commands.py::test_quick_start_ray_simulation", "ray"),  # a private Ray instance of its own
     ("tests/test_secure_deploy.py::", "ray"),  # a cluster of its own
     ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),
     ("tests/test_perf.py::", None),  # the bench smoke tests: child interpreters, no Ray (no --ray) or Flower
@@ -87,6 +89,7 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_faults.py::", None),  # tests/helpers.py::every_method: the non-representative methods of a matrix
     ("tests/test_fuzz_replies.py::", None),
     ("tests/test_legacy.py::", None),
+    ("tests/test_docs_commands.py::", None),  # the docs' commands in-process, mkdocs, the reproduction commands
 )
 
 

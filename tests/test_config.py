@@ -78,8 +78,7 @@ def test_int_is_accepted_for_float_keys():
 
 
 def test_pyproject_config_table_matches_registry():
-    assert configgen.main(["--check", "--pyproject", str(ROOT / "pyproject.toml"), "--readme",
-                           str(ROOT / "README.md")]) == 0
+    assert configgen.main(["--check", "--pyproject", str(ROOT / "pyproject.toml"), "--docs", str(ROOT / "docs")]) == 0
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
     def flat(d, pre=""):

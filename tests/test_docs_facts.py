@@ -1,13 +1,14 @@
 """The facts README.md and docs/**/*.md state that can be checked mechanically are true of the code.
 
 * the model shape the README gives for the default job is the model the task builds;
-* every default in the README's run-config table, and every "`key` (value)" default quoted in its prose, is the code's;
+* every default in docs/run-config.md's table, and every "`key` (value)" default quoted in prose, is the code's;
 * every ``python -m <module>`` the docs name exists, and every repository path they name exists;
 * every dotted name in the project's packages (``flower_strategies.core.client.train_reply``,
   ``simulations.engine.run_inprocess``, …), every ``from flower_strategies import …`` name and every
   ``<PublicClass>.<attribute>`` the docs mention resolves;
-* the default job's test accuracy is the same in the Quick start, the Results table and the methods table;
-* README's tally of the swept reproduction is the committed ``docs/results/swept/summary.md``;
+* the default job's test accuracy is the same in the README's and the docs' quick start, the speed table and the
+  per-method table;
+* the tally of the swept reproduction (README, docs/reproduce.md) is the committed ``docs/results/swept/summary.md``;
 * every method page has a "Readings we chose" section whose flags exist and whose stated defaults are the code's;
 * no file cites the spec document that the repository does not contain.
 
@@ -27,7 +28,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCS = sorted([README, *(ROOT / "docs").rglob("*.md")])
+RUN_CONFIG = ROOT / "docs" / "run-config.md"
+METHODS_PAGE = ROOT / "docs" / "methods" / "index.md"
+DOCS = sorted([README, ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")])
 PACKAGES = ("flower_strategies", "client_app", "server_app", "simulations")
 SPEC = "ALGORITHMS" + ".md"  # split so this file does not cite it
 
@@ -69,8 +72,8 @@ def code_defaults() -> dict:
     return AppConfig.defaults(None)
 
 
-def readme_table_defaults() -> dict:
-    body = text(README).split("<!-- BEGIN GENERATED RUN-CONFIG TABLE -->")[1].split("<!-- END GENERATED")[0]
+def table_defaults() -> dict:
+    body = text(RUN_CONFIG).split("<!-- BEGIN GENERATED RUN-CONFIG TABLE -->")[1].split("<!-- END GENERATED")[0]
     out = {}
     for line in body.splitlines():
         m = re.match(r"\| `([a-z0-9-]+)` \| `([^`]*)` \|", line)
@@ -79,12 +82,12 @@ def readme_table_defaults() -> dict:
     return out
 
 
-def test_readme_run_config_table_defaults_are_the_code_defaults():
-    table, code = readme_table_defaults(), code_defaults()
-    assert table, "no run-config table found in README.md"
+def test_run_config_table_defaults_are_the_code_defaults():
+    table, code = table_defaults(), code_defaults()
+    assert table, "no run-config table found in docs/run-config.md"
     assert set(table) == set(code), f"keys differ: {set(table) ^ set(code)}"
     for key, value in table.items():
-        assert value == code[key] and type(value) is type(code[key]), f"{key}: README {value!r}, code {code[key]!r}"
+        assert value == code[key] and type(value) is type(code[key]), f"{key}: docs {value!r}, code {code[key]!r}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=rel)
@@ -169,13 +172,16 @@ def test_public_api_names_exist(doc):
 # --- the default job's accuracy ------------------------------------------------------------------------------------
 
 def test_default_job_accuracy_agrees_everywhere():
-    body = text(README)
-    quick = re.search(r"The default job reaches a test accuracy of \*\*([0-9.]+)\*\*", body)
+    stated = r"The default job reaches a test accuracy of \*\*([0-9.]+)\*\*"
+    quick = re.search(stated, text(README))
     assert quick, "Quick start no longer states the default job's accuracy"
     acc = quick.group(1)
-    row = next(line for line in body.splitlines() if line.startswith("| default job"))
+    docs_quick = re.search(stated, text(ROOT / "docs" / "quickstart.md"))
+    assert docs_quick and docs_quick.group(1) == acc
+    speed = text(ROOT / "docs" / "results" / "performance.md")
+    row = next(line for line in speed.splitlines() if line.startswith("| default job"))
     assert re.findall(r"test accuracy ([0-9.]+)", row) == [acc], row
-    assert re.search(r"^\| `fedavg` \| – \| ([0-9.]+) \|$", body, re.M).group(1) == acc
+    assert re.search(r"^\| `fedavg` \| – \| ([0-9.]+) \|$", text(METHODS_PAGE), re.M).group(1) == acc
     results = text(ROOT / "docs" / "results" / "README.md")
     for m in re.finditer(r"default job[^|\n]*?test accuracy (?:of )?\**([0-9.]+)", results):
         assert m.group(1) == acc
@@ -186,22 +192,24 @@ def test_default_job_accuracy_agrees_everywhere():
 def test_no_file_cites_the_spec_the_repository_does_not_have():
     assert not (ROOT / SPEC).exists()
     citing = []
-    for top in ("README.md", "pyproject.toml", "docs", *PACKAGES, "tests", "examples"):
+    for top in ("README.md", "CONTRIBUTING.md", "mkdocs.yml", "pyproject.toml", "docs", *PACKAGES, "tests", "examples"):
         p = ROOT / top
         for f in ([p] if p.is_file() else p.rglob("*")):
-            if f.is_file() and f.suffix in (".md", ".py", ".toml", ".txt", ".cfg") and SPEC in text(f):
+            if f.is_file() and f.suffix in (".md", ".py", ".toml", ".txt", ".cfg", ".yml") and SPEC in text(f):
                 citing.append(rel(f))
     assert not citing, f"cite {SPEC}, which the repository does not have: {citing}"
 
 
 # --- method pages: the flags named in "Readings we chose" ----------------------------------------------------------
 
-METHOD_PAGES = sorted((ROOT / "docs" / "methods").glob("*.md"))
+METHOD_PAGES = sorted(p for p in (ROOT / "docs" / "methods").glob("*.md") if p.name != "index.md")
 
 
 def page_methods(page: Path) -> list[str]:
-    """The registry names whose row in README's methods table links to ``page``."""
-    return re.findall(r"^\| `([a-z0-9-]+)`.*\]\(docs/methods/%s\) \|$" % re.escape(page.name), text(README), re.M)
+    """The registry names whose row in docs/methods/index.md's table links to ``page``."""
+    rows = re.findall(r"^\| (`[a-z0-9-]+`(?: / `[a-z0-9-]+`)*) \|.*\]\(%s\) \|$" % re.escape(page.name),
+                      text(METHODS_PAGE), re.M)
+    return [n for cell in rows for n in re.findall(r"`([a-z0-9-]+)`", cell)]
 
 
 def readings_flags(page: Path) -> list[str]:
@@ -223,7 +231,7 @@ def test_method_page_has_readings_and_its_flags_exist(page):
 
     assert re.search(r"^#+ Readings we chose$", text(page), re.M), f"{rel(page)} has no 'Readings we chose' section"
     methods = page_methods(page)
-    assert methods, f"README's methods table does not link {rel(page)}"
+    assert methods, f"docs/methods/index.md's table does not link {rel(page)}"
     keys = set(code_defaults())
     for m in methods:
         keys |= {k.split(".", 1)[1] for k in METHODS[m].defaults()}
@@ -262,11 +270,12 @@ def test_readings_defaults_are_the_code_defaults(page):
         assert checked, f"{rel(page)}: no '`flag` (default)' found in its readings"
 
 
-def test_readme_claim_tally_is_the_committed_swept_summary():
-    flat = re.sub(r"\s+", " ", text(README))
+@pytest.mark.parametrize("doc", [README, ROOT / "docs" / "reproduce.md"], ids=rel)
+def test_claim_tally_is_the_committed_swept_summary(doc):
+    flat = re.sub(r"\s+", " ", text(doc))
     m = re.search(r"of the (\d+) claims checked on digits (\d+) are reproduced, (\d+) go the paper's way within seed "
                   r"noise, (\d+) the other way within noise and (\d+) are not reproduced", flat)
-    assert m, "README no longer states the tally of the swept reproduction"
+    assert m, f"{rel(doc)} no longer states the tally of the swept reproduction"
     total, rep, same, opp, nott = map(int, m.groups())
     tally = dict((k, int(v)) for k, v in re.findall(r"([A-Za-z ,]+?): (\d+)(?:, |\n)",
                                                    text(ROOT / "docs" / "results" / "swept" / "summary.md")

@@ -353,11 +353,13 @@ def test_the_recipe_is_at_most_five_client_lines_and_two_server_lines():
     assert not re.search(r"mimelite|fedda|full_gradient|full_batch", (app / "client_app.py").read_text())
 
 
-def test_readme_method_table_and_config_list_show_client_half_and_client_lr(capsys):
+@pytest.mark.parametrize("doc", ["README.md", "docs/methods/index.md"])
+def test_method_tables_and_config_list_show_client_half_and_client_lr(doc, capsys):
+    """README's short methods table and the docs' full one: every method, with its client half and client lr."""
     from flower_strategies.config import main
 
-    readme = (ROOT / "README.md").read_text()
-    rows = re.findall(r"^\| (`[a-z0-9-]+`(?: / `[a-z0-9-]+`)*) \|[^|]*\|[^|]*\| (yes|no) \| ×([\d.]+) \|", readme, re.M)
+    text = (ROOT / doc).read_text()
+    rows = re.findall(r"^\| (`[a-z0-9-]+`(?: / `[a-z0-9-]+`)*) \|(?:[^|]*\|){1,2} (yes|no) \| ×([\d.]+) \|", text, re.M)
     named = {n: (half, float(lr)) for cell, half, lr in rows for n in re.findall(r"`([a-z0-9-]+)`", cell)}
     assert named == {n: ("yes" if s.needs_client_half else "no", s.client_lr_factor) for n, s in fs.METHODS.items()}
     assert main(["--list"]) == 0
