@@ -95,10 +95,6 @@ IN_PROCESS: dict[str, str] = {
 
 #: Documented commands that the default partitioner cannot run yet (issue 37 item 6: Dirichlet(0.3) cannot split the
 #: 1,437 training digits into 100 partitions).  Strict: the test fails once the partitioner is fixed — then remove it.
-NEEDS_SCALING_PARTITIONER = {
-    """python -m simulations.launch sim --engine vectorized --num-supernodes 100 --run-config "method='scaffold'\"""",
-}
-
 RUN: dict[str, str] = {
     """python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[app]" -c constraints.txt && python -m """
     """simulations.launch sim""": "test_quick_start_ray_simulation",  # the launch; .ci/run does the install
@@ -123,6 +119,8 @@ RUN: dict[str, str] = {
 }
 
 COVERED: dict[str, str] = {
+    "python -m simulations.compare outputs/fedavg-digits-mlp-seed0 outputs/fedadam-digits-mlp-seed0 --out "
+    "outputs/compare": "tests/test_compare.py::test_compare_writes_a_figure_and_a_table_from_run_directories",
     "python -m simulations.convert_data --out data/ --num-partitions 4 --task digits-mlp --partitioner dirichlet "
     "--seed 0": "tests/test_node_data.py::test_converter_command_line",
     """python -m simulations.launch deploy --nodes 4 --node-data data/ --run-config "num-server-rounds=3\"""":
@@ -222,7 +220,6 @@ def test_every_documented_command_has_exactly_one_entry():
         "\n".join(f"  {f}: {c}" for c, f in missing.items())
     stale = sorted(set(entries) - set(docs))
     assert not stale, f"registry entries whose command is no longer in the docs: {stale}"
-    assert NEEDS_SCALING_PARTITIONER <= set(IN_PROCESS)
 
 
 def _test_functions(path: Path) -> set[str]:
@@ -273,11 +270,9 @@ def in_process_argv(command: str, extra: str, out: Path) -> list[str]:
     return args
 
 
-_SCALING = pytest.mark.xfail(strict=True, reason="issue 37 item 6: Dirichlet(0.3) cannot split 1,437 digits 100 ways")
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=[_SCALING] if c in NEEDS_SCALING_PARTITIONER else [])
-                                     for c in sorted(IN_PROCESS)], ids=lambda c: c[:90])
+@pytest.mark.parametrize("command", sorted(IN_PROCESS), ids=lambda c: c[:90])
 def test_documented_run_runs_in_process(command, tmp_path, monkeypatch):
     from simulations.launch.__main__ import main
 
