@@ -76,8 +76,8 @@ class ScreenPolicy:
     max_weight_ratio: float = 0.0
     #: The round's plan (what :func:`.client.num_local_steps` gives a client): K, else E·⌈n/B⌉.
     local_steps: int = 0
-    local_epochs: int = 1
-    batch_size: int = 32
+    local_epochs: int = 5
+    batch_size: int = 16
 
     @classmethod
     def from_settings(cls, settings: Any, weighting: str) -> ScreenPolicy:
