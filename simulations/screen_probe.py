@@ -55,8 +55,11 @@ def _measured(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping[str,
     return cosines
 
 
-S.ScreenPolicy.from_settings = classmethod(_policy)  # type: ignore[method-assign, assignment]
-S.centre_cosines = _measured
+def pytest_configure(config: Any) -> None:
+    """Patch the screen only when pytest loads this module as a plugin (``-p simulations.screen_probe``): importing
+    it (the docs tests import every dotted name the docs mention) changes nothing."""
+    S.ScreenPolicy.from_settings = classmethod(_policy)  # type: ignore[method-assign, assignment]
+    S.centre_cosines = _measured
 
 
 def pytest_runtest_setup(item: Any) -> None:
