@@ -282,31 +282,33 @@ def _warnings(caplog):
 
 
 def test_exploding_training_loss_is_warned_naming_the_learning_rates(caplog):
-    """The rule (flower_strategies.core.rounds.loss_alarm): a round whose mean client train loss exceeds 1.5 × the
-    loss the clients started from, or 10 × the lowest of an earlier round, or a non-finite train loss, is warned
-    with the client lr (and the server lr of methods that have one)."""
+    """The rule (flower_strategies.core.rounds.loss_alarm): in the first round, a mean client train loss above
+    1.5 × the loss the clients started from; in any round, one above 10 × the lowest mean of an earlier round, or a
+    non-finite train loss — warned with the client lr (and the server lr of methods that have one)."""
     set_task_identity()
     s = fs.FedAdam(client_lr=1.0)
-    _round(s, 1, [2.2, 2.1, 2.25], **{"train-loss-first-batch": 2.3})  # healthy: below the starting loss
+    _round(s, 1, [12.0, 11.0, 13.0], **{"train-loss-first-batch": 2.3})  # local steps made the initial model worse
+    (warn,) = _warnings(caplog)
+    assert warn.startswith("Round 1: training is diverging: the clients' mean train loss 12 is 5.22 × the loss "
+                           "they started from (train-loss-first-batch 2.3): local training made the initial model "
+                           "worse. The learning rate is likely too high: client lr 1 (run-config client-lr")
+    assert "server lr 0.01 (fedadam.server-lr)" in warn
+    caplog.clear()
+    _round(s, 2, [2.2, 2.1, 2.25], **{"train-loss-first-batch": 2.3})  # healthy
+    _round(s, 3, [0.6, 0.7, 0.65], **{"train-loss-first-batch": 0.25})  # a rise within a later round: not judged
     assert _warnings(caplog) == []
-    _round(s, 2, [12.0, 11.0, 13.0], **{"train-loss-first-batch": 2.3})  # local steps made the model worse
+    _round(s, 4, [7.0, 6.5, 7.5])  # 10 × the lowest earlier round's mean (0.65)
     (warn,) = _warnings(caplog)
-    assert warn.startswith("Round 2: training is diverging: the clients' mean train loss 12 is 5.22 × the loss "
-                           "they started from (train-loss-first-batch 2.3)")
-    assert "client lr 1 (run-config client-lr" in warn and "server lr 0.01 (fedadam.server-lr)" in warn
+    assert "mean train loss 7 is 10.8 × the lowest of the earlier rounds (0.65)" in warn
     caplog.clear()
-    _round(s, 3, [25.0, 24.0, 26.0])  # no starting loss reported: 10 × the lowest earlier round's mean (2.3 … 2.18)
-    (warn,) = _warnings(caplog)
-    assert "mean train loss 25 is 11.5 × the lowest of the earlier rounds (2.183)" in warn
-    caplog.clear()
-    _round(s, 4, [2.0, float("nan"), 2.1], **{"train-loss-before": 2.5})
+    _round(s, 5, [2.0, float("nan"), 2.1])
     (warn,) = _warnings(caplog)
     assert "1 of 3 clients reported a non-finite train loss" in warn
     caplog.clear()
     plain = fs.FedAvg(client_lr=0.5)
-    _round(plain, 1, [3.0, 3.2, 3.1], **{"train-loss-before": 1.9})
+    _round(plain, 1, [3.0, 3.2, 3.1], **{"train-loss-before": 1.9})  # fedadapt's own app reports loss-before
     (warn,) = _warnings(caplog)
-    assert "train-loss-before 1.9" in warn and "client lr 0.5" in warn and "server lr" in warn  # FedAvg's is 1
+    assert "train-loss-before 1.9" in warn and "client lr 0.5" in warn and "server lr 1 (fedavg.server-lr)" in warn
 
 
 def test_a_diverging_quickstart_run_warns_and_a_sound_one_does_not(caplog, monkeypatch, tmp_path):

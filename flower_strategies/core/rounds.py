@@ -146,10 +146,12 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
     """Why the clients' training looks divergent this round, or ``None`` (the rule, docs/plugin.md):
 
     * a valid reply reports a non-finite ``train-loss``;
-    * the round's mean ``train-loss`` exceeds :data:`LOSS_RISE_RATIO` × the mean loss the clients started from
-      (``train-loss-before``, else ``train-loss-first-batch``): local training made the received model worse;
-    * the round's mean ``train-loss`` exceeds :data:`LOSS_GROWTH_RATIO` × the lowest mean ``train-loss`` (or starting
-      loss) of an ``earlier`` round (the earlier rounds' metric means).
+    * in the run's first round with train losses, the mean ``train-loss`` exceeds :data:`LOSS_RISE_RATIO` × the mean
+      loss the clients started from (``train-loss-before``, else ``train-loss-first-batch``): local training made the
+      initial model worse.  Only there: later, a well-trained model's starting loss is small and noisy, and some
+      local optimizers (e.g. Fed-LAMB's) raise it within a round and still converge;
+    * the round's mean ``train-loss`` exceeds :data:`LOSS_GROWTH_RATIO` × the lowest mean ``train-loss`` of an
+      ``earlier`` round (the earlier rounds' metric means).
 
     ``round_mean``: the round's metric means (:func:`mean_reply_metrics`: non-finite values and outliers left out)."""
     bad = [m for m in reply_metrics if R.TRAIN_LOSS in m and not _finite(m[R.TRAIN_LOSS])]
@@ -158,14 +160,14 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
     if not _finite(round_mean.get(R.TRAIN_LOSS)):
         return None
     mean = float(round_mean[R.TRAIN_LOSS])
-    for key in (R.TRAIN_LOSS_BEFORE, FIRST_BATCH_LOSS):
-        start = float(round_mean[key]) if _finite(round_mean.get(key)) else 0.0
-        if start > 0 and mean > LOSS_RISE_RATIO * start:
-            return (f"the clients' mean train loss {mean:.4g} is {mean / start:.3g} × the loss they started from "
-                    f"({key} {start:.4g}): local training made the received model worse")
-    lows = [float(m[k]) for m in earlier for k in (R.TRAIN_LOSS, R.TRAIN_LOSS_BEFORE, FIRST_BATCH_LOSS)
-            if _finite(m.get(k)) and float(m[k]) > 0]
-    if lows and mean > LOSS_GROWTH_RATIO * min(lows):
+    lows = [float(m[R.TRAIN_LOSS]) for m in earlier if _finite(m.get(R.TRAIN_LOSS)) and float(m[R.TRAIN_LOSS]) > 0]
+    if not lows:
+        for key in (R.TRAIN_LOSS_BEFORE, FIRST_BATCH_LOSS):
+            start = float(round_mean[key]) if _finite(round_mean.get(key)) else 0.0
+            if start > 0 and mean > LOSS_RISE_RATIO * start:
+                return (f"the clients' mean train loss {mean:.4g} is {mean / start:.3g} × the loss they started "
+                        f"from ({key} {start:.4g}): local training made the initial model worse")
+    elif mean > LOSS_GROWTH_RATIO * min(lows):
         return (f"the clients' mean train loss {mean:.4g} is {mean / min(lows):.3g} × the lowest of the earlier "
                 f"rounds ({min(lows):.4g})")
     return None
