@@ -357,3 +357,26 @@ def test_the_docs_legacy_server_snippet_runs_with_the_legacy_twin(monkeypatch):
     start_grid(grid=LoopbackGrid(legacy_client.app, 2, cfg), strategy=strategy, config=parts.config)
     assert len(evaluations) == 2 and set(evaluations[-1][1]) == {"accuracy"}
     assert evaluations[-1][1]["accuracy"] > 0.5
+
+
+def test_the_reply_carries_the_received_models_first_batch_loss_only_on_the_loader_path():
+    """rnd.reply adds train-loss-first-batch (the received model's loss on the first batch rnd.loader yielded, on a
+    copy: the trained model is untouched) when the loop iterated rnd.loader and gave train_loss; not otherwise."""
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(24, 8, generator=gen), torch.randint(0, 4, (24,), generator=gen)
+    model = Flat()
+    with torch.no_grad():
+        want = float(torch.nn.functional.cross_entropy(model(x[:8]), y[:8]))
+    content = _content("fedavg", model, batch_size=8)
+    rnd = fs.ClientRound(content, None, DictLoader(x, y, 8), torch.nn.functional.cross_entropy)
+    loss, _ = _quickstart_loop(model, rnd.loader, 1, 0.5)
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = rnd.reply(model, None, train_loss=loss)["metrics"]
+    assert metrics["train-loss-first-batch"] == pytest.approx(want, rel=1e-6)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in trained.items())
+    assert "train-loss-first-batch" not in rnd.reply(model, None)["metrics"]  # no train loss: nothing to compare
+    own = fs.ClientRound(content, None, DictLoader(x, y, 8), torch.nn.functional.cross_entropy)
+    list(own.batches())  # the app's own pass, not rnd.loader
+    assert "train-loss-first-batch" not in own.reply(Flat(), None, train_loss=1.0)["metrics"]
+    reply = fs.train_reply(Flat(), content, x, y, torch.nn.functional.cross_entropy)  # fedadapt's own loop
+    assert "train-loss-first-batch" not in reply["metrics"] and "train-loss-before" in reply["metrics"]

@@ -464,7 +464,7 @@ class ClientRound:
             start = copy.deepcopy(model)
             self.load_model(start)
             return mean_loss(start, [first], self.loss_fn, self.unpack)
-        except (TypeError, ValueError, RuntimeError, KeyError):
+        except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, copy.Error):
             return None
 
     def _check_steps(self, optimizer: LocalOptimizer | None) -> int:
