@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
             half = "yes" if spec.needs_client_half else "no"
             print(f"{name:18s} {half:11s} ×{spec.client_lr_factor:<8g} {spec.summary}")
         print("\nclient half: yes = your ClientApp must run the method's local optimizer (ClientRound);\n"
-              "client lr: where to start, as a multiple of your app's own SGD learning rate (measured on the "
-              "example app).")
+              "client lr: where to start, as a multiple of your app's own SGD learning rate (measured on a "
+              "quickstart-pytorch-shaped app: docs/results/plugin-factors.md).")
         return 0
     try:
         print(config_lines(args.method))

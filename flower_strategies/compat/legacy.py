@@ -17,9 +17,10 @@ method's round config (``method``, ``client-lr``, …), exactly as in the Messag
 from __future__ import annotations
 
 import json
+import numbers
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from logging import ERROR, INFO, WARNING
 from typing import Any, cast
 
@@ -51,8 +52,16 @@ from ..core.rounds import mean_reply_metrics
 from ..core.strategy import FedAdaptStrategy
 
 LAYOUT = "fedadapt.layout"
-#: Your training function for :class:`FedAdaptNumPyClient`: ``train(model, loader, lr, optimizer) -> train loss``.
-TrainFn = Callable[[nn.Module, Iterable[Any], float, "torch.optim.Optimizer | None"], "float | None"]
+#: Your training function for :class:`FedAdaptNumPyClient`: ``train(model, loader, lr, optimizer) -> result``, the
+#: result read by :func:`train_result` (``None``, the train loss, or a dict of the loss and other metrics).
+TrainFn = Callable[[nn.Module, Iterable[Any], float, "torch.optim.Optimizer | None"], Any]
+#: Keys of a ``train`` result dict read as the train loss, in this order (the first present one).
+LOSS_KEYS = ("train_loss", "train-loss", "loss")
+TRAIN_CONTRACT = (
+    "FedAdaptNumPyClient(train=...) must return None, the train loss (a number), or a dict of numbers whose "
+    f"'{LOSS_KEYS[0]}' (else '{LOSS_KEYS[1]}', else '{LOSS_KEYS[2]}') entry is the train loss and whose other entries "
+    "are reply metrics"
+)
 #: ``FitRes.metrics`` key naming the method whose client half produced the reply (the Message API's marker).
 METHOD_KEY = "fedadapt.method"
 
@@ -85,14 +94,51 @@ def _scalars(record: ConfigRecord | MetricRecord) -> dict[str, Scalar]:
 
 
 # ------------------------------------------------------------------------------------------ client
+def _number(value: Any) -> float | None:
+    """``value`` as a float when it is a real number (not a bool) or a one-element tensor/array, else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool:
+        return float(value.item())
+    if isinstance(value, np.ndarray) and value.size == 1 and np.isrealobj(value) and value.dtype != np.bool_:
+        return float(value.item())
+    return None
+
+
+def train_result(result: Any) -> tuple[float | None, dict[str, float]]:
+    """``(train loss, other metrics)`` of what your ``train`` returned (:data:`TRAIN_CONTRACT`): ``None`` → no loss;
+    a number → the loss; a dict → its ``train_loss`` (else ``train-loss``, else ``loss``) entry is the loss and every
+    other entry a reply metric (numbers only, e.g. Flower quickstart's ``{"train_loss": 0.41}``); anything else raises
+    a ``TypeError`` naming the contract."""
+    if result is None:
+        return None, {}
+    loss = _number(result)
+    if loss is not None:
+        return loss, {}
+    if isinstance(result, Mapping):
+        for k, v in result.items():
+            if not isinstance(k, str) or _number(v) is None:
+                raise TypeError(f"{TRAIN_CONTRACT}; got a dict whose {k!r} entry is a {type(v).__name__}")
+        values = {k: float(_number(v)) for k, v in result.items()}  # type: ignore[arg-type]
+        key = next((k for k in LOSS_KEYS if k in values), None)
+        return (None if key is None else values.pop(key)), values
+    raise TypeError(f"{TRAIN_CONTRACT}; got {type(result).__name__}")
+
+
 class FedAdaptNumPyClient(NumPyClient):
     """A ``NumPyClient`` that runs whatever fedadapt method the server's config names.
 
     ``FedAdaptNumPyClient(model, trainloader, loss_fn, train=...)``: your DataLoader and your training function
-    ``train(model, loader, lr, optimizer) -> train loss`` run the round, exactly as :class:`ClientRound` does in a
-    Message-API app (``loader`` is :attr:`ClientRound.loader`: the round's planned batches; ``optimizer`` is the
-    method's local optimizer, or ``None`` for a method without a client half — then train with your own, e.g. SGD
-    with momentum, at ``lr``).  Without ``train``, fedadapt's own loop runs on the loader (:func:`train_reply`).
+    ``train(model, loader, lr, optimizer)`` run the round, exactly as :class:`ClientRound` does in a Message-API app
+    (``loader`` is :attr:`ClientRound.loader`: the round's planned batches, ``len(loader)`` of them; ``optimizer`` is
+    the method's local optimizer, or ``None`` for a method without a client half — then train with your own, e.g.
+    SGD with momentum, at ``lr``).  ``train`` returns ``None``, the train loss (a number), or a dict of numbers
+    whose ``"train_loss"`` (else ``"train-loss"``, else ``"loss"``) entry is the train loss and whose other entries
+    go into the reply's metrics (Flower quickstart's ``{"train_loss": ...}`` works as it is); anything else is a
+    ``TypeError`` naming this contract (:func:`train_result`).  Without ``train``, fedadapt's own loop runs on the
+    loader (:func:`train_reply`).
     ``FedAdaptNumPyClient(model, x, y, loss_fn)``: whole-partition tensors (seeded mini-batches, :func:`train_reply`).
 
     ``state`` should be the node's ``context.state`` (pass it from your ``client_fn``) so that methods with persistent
@@ -130,8 +176,8 @@ class FedAdaptNumPyClient(NumPyClient):
             rnd = ClientRound(content, self.state, self.data, self.loss_fn, seed=self.seed, client_key=self.client_key)
             rnd.load_model(self.model)
             opt = rnd.optimizer(self.model) if rnd.needs_client_half else None
-            loss = self.train(self.model, rnd.loader, rnd.lr, opt)
-            reply = rnd.reply(self.model, opt, train_loss=None if loss is None else float(loss))
+            loss, extra = train_result(self.train(self.model, rnd.loader, rnd.lr, opt))
+            reply = rnd.reply(self.model, opt, train_loss=loss, metrics=extra)
         arrays, layout = pack({name: R.to_numpy(rec) for name, rec in reply.array_records.items()})
         metrics = _scalars(reply.metric_records[R.METRICS])
         metrics[LAYOUT] = layout
@@ -147,6 +193,8 @@ class FedAdaptNumPyClient(NumPyClient):
 
 
 # ------------------------------------------------------------------------------------------ server
+#: Flower's legacy metrics aggregation: ``fn([(num_examples, metrics), …]) -> metrics``.
+MetricsAggregationFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
 #: Central evaluation ``(server_round, {key: ndarray}) -> (loss, metrics)`` or ``None``.
 EvaluateFn = Callable[[int, dict[str, np.ndarray]], tuple[float, dict[str, Scalar]] | None]
 
@@ -159,9 +207,14 @@ class LegacyStrategy(LegacyBase):
     strategy
         Any :class:`FedAdaptStrategy` (its sampling settings, seed and hyper-parameters apply unchanged).
     initial_arrays
-        The initial global model as ``{state_dict key: ndarray}`` (its key order is the parameter order).
+        The initial global model as ``{state_dict key: ndarray or tensor}``, e.g. ``net.state_dict()`` (its key
+        order is the parameter order).
     evaluate_fn
         Optional central evaluation ``(server_round, {key: ndarray}) -> (loss, metrics)``.
+    evaluate_metrics_aggregation_fn
+        Optional, as in Flower's legacy ``FedAvg``: ``fn([(num_examples, metrics), …]) -> metrics`` aggregates the
+        clients' evaluation metrics (default: example-weighted means of the numeric ones, non-finite values left
+        out).  The loss is always the example-weighted mean.
     num_rounds
         The run's number of rounds (the legacy API keeps it in ``ServerConfig``, out of the strategy's sight); pass it
         for methods with round-dependent schedules (e.g. FedDA's full-batch phase in the last rounds), and for the
@@ -173,15 +226,18 @@ class LegacyStrategy(LegacyBase):
     no round of the run updated the model.
     """
 
-    def __init__(self, strategy: FedAdaptStrategy, initial_arrays: dict[str, np.ndarray],
+    def __init__(self, strategy: FedAdaptStrategy, initial_arrays: Mapping[str, Any],
                  evaluate_fn: EvaluateFn | None = None,
-                 num_rounds: int | None = None) -> None:
+                 num_rounds: int | None = None,
+                 evaluate_metrics_aggregation_fn: MetricsAggregationFn | None = None) -> None:
         self.inner = strategy
         if num_rounds is not None:
             strategy.num_rounds = int(num_rounds)
         self.keys = list(initial_arrays)
-        self.initial = {k: np.asarray(v) for k, v in initial_arrays.items()}
+        self.initial = {k: v.detach().cpu().numpy() if isinstance(v, Tensor) else np.asarray(v)
+                        for k, v in initial_arrays.items()}
         self.evaluate_fn = evaluate_fn
+        self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn
 
     def __repr__(self) -> str:
         return f"LegacyStrategy({type(self.inner).__name__})"
@@ -241,14 +297,32 @@ class LegacyStrategy(LegacyBase):
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
-        """Example-weighted mean loss and metrics of the clients' evaluations (non-finite values left out)."""
-        rows = [{**{k: v for k, v in (res.metrics or {}).items() if isinstance(v, (int, float))},
-                 "loss": float(res.loss), R.NUM_EXAMPLES: float(res.num_examples)}
-                for _, res in results if res.num_examples > 0]
-        if not rows:
+        """Example-weighted mean loss and metrics of the clients' evaluations (non-finite values left out), or
+        ``evaluate_metrics_aggregation_fn([(num_examples, metrics), …])`` for the metrics when given.  Flower's
+        legacy server logs the count of results and failures; this logs the failures' reasons (grouped) and warns
+        when no client evaluation came back with ``num_examples`` > 0."""
+        reasons: dict[str, int] = {}
+        for fail in failures:
+            reason = repr(fail) if isinstance(fail, BaseException) else str(getattr(fail[1], "status", fail[1]))
+            reasons[reason[:300]] = reasons.get(reason[:300], 0) + 1
+        for reason, count in reasons.items():
+            log(INFO, "\t> %d evaluate failure%s: %s", count, "s" if count > 1 else "", reason)
+        usable = [(proxy, res) for proxy, res in results if res.num_examples > 0]
+        if not usable:
+            if results or failures:
+                why = (f"all {len(failures)} client evaluations failed" if not results else
+                       f"{len(results)} client evaluation(s) reported num_examples = 0: evaluate_fn must return "
+                       "(loss, num_examples > 0, metrics)")
+                log(WARNING, "Round %d: no client-side evaluate metrics: %s", server_round, why)
             return None, {}
+        rows = [{**{k: v for k, v in (res.metrics or {}).items() if isinstance(v, (int, float))},
+                 "loss": float(res.loss), R.NUM_EXAMPLES: float(res.num_examples)} for _, res in usable]
         mean: dict[str, Any] = mean_reply_metrics(rows)
-        return mean.pop("loss", None), mean
+        loss = mean.pop("loss", None)
+        if self.evaluate_metrics_aggregation_fn is not None:
+            return loss, dict(self.evaluate_metrics_aggregation_fn([(res.num_examples, res.metrics)
+                                                                    for _, res in usable]))
+        return loss, mean
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """Central evaluation (``evaluate_fn``), then the run-failure policy (:mod:`flower_strategies.core.policy`),

@@ -26,6 +26,7 @@ the server-owned hyper-parameters in the same ConfigRecord.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import warnings
@@ -40,6 +41,7 @@ from torch import Tensor, nn
 from . import records as R
 from .local import LocalOptimizer, SGDOptimizer
 from .privacy import guard_reply
+from .rounds import FIRST_BATCH_LOSS
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 Batch = tuple[Tensor, Tensor]
@@ -440,11 +442,30 @@ class ClientRound:
             ours[R.TRAIN_LOSS] = float(train_loss)
         if train_loss_before is not None:
             ours[R.TRAIN_LOSS_BEFORE] = float(train_loss_before)
+        elif train_loss is not None:
+            start = self._first_batch_loss(model)
+            if start is not None:
+                ours[FIRST_BATCH_LOSS] = start
         info = guard_reply(self.method, reply, self.config)  # Flower's DP mods (core/privacy.py); array records only
         # the caller's metrics are type-checked by Flower; the values built here are an int, floats and a str
         reply[R.METRICS] = R.filled(MetricRecord(dict(metrics)) if metrics else MetricRecord(), ours.items())
         reply[R.REPLY_INFO] = R.filled(ConfigRecord(), [(R.METHOD, self.method), *info])
         return R.filled(RecordDict(), reply.items())
+
+    def _first_batch_loss(self, model: nn.Module) -> float | None:
+        """The received model's loss on the first batch :attr:`loader` yielded (a copy of ``model`` holding x_t; one
+        forward pass): the server's reference for a training loss that explodes (:func:`.rounds.loss_alarm`) where
+        no ``train-loss-before`` is reported.  ``None`` when the loop did not iterate :attr:`loader`, no loss was
+        given, or the batch cannot be read by ``unpack`` (a diagnostic only: the reply goes out without it)."""
+        first = None if self._round_loader is None else self._round_loader.first
+        if first is None or self.loss_fn is None:
+            return None
+        try:
+            start = copy.deepcopy(model)
+            self.load_model(start)
+            return mean_loss(start, [first], self.loss_fn, self.unpack)
+        except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, copy.Error):
+            return None
 
     def _check_steps(self, optimizer: LocalOptimizer | None) -> int:
         """The steps taken; raises when the round's plan was not followed where the method depends on it."""
@@ -527,15 +548,32 @@ def concat_batches(items: list[Any], method: str = "the method") -> Any:
 
 class RoundLoader:
     """:attr:`ClientRound.loader`: the first pass yields the round's batches (:meth:`ClientRound.batches`), later
-    passes nothing; attributes other than iteration are the wrapped loader's (``.dataset``, ``.batch_size``, …)."""
+    passes nothing; ``len()`` is the number of batches the round iterates (its planned steps: ``local-steps``, else
+    ``local-epochs``·⌈n/``batch-size``⌉; 1 in a full-batch round), so a loop that divides its summed loss by
+    ``len(trainloader)`` reports the mean loss per step; attributes other than iteration are the wrapped loader's
+    (``.dataset``, ``.batch_size``, …)."""
 
     def __init__(self, rnd: ClientRound, loader: Iterable[Any]) -> None:
         self._round, self._loader, self._passes = rnd, loader, 0
 
+    #: The first batch the round yielded (its loss at the received model is the reply's train-loss-first-batch).
+    first: Any = None
+
     def __iter__(self) -> Iterator[Any]:
         self._passes += 1
         if self._passes == 1:
-            yield from self._round.batches(self._loader)
+            for item in self._round.batches(self._loader):
+                if self.first is None:
+                    self.first = item
+                yield item
+
+    def __len__(self) -> int:
+        if self._round.full_batch:
+            return 1
+        if not isinstance(self._loader, TensorPartition) and getattr(self._loader, "dataset", None) is None:
+            raise TypeError("len(ClientRound.loader) counts the round's planned steps from len(loader.dataset), and "
+                            "this loader has no .dataset")
+        return self._round.num_steps(num_examples_of(self._loader))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # private and dunder names are this wrapper's (copy/pickle probe them)

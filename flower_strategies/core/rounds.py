@@ -27,6 +27,14 @@ METRIC_OUTLIER_RATIO = 1e3
 #: Reply metrics that are identifiers or weights, not quantities to average.
 NOT_AVERAGED = frozenset({R.NUM_EXAMPLES, "partition-id", "num-partitions", "node-id"})
 
+#: Reply metric of the plug-in path (:class:`~.client.ClientRound` with its ``loader``): the received model's loss on
+#: the round's first batch, the reference of :func:`loss_alarm` where no ``train-loss-before`` is reported.
+FIRST_BATCH_LOSS = "train-loss-first-batch"
+#: :func:`loss_alarm`: a round's mean train loss above this multiple of the loss the clients started from.
+LOSS_RISE_RATIO = 1.5
+#: :func:`loss_alarm`: a round's mean train loss above this multiple of the lowest mean of an earlier round.
+LOSS_GROWTH_RATIO = 10.0
+
 #: Server state: named arrays (``{key: ndarray}``) or JSON-able scalars/lists, by name.
 ServerState = dict[str, Any]
 
@@ -131,6 +139,38 @@ def mean_reply_metrics(reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, 
             out[key] = mean
     out[R.NUM_EXAMPLES] = float(sum(float(m[R.NUM_EXAMPLES]) for m in usable))
     return out
+
+
+def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[str, Any],
+               earlier: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the clients' training looks divergent this round, or ``None`` (the rule, docs/plugin.md):
+
+    * a valid reply reports a non-finite ``train-loss``;
+    * in the run's first round with train losses, the mean ``train-loss`` exceeds :data:`LOSS_RISE_RATIO` × the mean
+      loss the clients started from (``train-loss-before``, else ``train-loss-first-batch``): local training made the
+      initial model worse.  Only there: later, a well-trained model's starting loss is small and noisy, and some
+      local optimizers (e.g. Fed-LAMB's) raise it within a round and still converge;
+    * the round's mean ``train-loss`` exceeds :data:`LOSS_GROWTH_RATIO` × the lowest mean ``train-loss`` of an
+      ``earlier`` round (the earlier rounds' metric means).
+
+    ``round_mean``: the round's metric means (:func:`mean_reply_metrics`: non-finite values and outliers left out)."""
+    bad = [m for m in reply_metrics if R.TRAIN_LOSS in m and not _finite(m[R.TRAIN_LOSS])]
+    if bad:
+        return f"{len(bad)} of {len(reply_metrics)} clients reported a non-finite train loss"
+    if not _finite(round_mean.get(R.TRAIN_LOSS)):
+        return None
+    mean = float(round_mean[R.TRAIN_LOSS])
+    lows = [float(m[R.TRAIN_LOSS]) for m in earlier if _finite(m.get(R.TRAIN_LOSS)) and float(m[R.TRAIN_LOSS]) > 0]
+    if not lows:
+        for key in (R.TRAIN_LOSS_BEFORE, FIRST_BATCH_LOSS):
+            start = float(round_mean[key]) if _finite(round_mean.get(key)) else 0.0
+            if start > 0 and mean > LOSS_RISE_RATIO * start:
+                return (f"the clients' mean train loss {mean:.4g} is {mean / start:.3g} × the loss they started "
+                        f"from ({key} {start:.4g}): local training made the initial model worse")
+    elif mean > LOSS_GROWTH_RATIO * min(lows):
+        return (f"the clients' mean train loss {mean:.4g} is {mean / min(lows):.3g} × the lowest of the earlier "
+                f"rounds ({min(lows):.4g})")
+    return None
 
 
 def nonfinite_state(state: Mapping[str, Any]) -> str | None:

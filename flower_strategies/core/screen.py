@@ -183,10 +183,14 @@ class ReplyScreen:
             kept.append((msg, parsed))
         if replies and missing_half == len(replies):
             raise ClientHalfMissing(
-                f"every reply of round {server_round} lacks the client half of method '{self.method}' "
-                f"(e.g. the ClientApp trains with its own optimizer). Fix: build the reply with "
-                f"flower_strategies.train_reply(...) or flower_strategies.ClientRound(...) in @app.train() "
-                f"(legacy apps: FedAdaptNumPyClient); see the README section 'Use fedadapt in your own Flower app'."
+                f"every reply of round {server_round} lacks the client half of method '{self.method}' (the ClientApp "
+                f"returned its own reply, without fedadapt's records, or trained with its own optimizer). Fix: build "
+                f"the reply with rnd.reply(...): in @app.train(), rnd = flower_strategies.ClientRound(msg.content, "
+                f"context.state, trainloader, loss_fn); opt = rnd.optimizer(model) if rnd.needs_client_half else "
+                f"None; train over rnd.loader with opt; return Message(rnd.reply(model, opt, train_loss=loss), "
+                f"reply_to=msg) — if your app already builds a ClientRound, return rnd.reply(...)'s content, not a "
+                f"RecordDict of your own. Or build the reply with flower_strategies.train_reply(...) (legacy apps: "
+                f"FedAdaptNumPyClient); see the README section 'Use fedadapt in your own Flower app'."
             )
         weights, aggregates, norms = self._fold(kept, measure=True)
         survivors = [j for j in range(len(kept)) if self._norm_ok(out, server_round, kept[j], [n[j] for n in norms])]

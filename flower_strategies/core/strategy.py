@@ -43,7 +43,8 @@ from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nb
 from .policy import run_checked
 from .privacy import privatize, refuse_flower_dp
 from .robust import TooFewReplies, byzantine_count, check_replies
-from .rounds import RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, mean_reply_metrics, weighted_mean
+from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
+                     weighted_mean)
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
 from .validation import RecordSpec
@@ -328,6 +329,7 @@ class FedAdaptStrategy(Strategy):
         metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
                                        "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped,
                                        "updates-clipped": screened.updates_clipped}
+        self._warn_divergence(server_round, reply_metrics, metrics_out, screened.rejections)
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
@@ -339,6 +341,23 @@ class FedAdaptStrategy(Strategy):
             rlog.updated = new_arrays is not None
         self.rounds.close(rlog, metrics_out)
         return new_arrays, MetricRecord(metrics_out)
+
+    def _warn_divergence(self, server_round: int, reply_metrics: list[dict[str, Any]], means: Mapping[str, Any],
+                         rejections: list[str]) -> None:
+        """A warning naming the learning rates when the clients' training loss explodes (:func:`.rounds.loss_alarm`)
+        or replies were rejected for NaN/Inf values: a run that goes on would otherwise "complete" at chance."""
+        why = loss_alarm(reply_metrics, means, [h.train_metrics for h in self.history])
+        nonfinite = [r for r in rejections if "NaN" in r or "Inf" in r or "non-finite" in r]
+        if why is None and nonfinite:
+            why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
+        if why is None:
+            return
+        lrs = f"client lr {self.client_lr_at(server_round):g} (run-config client-lr, or your app's name for it)"
+        server_lr = getattr(self.hparams, "server_lr", None)
+        if isinstance(server_lr, (int, float)):
+            lrs += f", server lr {server_lr:g} ({self.method}.server-lr)"
+        log(WARNING, "Round %d: training is diverging: %s. The learning rate is likely too high: %s; try it ÷10 "
+            "(docs/plugin.md: client-lr factors)", server_round, why, lrs)
 
     def _update(
         self, server_round: int, aggregates: dict[str, NamedArrays], reply_metrics: list[dict[str, Any]]
@@ -380,7 +399,48 @@ class FedAdaptStrategy(Strategy):
         return [Message(content, n, MessageType.EVALUATE) for n in node_ids]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        found = (R.get(m.content, R.METRICS, MetricRecord) for m in replies if not m.has_error())
-        usable: list[dict[str, Any]] = [dict(rec) for rec in found if rec is not None]
-        usable = [m for m in usable if isinstance(m.get(R.NUM_EXAMPLES), (int, float)) and m[R.NUM_EXAMPLES] > 0]
+        """Example-weighted means of the clients' evaluation metrics (each reply's ``"metrics"`` MetricRecord, or its
+        only MetricRecord, with ``num-examples`` > 0).  Logs, as Flower's own strategies do, how many replies came
+        back and failed (the failures' reasons, grouped), and warns when no reply carried usable metrics."""
+        replies = list(replies)
+        failed = [m for m in replies if m.has_error()]
+        log(INFO, "aggregate_evaluate: Received %d results and %d failures", len(replies) - len(failed), len(failed))
+        for line in failure_summary(failed):
+            log(INFO, "\t> %s", line)
+        usable: list[dict[str, Any]] = []
+        for m in replies:
+            rec = None if m.has_error() else evaluate_metrics(m.content)
+            n = None if rec is None else rec.get(R.NUM_EXAMPLES)
+            if rec is not None and isinstance(n, (int, float)) and n > 0:
+                usable.append(dict(rec))
+        if replies and not usable:
+            if len(failed) == len(replies):
+                why = f"all {len(failed)} client evaluations failed ({failure_summary(failed)[0]})"
+            else:
+                why = (f"{len(replies) - len(failed)} client evaluation reply(ies) carried no usable metrics: "
+                       f"@app.evaluate() must reply with a MetricRecord under "
+                       f"'{R.METRICS}' holding '{R.NUM_EXAMPLES}' > 0, e.g. RecordDict({{'{R.METRICS}': "
+                       f"MetricRecord({{'eval_acc': acc, '{R.NUM_EXAMPLES}': n}})}})")
+            log(WARNING, "Round %d: no client-side evaluate metrics: %s", server_round, why)
         return MetricRecord({**mean_reply_metrics(usable)}) if usable else None
+
+
+def evaluate_metrics(content: RecordDict) -> MetricRecord | None:
+    """An evaluate reply's metrics: its ``"metrics"`` MetricRecord, else its only MetricRecord, else ``None``."""
+    rec = R.get(content, R.METRICS, MetricRecord)
+    if rec is not None:
+        return rec
+    found = [r for _, r in R.of_type(content, MetricRecord)]
+    return found[0] if len(found) == 1 else None
+
+
+def failure_summary(failed: Iterable[Message], width: int = 300) -> list[str]:
+    """One line per distinct error reason of ``failed`` replies: how many, from which nodes, the reason (its first
+    ``width`` characters)."""
+    by_reason: dict[str, list[int]] = {}
+    for m in failed:
+        reason = " ".join(str(m.error.reason).split())
+        by_reason.setdefault(reason[:width] + ("…" if len(reason) > width else ""), []).append(m.metadata.src_node_id)
+    return [f"{len(nodes)} failure{'s' if len(nodes) > 1 else ''} from node{'s' if len(nodes) > 1 else ''} "
+            f"{', '.join(map(str, nodes[:8]))}{', …' if len(nodes) > 8 else ''}: {reason}"
+            for reason, nodes in by_reason.items()]
