@@ -110,7 +110,7 @@ def test_len_of_the_round_loader_in_full_batch_steps_and_tensor_rounds():
     assert full.full_batch and len(full.loader) == 1 == len(list(full.loader))
     steps = fs.ClientRound(_content("fedavg", model, local_steps=7, batch_size=8), None, DictLoader(x, y, 8))
     assert len(steps.loader) == 7 == len(list(steps.loader))
-    tensors = fs.ClientRound(_content("fedavg", model, batch_size=8), None, TensorPartition(x, y))
+    tensors = fs.ClientRound(_content("fedavg", model, batch_size=8, local_epochs=1), None, TensorPartition(x, y))
     assert len(tensors.loader) == 4 == len(list(tensors.loader))
     assert isinstance(tensors.loader, RoundLoader)
     with pytest.raises(TypeError, match=r"len\(ClientRound.loader\) .* no \.dataset"):
@@ -166,7 +166,8 @@ def test_legacy_client_accepts_the_quickstart_dict_and_the_server_snippet_runs(m
     client = fs.FedAdaptNumPyClient(Flat(), DictLoader(x, y, 8), torch.nn.functional.cross_entropy,
                                     state=RecordDict(), train=train, evaluate_fn=evaluate)
     seen = []
-    legacy = LegacyStrategy(fs.get_method("fedlada").build(batch_size=8), Flat().state_dict(), num_rounds=2,
+    legacy = LegacyStrategy(fs.get_method("fedlada").build(batch_size=8, local_epochs=1), Flat().state_dict(),
+                            num_rounds=2,
                             evaluate_metrics_aggregation_fn=lambda pairs: seen.append(pairs) or {"acc": 1.0})
     assert all(isinstance(v, np.ndarray) for v in legacy.initial.values())
     from flwr.common import parameters_to_ndarrays
