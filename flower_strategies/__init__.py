@@ -1,7 +1,7 @@
 """fedadapt: adaptive federated optimization methods as Flower strategies + their client-side local optimizers.
 
 Everything a user imports is exported here; :data:`METHODS` maps each registry name to its strategy class,
-local optimizer and hyper-parameters.  See the README for the list of methods and docs/architecture.md for
+local optimizer and hyper-parameters.  See docs/methods/index.md for the list of methods and docs/architecture.md for
 the layout (``core`` / ``methods`` / ``compat`` / ``analysis``).
 """
 

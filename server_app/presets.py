@@ -13,8 +13,8 @@ ServerApp applies them with :func:`apply` before it builds the strategy:
 
 How the values were found: a short grid per method with the in-process engine on the default job (seed 0,
 10 rounds), picking the highest final test accuracy, then checked on seed 1 (``docs/results/presets.md`` lists each
-grid's outcome; the README's "Default job per method" table lists what the presets reach).  A method absent from
-the task's table, or with ``{}``, learns at the app's defaults.
+grid's outcome; docs/methods/index.md's "Every method on the default job" table lists what the presets reach).
+A method absent from the task's table, or with ``{}``, learns at the app's defaults.
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ class ReplyScreen:
                 f"None; train over rnd.loader with opt; return Message(rnd.reply(model, opt, train_loss=loss), "
                 f"reply_to=msg) — if your app already builds a ClientRound, return rnd.reply(...)'s content, not a "
                 f"RecordDict of your own. Or build the reply with flower_strategies.train_reply(...) (legacy apps: "
-                f"FedAdaptNumPyClient); see the README section 'Use fedadapt in your own Flower app'."
+                f"FedAdaptNumPyClient); see docs/plugin.md ('Use fedadapt in your own Flower app')."
             )
         weights, aggregates, norms = self._fold(kept, measure=True)
         survivors = [j for j in range(len(kept)) if self._norm_ok(out, server_round, kept[j], [n[j] for n in norms])]
