@@ -122,14 +122,13 @@ def test_a_run_that_stops_training_fails_after_max_idle_rounds(tmp_path):
 
 @pytest.mark.slow  # an end-to-end run: the full suite runs it
 def test_every_client_failing_stops_the_run_with_their_error(tmp_path):
-    # 10 of the 100 nodes sampled: every sampled client fails the same way (the split is the same for all 100), and
-    # each failing client retries the Dirichlet split (~0.1 CPU-s): 100 of them made this the suite's slowest
-    # in-process test without checking anything more
+    # 10 of 2,000 nodes sampled: more partitions than the 1,437 training examples, which no partitioner (nor its
+    # fallbacks) can split, so every sampled client fails the same way
     cfg = {**BASE, "output-dir": str(tmp_path), "run-name": "p", "task": "digits-mlp", "partitioner": "dirichlet",
-           "num-server-rounds": 3, "fraction-train": 0.1}
+           "num-server-rounds": 3, "fraction-train": 0.005}
     with pytest.raises(RunFailed,
-                       match="cannot split 1437 training examples into 100 'dirichlet' partitions.*dirichlet-alpha"):
-        run_inprocess(cfg, 100)
+                       match="cannot split 1437 training examples into 2000 'dirichlet' partitions.*dirichlet-alpha"):
+        run_inprocess(cfg, 2000)
 
 
 def test_client_side_evaluation_when_requested(tmp_path):
