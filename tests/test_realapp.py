@@ -306,6 +306,15 @@ def test_exploding_training_loss_is_warned_naming_the_learning_rates(caplog):
     (warn,) = _warnings(caplog)
     assert "1 of 3 clients reported a non-finite train loss" in warn
     caplog.clear()
+    from tests.helpers import NodesGrid, config, record, reply
+
+    nan = fs.FedAdam(client_lr=1.0)  # a reply whose model holds NaN is rejected by the screen, and named here
+    list(nan.configure_train(1, record(START), config(), NodesGrid((1, 2, 3))))
+    nan.aggregate_train(1, [reply(i + 1, {"arrays": {"w": np.full((2, 3), v, np.float32)}}, **{"train-loss": 2.0})
+                            for i, v in enumerate((0.1, float("nan"), 0.1))])
+    (warn,) = _warnings(caplog)
+    assert "1 replies were rejected for non-finite values (node 2: record 'arrays' key 'w' holds NaN/Inf)" in warn
+    caplog.clear()
     plain = fs.FedAvg(client_lr=0.5)
     _round(plain, 1, [3.0, 3.2, 3.1], **{"train-loss-before": 1.9})  # fedadapt's own app reports loss-before
     (warn,) = _warnings(caplog)

@@ -130,6 +130,8 @@ class Screened:
     step_caps: list[float] = field(default_factory=list)
     #: How many kept replies the norm clip scaled (``update_clip_ratio``).
     updates_clipped: int = 0
+    #: The rejections (as in :attr:`rejections`) of replies whose records hold NaN/Inf.
+    nonfinite: list[str] = field(default_factory=list)
 
     def reply_metrics(self) -> tuple[list[dict[str, Any]], int]:
         """``(each kept reply's metrics with its weight as num-examples, its num-steps capped and its node-id,
@@ -348,7 +350,11 @@ class ReplyScreen:
         """Reject (and say why) a reply whose records hold NaN/Inf or exceed ``max-update-norm``."""
         msg, parsed = item
         reason = nonfinite_reason(parsed, norms, [s.name for s in self.specs])
-        if reason is None and self.policy.max_update_norm > 0:
+        if reason is not None:
+            self._reject(out, server_round, msg, reason)
+            out.nonfinite.append(out.rejections[-1])
+            return False
+        if self.policy.max_update_norm > 0:
             reason = check_update_norms(parsed, self.specs, self.current, self.policy.max_update_norm, norms)
         if reason is not None:
             self._reject(out, server_round, msg, reason)

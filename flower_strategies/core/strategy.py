@@ -329,7 +329,7 @@ class FedAdaptStrategy(Strategy):
         metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
                                        "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped,
                                        "updates-clipped": screened.updates_clipped}
-        self._warn_divergence(server_round, reply_metrics, metrics_out, screened.rejections)
+        self._warn_divergence(server_round, reply_metrics, metrics_out, screened.nonfinite)
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
@@ -343,11 +343,11 @@ class FedAdaptStrategy(Strategy):
         return new_arrays, MetricRecord(metrics_out)
 
     def _warn_divergence(self, server_round: int, reply_metrics: list[dict[str, Any]], means: Mapping[str, Any],
-                         rejections: list[str]) -> None:
+                         nonfinite: list[str]) -> None:
         """A warning naming the learning rates when the clients' training loss explodes (:func:`.rounds.loss_alarm`)
-        or replies were rejected for NaN/Inf values: a run that goes on would otherwise "complete" at chance."""
+        or replies were rejected for NaN/Inf values (``nonfinite``, :attr:`.Screened.nonfinite`): a run that goes on
+        would otherwise "complete" at chance."""
         why = loss_alarm(reply_metrics, means, [h.train_metrics for h in self.history])
-        nonfinite = [r for r in rejections if "NaN" in r or "Inf" in r or "non-finite" in r]
         if why is None and nonfinite:
             why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
         if why is None:
