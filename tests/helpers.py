@@ -352,3 +352,18 @@ def check_secagg_run(log: Path, run_dir: Path) -> None:
     assert got[1]["replies-used"] == 3 and got[1]["updated"] and got[1][CLIPPED] == 0
     assert got[1]["test-accuracy"] > got[0]["test-accuracy"] + 0.2
     assert log.read_text(errors="replace").count("Secure aggregation completed.") == 1
+
+
+class DictLoader:
+    """A loader of the app's own batch objects, flwr-datasets' dicts ``{"img": x, "label": y}``, with a DataLoader's
+    ``.dataset`` and ``len()`` (its number of batches)."""
+
+    def __init__(self, x, y, batch: int) -> None:
+        self.x, self.y, self.batch, self.dataset = x, y, batch, range(len(x))
+
+    def __iter__(self):
+        for s in range(0, len(self.x), self.batch):
+            yield {"img": self.x[s : s + self.batch], "label": self.y[s : s + self.batch]}
+
+    def __len__(self) -> int:
+        return -(-len(self.x) // self.batch)

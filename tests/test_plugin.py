@@ -33,7 +33,7 @@ from pytorchapp import client_app as user_client  # noqa: E402
 from pytorchapp import server_app as user_server  # noqa: E402
 from pytorchapp.task import Net, load_data  # noqa: E402
 
-from tests.helpers import read_digits_once  # noqa: E402
+from tests.helpers import DictLoader, read_digits_once  # noqa: E402
 
 APP_LR = 0.1  # examples/pytorch_app/pyproject.toml's learning-rate (the quickstart's)
 NODES = 2
@@ -135,17 +135,6 @@ def test_server_only_methods_keep_the_apps_own_momentum_sgd(tmp_path):
 
 
 # ------------------------------------------------------------------ FedDA's full-batch rounds, MimeLite's full gradient
-class _DictLoader:
-    """A loader yielding the app's own batch objects: dicts ``{"img": x, "label": y}`` (flwr-datasets' shape)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int) -> None:
-        self.x, self.y, self.batch, self.dataset = x, y, batch, range(len(x))
-
-    def __iter__(self):
-        for s in range(0, len(self.x), self.batch):
-            yield {"img": self.x[s : s + self.batch], "label": self.y[s : s + self.batch]}
-
-
 def _digits(n: int = 100):
     loader, _ = load_data(0, 1, n)
     batch = next(iter(loader))
@@ -159,7 +148,7 @@ def _double_net() -> torch.nn.Module:
 
 def test_fedda_full_batch_round_is_one_step_on_every_example_of_the_apps_loader():
     x, y = _digits()
-    loader = _DictLoader(x, y, 16)
+    loader = DictLoader(x, y, 16)
     model = _double_net()
     rnd = fs.ClientRound(_message("fedda", model, num_rounds=2, server_round=2), None, loader,
                          torch.nn.functional.cross_entropy)
@@ -199,7 +188,7 @@ def test_mimelite_full_gradient_comes_from_the_apps_loader_and_loss():
     x, y = _digits()
     model = _double_net()
     content = _message("mimelite", model)
-    rnd = fs.ClientRound(content, None, _DictLoader(x, y, 32), torch.nn.functional.cross_entropy)
+    rnd = fs.ClientRound(content, None, DictLoader(x, y, 32), torch.nn.functional.cross_entropy)
     opt = rnd.optimizer(model)
     model.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -212,7 +201,7 @@ def test_mimelite_full_gradient_comes_from_the_apps_loader_and_loss():
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
     with pytest.raises(ValueError, match=r"load the global model first \(ClientRound.load_model\(model\)\)"):
-        fs.ClientRound(content, None, _DictLoader(x, y, 32), torch.nn.functional.cross_entropy).optimizer(model)
+        fs.ClientRound(content, None, DictLoader(x, y, 32), torch.nn.functional.cross_entropy).optimizer(model)
 
 
 def test_the_apps_batch_objects_pass_through_and_unpack_maps_them():
@@ -222,14 +211,14 @@ def test_the_apps_batch_objects_pass_through_and_unpack_maps_them():
     model = _double_net()
     loss = torch.nn.functional.cross_entropy
     content = _message("fedavg", model, batch_size=8, local_epochs=1)  # one pass: 40 examples, 5 batches
-    rnd = fs.ClientRound(content, None, _DictLoader(x, y, 8), loss)
+    rnd = fs.ClientRound(content, None, DictLoader(x, y, 8), loss)
     batches = list(rnd.loader)
     assert len(batches) == 5 and all(set(b) == {"img", "label"} for b in batches)
     with torch.no_grad():
         want = float(loss(model(x), y))
     assert rnd.loss_before(model) == pytest.approx(want, rel=1e-12)
 
-    class Odd(_DictLoader):
+    class Odd(DictLoader):
         def __iter__(self):
             for b in super().__iter__():
                 yield {"pixels": b["img"], "digit": b["label"]}
@@ -246,7 +235,7 @@ def test_localupdatedecay_reply_carries_the_loss_before_from_the_loader():
     loss = torch.nn.functional.cross_entropy
     with torch.no_grad():
         want = float(loss(model(x), y))
-    rnd = fs.ClientRound(_message("localupdatedecay", model), None, _DictLoader(x, y, 8), loss)
+    rnd = fs.ClientRound(_message("localupdatedecay", model), None, DictLoader(x, y, 8), loss)
     opt = rnd.optimizer(model)
     for b in rnd.loader:
         opt.zero_grad()

@@ -29,21 +29,7 @@ from pytorchapp import server_app as user_server  # noqa: E402
 from pytorchapp.task import Net, load_data  # noqa: E402
 from pytorchapp.task import train as quickstart_train  # noqa: E402
 
-from tests.helpers import read_digits_once  # noqa: E402
-
-
-class DictLoader:
-    """A loader of flwr-datasets' batch objects ``{"img": x, "label": y}`` with a ``.dataset`` (a DataLoader's)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int) -> None:
-        self.x, self.y, self.batch, self.dataset = x, y, batch, range(len(x))
-
-    def __iter__(self):
-        for s in range(0, len(self.x), self.batch):
-            yield {"img": self.x[s : s + self.batch], "label": self.y[s : s + self.batch]}
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.x) / self.batch)
+from tests.helpers import DictLoader, read_digits_once  # noqa: E402
 
 
 class Flat(torch.nn.Module):
