@@ -303,7 +303,7 @@ def test_the_aggregate_norm_check_rejects_a_round_far_beyond_the_earlier_ones():
     legacy.update_norms = [0.01, 0.02, 0.005]
     layout = '[["arrays", "w"]]'
 
-    def res(value):
+    def res(value, layout=layout):
         arrays = [np.full(3, value), np.ones(1)]  # values, canary (weights 0.5 each: canary = 1)
         return [(_Proxy(i), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 500,
                                    {"fedadapt.layout": layout})) for i in (1, 2)]
@@ -311,3 +311,5 @@ def test_the_aggregate_norm_check_rejects_a_round_far_beyond_the_earlier_ones():
     assert legacy.check_aggregate(res(0.5 / math.sqrt(3))) is None  # norm 0.5 ≤ 100 × 0.01
     assert "exceeds update-norm-ratio 100 × the median 0.01" in legacy.check_aggregate(res(1.01 / math.sqrt(3)))
     assert "beyond the ±16" in legacy.check_aggregate(res(17.0))  # 2 clients × 8 / (0.5 + 0.5)
+    for bad in ("not json", '{"a": 1}', '[["arrays"]]', '[["arrays", ["w"]]]', "[[1, 2]]"):  # a client's layout
+        assert "is not a JSON list of [record, key] string pairs" in legacy.check_aggregate(res(0.1, bad)), bad

@@ -208,7 +208,9 @@ class SecAggStrategy(LegacyStrategy):
           plain path's bound, default 100) × the lower median of the applied rounds' aggregate update norms."""
         res = results[0][1]
         arrays = parameters_to_ndarrays(res.parameters)
-        entries = json.loads(str(res.metrics.get(LAYOUT, "[]")))
+        entries = layout_entries(res.metrics.get(LAYOUT, "[]"))
+        if entries is None:
+            return f"its '{LAYOUT}' is not a JSON list of [record, key] string pairs (a client sent a malformed layout)"
         n, c, q = len(results), self.clipping_range, self.quantization_range
         weights = [round(float(r.num_examples) / self.max_weight * q) / q for _, r in results]
         total = sum(weights)
@@ -335,6 +337,18 @@ def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         return reply
 
     return secaggplus_mod(msg, context, counted)
+
+
+def layout_entries(layout: Any) -> list[list[str]] | None:
+    """The ``[record, key]`` pairs of a reply's layout (:func:`.legacy.pack`), or ``None`` when it is not a JSON list
+    of string pairs (the layout comes from a client: a malformed one is a reason, never an exception)."""
+    try:
+        entries = json.loads(str(layout))
+    except ValueError:
+        return None
+    ok = isinstance(entries, list) and all(
+        isinstance(e, list) and len(e) == 2 and all(isinstance(part, str) for part in e) for e in entries)
+    return entries if ok else None
 
 
 def add_canary(fitres: RecordDict) -> None:
