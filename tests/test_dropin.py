@@ -107,7 +107,8 @@ def _linear_round(extra: dict | None = None):
     y = torch.randn(40, 1, generator=gen, dtype=torch.float64)
     model = torch.nn.Linear(3, 1, bias=False).double()
     config = {"server-round": 2, "method": "fedavg", "client-lr": 0.1, "local-steps": 0, "local-epochs": 1,
-              "batch-size": 8, **(extra or {})}
+              "batch-size": 8, "client-half": False, "local-optimizer": "SGDOptimizer", "loss-before": False,
+              "full-gradient": False, **(extra or {})}
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(config)})
     return model, x, y, content, config
 

@@ -74,8 +74,9 @@ def test_the_batch_plan_is_every_clients_batch_indices(batch, sizes, steps):
 
 
 def test_a_client_of_the_same_round_content_is_a_freshly_built_client_round():
-    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({"method": "scaffold", "server-round": 4,
-                                                                          "client-lr": 0.1})})
+    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({
+        "method": "scaffold", "server-round": 4, "client-lr": 0.1, "client-half": True,
+        "local-optimizer": "ScaffoldOptimizer", "loss-before": False, "full-gradient": False})})
     first = ClientRound(content, RecordDict(), seed=3, client_key=1)
     state = RecordDict()
     other = _for_client(first, state, 5, 9)

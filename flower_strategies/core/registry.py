@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .hparams import ConfigError, HParams, StrategyConfig
-from .local import LocalOptimizer
+from .local import LocalOptimizer, add_local_optimizer, has_client_half
 from .strategy import FedAdaptStrategy
 
 
@@ -63,7 +63,7 @@ class MethodSpec:
     @property
     def needs_client_half(self) -> bool:
         """Whether this method (with its default hyper-parameters) needs its client half in your ClientApp."""
-        return self.build().needs_client_half
+        return has_client_half(self.local_optimizer, self.default_hparams().client_values())
 
     @property
     def client_lr_factor(self) -> float:
@@ -108,6 +108,7 @@ def register(
         )
     spec = MethodSpec(name, strategy, paper, summary, dict(overrides))
     spec.default_hparams()  # validates the overrides now, not at the first run
+    add_local_optimizer(strategy.local_optimizer)  # a client finds it by the name its rounds send
     METHODS[name] = spec
     if name == strategy.method:  # the class's own name: FedAdam() takes these defaults too (a subclass inherits them)
         strategy.registered_defaults = MappingProxyType(dict(overrides))
