@@ -113,7 +113,8 @@ def cnn_child(kind: str, args: argparse.Namespace) -> dict:
     xs = torch.randn(args.nodes, n, 3, 32, 32, generator=gen).to(device)
     ys = torch.randint(0, 10, (args.nodes, n), generator=gen).to(device)
     config = ConfigRecord({"method": "fedavg", "client-lr": 0.05, "local-epochs": args.epochs,
-                           "batch-size": args.batch_size, "server-round": 1})
+                           "batch-size": args.batch_size, "server-round": 1, "client-half": False,
+                           "local-optimizer": "SGDOptimizer", "loss-before": False, "full-gradient": False})
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config})
     loss_fn = torch.nn.functional.cross_entropy
 
