@@ -11,8 +11,8 @@ Every defence of the server sits here, in this order:
    (:meth:`ScreenPolicy.weights`) and epochs-mode ``num-steps`` at the plan of the clipped weight
    (:meth:`ScreenPolicy.step_caps`), so that one reply cannot move the weights or K̄, the mean step count the server
    math reads;
-4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured in
-   the same chunk-major pass that folds the replies into the aggregates (:func:`.ops.fold`);
+4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured
+   before anything is aggregated (:func:`.ops.update_norms`);
 5. **direction screen** — with ``update_cosine_floor`` > −1 (opt-in), a reply whose model update has a cosine
    below it with the round's robust centre (:func:`.robust.centre_cosines`) is rejected;
 6. **norm clip** — each surviving reply's record scaled back onto ``update_clip_ratio`` × the round's median norm
@@ -40,10 +40,11 @@ from flwr.app import ConfigRecord, Message, MetricRecord
 from flwr.common import log
 
 from . import records as R
-from .ops import NamedArrays, fold, is_float
+from .aggregation import aggregate
+from .ops import NamedArrays, is_float, update_norms
 from .privacy import rewritten_reply_reason
 from .robust import COORDINATE_RULES, SELECTION_RULES, TooFewReplies, byzantine_count, check_replies, \
-    centre_cosines, clip_scales, clipped, krum_select, lower_median, robust_aggregate
+    centre_cosines, clip_scales, clipped, krum_select, lower_median
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 CLIENT_HALF_REASON = "reply was not produced by the client half of fedadapt method"
@@ -164,10 +165,8 @@ class ReplyScreen:
     def run(self, server_round: int, replies: Sequence[Message]) -> Screened:
         """Validate the replies, screen their update norms and aggregate the usable ones.
 
-        One chunk-major pass (:func:`.ops.fold`) both measures every reply's norms and folds the replies into the
-        aggregates; a finite norm proves the record finite.  Only when the norms reject a reply (NaN/Inf,
-        ``max-update-norm``, more than ``update-norm-ratio`` × the round's median) are the survivors folded again —
-        the same operations in the same order as if the rejected replies had never arrived."""
+        The replies' norms are measured first (:func:`.ops.update_norms`; a finite norm proves the record finite); the
+        replies that pass every check are then aggregated once (:func:`.aggregation.aggregate`)."""
         out = Screened([], [], {})
         expected = {s.name: layout(self.current, self.trainable if s.keys == "params" else None) for s in self.specs}
         kept: list[Parsed] = []
@@ -194,7 +193,8 @@ class ReplyScreen:
                 f"RecordDict of your own. Or build the reply with flower_strategies.train_reply(...) (legacy apps: "
                 f"FedAdaptNumPyClient); see docs/plugin.md ('Use fedadapt in your own Flower app')."
             )
-        weights, aggregates, norms = self._fold(kept, measure=True)
+        norms = [update_norms([parsed[spec.name] for _, parsed in kept], self.current if spec.keys == "model" else None)
+                 for spec in self.specs]
         survivors = [j for j in range(len(kept)) if self._norm_ok(out, server_round, kept[j], [n[j] for n in norms])]
         ratio = self.policy.update_norm_ratio
         if ratio > 0 and len(survivors) > 2:
@@ -211,19 +211,14 @@ class ReplyScreen:
                 survivors.remove(j)  # a DP mod rewrote a well-formed reply after the client half built it
                 self._reject(out, server_round, kept[j][0], reason)
         survivors = self._direction_screen(out, server_round, kept, survivors, norms)
-        changed = len(survivors) < len(kept)
         kept = [kept[j] for j in survivors]
         out.updates_clipped = self._clip(server_round, kept, [[n[j] for j in survivors] for n in norms])
-        selected = self._select(out, server_round, kept, len(replies))
-        if changed or out.updates_clipped or len(selected) < len(kept):
-            kept = selected
-            weights, aggregates, _ = self._fold(kept, measure=False)
+        kept = self._select(out, server_round, kept, len(replies))
+        weights = self.policy.weights([float(_metrics(msg)[R.NUM_EXAMPLES]) for msg, _ in kept])
         trim = self.byzantine_left(len(replies), len(out.rejections))
-        for spec in self.specs:
-            rule = self.policy.rule(spec)
-            if rule in COORDINATE_RULES and kept:
-                aggregates[spec.name] = robust_aggregate([p[spec.name] for _, p in kept], rule, trim)
-        out.kept, out.weights, out.aggregates = kept, weights, aggregates
+        out.kept, out.weights = kept, weights
+        out.aggregates = {spec.name: aggregate([p[spec.name] for _, p in kept], weights, self.policy.rule(spec),
+                                               trim=trim) for spec in self.specs} if kept else {}
         out.step_caps = self._step_caps(server_round, kept, weights)
         return out
 
@@ -241,27 +236,6 @@ class ReplyScreen:
         elif produced_by == self.method:
             return None
         return f"{CLIENT_HALF_REASON} '{self.method}' (its '{R.REPLY_INFO}' ConfigRecord names {produced_by!r})"
-
-    def _fold(
-        self, kept: Sequence[Parsed], measure: bool
-    ) -> tuple[list[float], dict[str, NamedArrays], list[list[float]]]:
-        """``(weights, {record: aggregate}, norms[spec][reply])`` of the streaming-rule records (robust rules: norms
-        only, the aggregate comes after screening)."""
-        reported = [float(_metrics(msg)[R.NUM_EXAMPLES]) for msg, _ in kept]
-        weights = self.policy.weights(reported)
-        aggregates: dict[str, NamedArrays] = {}
-        norms: list[list[float]] = []
-        for spec in self.specs:
-            rule: str | None = self.policy.rule(spec)
-            rule = None if rule in COORDINATE_RULES or not kept else rule
-            if rule is None and not measure:
-                continue
-            items = [parsed[spec.name] for _, parsed in kept]
-            agg, n = fold(items, weights, rule, self.current if spec.keys == "model" else None, norms=measure)
-            if rule is not None:
-                aggregates[spec.name] = agg
-            norms.append(n)
-        return weights, aggregates, norms
 
     def _direction_screen(self, out: Screened, server_round: int, kept: Sequence[Parsed], survivors: list[int],
                           norms: list[list[float]]) -> list[int]:

@@ -192,8 +192,8 @@ class FedAdaptStrategy(Strategy):
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> ServerUpdate:
         """The server math: ``(new global arrays, new server state, round metrics)``.  It may write into
-        ``inputs.aggregates`` (the round's own buffers) and update state arrays in place only through
-        :func:`.ops.apply_update`; the base commits the result only when every value is finite."""
+        ``inputs.aggregates`` (the round's own buffers) but returns its new state in new arrays; the base commits the
+        result only when every value is finite."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for subclasses
