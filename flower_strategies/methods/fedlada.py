@@ -247,7 +247,7 @@ class FedLADA(FedAdaptStrategy):
         if mode == "consuming":
             return self.client_lr_at(server_round + 1)
         if mode == "initial":
-            return self.client_lr
+            return self.settings.client_lr
         return self.client_lr_at(server_round)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:

@@ -343,7 +343,7 @@ class FedLAMB(FedAdaptStrategy):
         return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(V_LOCAL, "mean", "params"))
 
     def client_lr_at(self, server_round: int) -> float:
-        return self.client_lr * self.hparams.lr_gamma ** sum(server_round > m for m in self.milestones)
+        return self.settings.client_lr * self.hparams.lr_gamma ** sum(server_round > m for m in self.milestones)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return {"v_hat": state_like(arrays, self.trainable(arrays)), "v_steps": 0.0}
