@@ -96,8 +96,9 @@ class FedAdaptStrategy(Strategy):
     needs_train_loss_before: ClassVar[bool] = False
     #: Whether ``client-lr = 0`` is a meaningful setting (LocalUpdate's γ = 0); elsewhere clients would not train.
     accepts_zero_client_lr: ClassVar[bool] = False
-    #: The field defaults given to :func:`.registry.register` for this class's own registry name (set there only).
-    registered_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: Hyper-parameter defaults of this class (and its registry name) that differ from :attr:`hparams_class`'s
+    #: declaration, by field name: an alias class's (``FedAdam``: ``{"server_opt": "adam", "server_lr": 0.01}``).
+    hparam_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     #: Set when :meth:`summary` runs outside :meth:`driven`: another strategy's ``start()`` (a wrapper's, e.g. one
     #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
     started_by_another: bool = False
@@ -105,9 +106,9 @@ class FedAdaptStrategy(Strategy):
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
-        """This class's hyper-parameters: the declaration's defaults, those registered for :attr:`method`, then
+        """This class's hyper-parameters: the declaration's defaults, then :attr:`hparam_defaults`, then
         ``changes``."""
-        return cls.hparams_class(**{**cls.registered_defaults, **changes})
+        return cls.hparams_class(**{**cls.hparam_defaults, **changes})
 
     def __init__(
         self,
