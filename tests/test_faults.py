@@ -179,8 +179,7 @@ def test_a_huge_update_is_rejected_by_default_and_wrecks_the_model_only_with_eve
 
 
 def test_update_norm_is_measured_against_the_global_model_for_model_records():
-    strategy = FedAvg(min_available_nodes=1, min_train_nodes=1)
-    strategy.max_update_norm = 5.0
+    strategy = FedAvg(min_available_nodes=1, min_train_nodes=1, max_update_norm=5.0)
     w = np.full((1, 4), 100.0)  # a large model: its own norm (200) is far above the limit
     list(strategy.configure_train(1, ArrayRecord({"w": Array(w)}), config(), NodesGrid([1, 2, 3])))
     ok = reply(1, {"arrays": {"w": w + 2.0}})            # ‖Δ‖ = 4  ≤ 5

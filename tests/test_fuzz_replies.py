@@ -71,7 +71,7 @@ def message(s, node: int, records: dict[str, ArrayRecord], metrics: dict[str, An
 
 
 def honest_metrics(s, node: int) -> dict[str, Any]:
-    return {R.NUM_EXAMPLES: 10 * node, R.NUM_STEPS: float(s.local_steps), R.TRAIN_LOSS: 1.0 / node,
+    return {R.NUM_EXAMPLES: 10 * node, R.NUM_STEPS: float(s.settings.local_steps), R.TRAIN_LOSS: 1.0 / node,
             R.TRAIN_LOSS_BEFORE: 2.0 / node}
 
 

@@ -128,7 +128,7 @@ def test_a_round_with_some_client_errors_is_no_failure():
 
 
 def test_max_idle_rounds_is_one_strategy_setting_for_both_paths():
-    assert StrategyConfig().max_idle_rounds == 3 and fedavg(max_idle_rounds=5).max_idle_rounds == 5
+    assert StrategyConfig().max_idle_rounds == 3 and fedavg(max_idle_rounds=5).settings.max_idle_rounds == 5
     fed, _, _ = parse_run_config({"max-idle-rounds": 0})
     assert fed.max_idle_rounds == 0
     with pytest.raises(ConfigError, match="max-idle-rounds = -1 is out of range"):

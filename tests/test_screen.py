@@ -69,7 +69,8 @@ def test_defence_profiles_resolve_unset_keys_and_an_explicit_key_wins():
     ran = resolved_config(fed, "fedavg", FedAvg.make_hparams())  # summary.json: the values the run ran with
     assert (ran["defence"], ran["max-weight-ratio"], ran["update-clip-ratio"], ran["aggregator"]) == (
         "robust", 1.5, 3.0, "mean")
-    assert FedAvg(defence="robust").update_cosine_floor == 0.0 and FedAvg().max_weight_ratio == 0.0
+    assert FedAvg(defence="robust").settings.setting("update_cosine_floor") == 0.0
+    assert FedAvg().settings.setting("max_weight_ratio") == 0.0
     with pytest.raises(Exception, match="defence = 'strong' is not valid; choose one of: off, robust"):
         parse_run_config({"defence": "strong"})
 

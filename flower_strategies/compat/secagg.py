@@ -103,13 +103,13 @@ def check_secagg(strategy: FedAdaptStrategy) -> None:
     reason = secagg_refusal(strategy)
     if reason is not None:
         raise ConfigError(f"secure-aggregation = secaggplus: {reason} (docs/privacy.md section 4)")
-    off = [k for k, v in (("update-norm-ratio", strategy.update_norm_ratio),
-                          ("max-weight-ratio", strategy.max_weight_ratio)) if v > 0]
+    s = strategy.settings
+    off = [k for k, v in (("update-norm-ratio", s.setting("update_norm_ratio")),
+                          ("max-weight-ratio", s.setting("max_weight_ratio"))) if v > 0]
     if off:
         log(INFO, "secure-aggregation: %s switched off (no effect on replies that are all the same average)",
             " and ".join(off))
-        strategy.update_norm_ratio = 0.0
-        strategy.max_weight_ratio = 0.0
+        strategy.settings = s.replace(update_norm_ratio=0.0, max_weight_ratio=0.0)
 
 
 def error_bound(num_examples: list[int], clipping_range: float, quantization_range: int,
@@ -141,7 +141,7 @@ class SecAggStrategy(LegacyStrategy):
                  **kwargs: Any) -> None:
         #: The plain path's median-relative bound, kept for the aggregate's norm check (check_secagg switches the
         #: per-reply screen off: every reply the server sees is the same average).
-        self.norm_ratio = float(strategy.update_norm_ratio)
+        self.norm_ratio = float(strategy.settings.setting("update_norm_ratio"))
         check_secagg(strategy)
         super().__init__(strategy, initial_arrays, *args, **kwargs)
         self.clipping_range, self.quantization_range, self.max_weight = clipping_range, quantization_range, max_weight
