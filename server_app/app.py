@@ -240,7 +240,7 @@ def round_row(server_round: int, test_metrics: Mapping[str, float], history: lis
             row[key] = h.train_metrics[key]
     row.update(h.round_metrics)
     if h.rejections:
-        row["rejections"] = "; ".join(h.rejections)
+        row["rejections"] = "; ".join(map(str, h.rejections))
     return row
 
 

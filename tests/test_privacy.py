@@ -150,8 +150,8 @@ def test_client_half_guards_its_reply_against_dp_mods():
     assert privacy.rewritten_reply_reason(content, info) is None
     assert privacy.rewritten_reply_reason(content, {}) is None  # no CRC sent (legacy replies, other clients)
     rewritten = RecordDict({"q": R.to_record({"w": np.ones(3) + 1e-12})})
-    assert "rewrote the reply's record 'q'" in privacy.rewritten_reply_reason(rewritten, info)
-    assert "native user-level DP" in privacy.rewritten_reply_reason(RecordDict({"q": q, "v": q}), info)
+    assert "rewrote the reply's record 'q'" in str(privacy.rewritten_reply_reason(rewritten, info))
+    assert "native user-level DP" in str(privacy.rewritten_reply_reason(RecordDict({"q": q, "v": q}), info))
 
 
 def test_the_composing_cells_are_the_documented_ones():

@@ -114,7 +114,7 @@ def test_a_halted_round_counts_as_failed_and_the_run_fails():
     with pytest.raises(RunFailed, match="every"):
         run_secagg(grid, SecAggStrategy(strategy, {"w.weight": np.zeros((1, 4))}, num_rounds=2), 2,
                    secaggplus_workflow(3, 2))
-    assert strategy.history[0].replies_used == 0 and "SecAgg+ protocol halted" in strategy.history[0].rejections[0]
+    assert strategy.history[0].replies_used == 0 and "SecAgg+ protocol halted" in str(strategy.history[0].rejections[0])
 
 
 #: Eligible with their default settings (every uplink record a "mean" under weighting = examples by default).

@@ -36,6 +36,7 @@ from flwr.server.client_proxy import ClientProxy
 from ..core import records as R
 from ..core.hparams import ConfigError
 from ..core.ops import is_float
+from ..core.rejections import Kind, Rejection
 from ..core.strategy import FedAdaptStrategy
 from .legacy import LAYOUT, LegacyStrategy, unpack
 
@@ -183,7 +184,8 @@ class SecAggStrategy(LegacyStrategy):
             rlog = history[-1]
             if reason is not None:
                 rlog.replies_rejected = used
-                rlog.rejections.append(f"secure aggregate of {used} replies rejected: {reason}")
+                rlog.rejections.append(Rejection(None, Kind.SECURE_AGGREGATE,
+                                                 f"secure aggregate of {used} replies rejected: {reason}"))
                 metrics["replies-rejected"] = used
             elif rlog.updated and self._norm is not None:
                 self.update_norms.append(self._norm)

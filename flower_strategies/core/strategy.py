@@ -41,7 +41,8 @@ from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
 from .policy import run_checked
-from .privacy import privatize, refuse_flower_dp
+from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
+from .rejections import Kind, Rejection
 from .robust import TooFewReplies, byzantine_count, check_replies
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
                      weighted_mean)
@@ -312,8 +313,14 @@ class FedAdaptStrategy(Strategy):
         replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error()
                             for _, r in R.of_type(m.content, ArrayRecord))
-        screened = self.binder.run(server_round, replies, self.reply_screen(), self.settings.max_reply_bytes)
-        dp_metrics = privatize(self, screened, rlog.sampled)  # native DP: clipped, noised aggregates (or {})
+        screen = self.reply_screen()
+        screened = self.binder.run(server_round, replies, screen, self.settings.max_reply_bytes)
+        privacy = PrivacyPolicy.from_settings(self.settings)
+        dp_metrics: dict[str, float] = {}
+        if privacy.enabled and screened.kept:  # native DP: clipped, noised aggregates
+            screened.aggregates, dp_metrics = privacy.privatize(
+                self.method, screen.specs, [parsed for _, parsed in screened.kept], screen.current, rlog.sampled,
+                max(self.sampler.population, rlog.sampled), released_rounds(self.history))
         rlog.rejections += screened.rejections
         rlog.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
@@ -321,7 +328,8 @@ class FedAdaptStrategy(Strategy):
         metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
                                        "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped,
                                        "updates-clipped": screened.updates_clipped}
-        self._warn_divergence(server_round, reply_metrics, metrics_out, screened.nonfinite)
+        self._warn_divergence(server_round, reply_metrics, metrics_out,
+                              [r for r in screened.rejections if r.kind is Kind.NONFINITE])
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
@@ -335,10 +343,10 @@ class FedAdaptStrategy(Strategy):
         return new_arrays, MetricRecord(metrics_out)
 
     def _warn_divergence(self, server_round: int, reply_metrics: list[dict[str, Any]], means: Mapping[str, Any],
-                         nonfinite: list[str]) -> None:
+                         nonfinite: list[Rejection]) -> None:
         """A warning naming the learning rates when the clients' training loss explodes (:func:`.rounds.loss_alarm`)
-        or replies were rejected for NaN/Inf values (``nonfinite``, :attr:`.Screened.nonfinite`): a run that goes on
-        would otherwise "complete" at chance."""
+        or replies were rejected for NaN/Inf values (``nonfinite``: the round's :attr:`.rejections.Kind.NONFINITE`
+        rejections): a run that goes on would otherwise "complete" at chance."""
         why = loss_alarm(reply_metrics, means, [h.train_metrics for h in self.history])
         if why is None and nonfinite:
             why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
