@@ -25,7 +25,8 @@ from .robust import AGGREGATORS
 #: overrides its profile's value (:meth:`StrategyConfig.setting`).  ``"off"`` is every method's paper algorithm.
 DEFENCES: dict[str, dict[str, Any]] = {
     "off": {"max_weight_ratio": 0.0, "update_clip_ratio": 0.0, "update_cosine_floor": -1.0, "aggregator": "mean"},
-    "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 1.0, "update_cosine_floor": 0.0, "aggregator": "mean"},
+    "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 3.0, "update_cosine_floor": -1.0,
+               "aggregator": "fltrust-gate"},
 }
 DEFENCE_CHOICES = tuple(DEFENCES)
 
