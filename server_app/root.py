@@ -46,17 +46,17 @@ def load_root_set(fed: AppConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return x[:size], y[:size]
 
 
-def root_update(fed: AppConfig) -> Callable[[RecordDict], NamedArrays]:
-    """The server's local procedure on its root set: ``content`` (a round's train content) → the trained model."""
+def root_update(fed: AppConfig) -> Callable[[RecordDict], dict[str, NamedArrays]]:
+    """The server's local procedure on its root set: ``content`` (a round's train content) → its reply's array
+    records (``{"arrays": the trained model, …}``: what a client of the method sends)."""
     x, y = load_root_set(fed)
     model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     state = RecordDict()  # the server's own client state (stateful methods), kept across rounds
     loss_fn = TASK_SPECS[fed.task].loss_fn()
 
-    def update(content: RecordDict) -> NamedArrays:
+    def update(content: RecordDict) -> dict[str, NamedArrays]:
         reply: Any = train_reply(model, content, x, y, loss_fn, state=state, seed=fed.seed, client_key=ROOT_KEY,
                                  loss_before=False)
-        record = R.get(reply, R.MODEL, ArrayRecord)
-        assert record is not None
-        return {k: np.asarray(v.numpy()) for k, v in record.items()}
+        return {name: {k: np.asarray(v.numpy()) for k, v in record.items()}
+                for name, record in R.of_type(reply, ArrayRecord)}
     return update

@@ -71,7 +71,7 @@ def model_reply(src, update, n=10, stat=None):
 
 
 def test_screen_fltrust_weights_by_trust_and_rescales_onto_the_root_update():
-    root = {"w": np.array([3.0, 4.0]), "n": np.array(3, np.int64)}
+    root = {R.MODEL: {"w": np.array([3.0, 4.0]), "n": np.array(3, np.int64)}}
     replies = [model_reply(1, [1.0, 0.0], n=10), model_reply(2, [0.0, 2.0], n=1e12), model_reply(3, [-50.0, 0.0])]
     out = ReplyScreen(CURRENT, MODEL, ["w"], ScreenPolicy(aggregator="fltrust"), root=root).run(1, replies)
     np.testing.assert_allclose(out.aggregates[R.MODEL]["w"], [3 / 1.4, 4 / 1.4], rtol=1e-15)  # n_k ignored
@@ -81,7 +81,7 @@ def test_screen_fltrust_weights_by_trust_and_rescales_onto_the_root_update():
 
 
 def test_screen_fltrust_gate_rejects_only_and_trust_weights_cover_client_half_records():
-    root = {"w": np.array([3.0, 4.0]), "n": np.array(3, np.int64)}
+    root = {R.MODEL: {"w": np.array([3.0, 4.0]), "n": np.array(3, np.int64)}}
     specs = (*MODEL, STAT)
     replies = [model_reply(1, [1.0, 0.0], n=10, stat=[1.0, 1.0]), model_reply(2, [0.0, 2.0], n=30, stat=[3.0, 3.0]),
                model_reply(3, [-1.0, 0.0], n=10, stat=[1e6, 1e6])]
@@ -102,6 +102,7 @@ def test_fltrust_without_a_root_set_is_a_config_error_before_anything_is_sent():
     with pytest.raises(ConfigError, match="needs the server's own update on a trusted root set: set root-set-size"):
         strategy.prepare_round(1, ArrayRecord([np.zeros(2, np.float32)]), ConfigRecord(), 5)
     strategy = FedAvg(aggregator="fltrust")
-    strategy.root_update = lambda content: {"w": np.ones(2, np.float32)}
+    strategy.root_update = lambda content: {R.MODEL: {"0": np.ones(2, np.float32)}}
     strategy.prepare_round(1, ArrayRecord([np.zeros(2, np.float32)]), ConfigRecord(), 5)
-    np.testing.assert_array_equal(strategy.root["w"], [1.0, 1.0])
+    assert strategy.root is not None
+    np.testing.assert_array_equal(strategy.root[R.MODEL]["0"], [1.0, 1.0])

@@ -165,8 +165,9 @@ class ReplyScreen:
     policy: ScreenPolicy = ScreenPolicy()
     method: str = ""
     needs_client_half: bool = False
-    #: ``aggregator = fltrust``: the server's own model after the round's local procedure on its root set.
-    root: NamedArrays | None = None
+    #: ``aggregator = fltrust``: the server's own reply (``{record: arrays}``) after the round's local procedure on
+    #: its root set.
+    root: dict[str, NamedArrays] | None = None
     #: ``aggregator = centered-clip / bucketing``: the centre of the model record's clipping (an update: the last
     #: round's, ``x_t − x_{t−1}``; ``None``: zero) and the seed of the buckets.
     centre: NamedArrays | None = None
@@ -287,7 +288,7 @@ class ReplyScreen:
     def _trust(self, out: Screened, server_round: int, kept: Sequence[Parsed], survivors: list[int]
                ) -> dict[int, float]:
         """FLTrust (``aggregator = fltrust``): ``{reply: trust}`` of the survivors, trust = ReLU(cosine) of the
-        model update with the server's root-set update (:attr:`root`); each model update is rescaled, in place in
+        model update (:meth:`trust_spec`) with the server's (:attr:`root`); each such update is rescaled, in place in
         ``kept``, onto that update's norm; a reply of trust 0 is rejected (and removed from ``survivors``).
         ``fltrust-gate``: only the rejections (``{}``: the method's own weights)."""
         if self.policy.aggregator not in TRUST_RULES or not survivors:
@@ -295,10 +296,12 @@ class ReplyScreen:
         if self.root is None:
             raise RuntimeError("aggregator fltrust needs the server's root-set model of the round (ReplyScreen.root; "
                                "FedAdaptStrategy.root_update)")
-        spec = next(s for s in self.specs if s.keys == "model")
-        keys = [k for k, v in self.current.items() if is_float(np.asarray(v))]
-        updates = flat_updates([kept[j][1][spec.name] for j in survivors], self.current, keys)
-        trust, scales = fltrust_scores(updates, flat_updates([self.root], self.current, keys)[0])
+        spec = self.trust_spec()
+        reference = self.current if spec.keys == "model" else None
+        like = self.root[spec.name]
+        keys = [k for k, v in like.items() if is_float(np.asarray(v))]
+        updates = flat_updates([kept[j][1][spec.name] for j in survivors], reference, keys)
+        trust, scales = fltrust_scores(updates, flat_updates([like], reference, keys)[0])
         weights: dict[int, float] = {}
         for j, t, scale in zip(list(survivors), trust, scales):
             if t <= 0:
@@ -309,9 +312,14 @@ class ReplyScreen:
             if self.policy.aggregator != "fltrust":
                 continue  # fltrust-gate: only the gate; weights and the norm clip stay the method's and the policy's
             parsed = kept[j][1]
-            parsed[spec.name] = clipped(parsed[spec.name], scale, self.current)
+            parsed[spec.name] = clipped(parsed[spec.name], scale, reference)
             weights[j] = t
         return weights
+
+    def trust_spec(self) -> RecordSpec:
+        """The record FLTrust compares with the server's: the model record (its update), else (a method whose
+        uplink has none, e.g. FedDA's momenta) the first record."""
+        return next((s for s in self.specs if s.keys == "model" and s.name == R.MODEL), self.specs[0])
 
     def _direction_screen(self, out: Screened, server_round: int, kept: Sequence[Parsed], survivors: list[int],
                           norms: list[list[float]]) -> list[int]:
@@ -342,7 +350,7 @@ class ReplyScreen:
             return 0
         hit: set[int] = set()
         for spec, record_norms in zip(self.specs, norms):
-            if spec.keys == "model" and self.policy.aggregator == "fltrust":
+            if self.policy.aggregator == "fltrust" and spec == self.trust_spec():
                 continue  # FLTrust has rescaled every model update onto the server update's norm
             scales, bound = clip_scales(record_norms, ratio)
             for j, scale in enumerate(scales):

@@ -102,9 +102,10 @@ class FedAdaptStrategy(Strategy):
     started_by_another: bool = False
     _driving: int = 0
     #: ``aggregator = fltrust`` (``defence = "robust"``): the server's own local procedure on its trusted root set —
-    #: given a round's train content (what the clients receive), the model it trains from it (named arrays).  The
-    #: fedadapt ServerApp sets it from the task and ``root-set-size``; a library user sets their own.
-    root_update: Callable[[RecordDict], NamedArrays] | None = None
+    #: given a round's train content (what the clients receive), the reply's records it trains from it
+    #: (``{record name: named arrays}``, e.g. ``{"arrays": model}``: at least the records :meth:`uplink_specs` names
+    #: first).  The fedadapt ServerApp sets it from the task and ``root-set-size``; a library user sets their own.
+    root_update: Callable[[RecordDict], dict[str, NamedArrays]] | None = None
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
@@ -146,7 +147,7 @@ class FedAdaptStrategy(Strategy):
         self.binder = ReplyBinder()  # replies bound to their round (stale, oversized, replayed: rejected)
         self.current: NamedArrays | None = None
         self.server_state: ServerState | None = None
-        self.root: NamedArrays | None = None  # the server's root-set model of the round (FLTrust)
+        self.root: dict[str, NamedArrays] | None = None  # the server's root-set reply of the round (FLTrust)
         self.centre: NamedArrays | None = None  # the last round's model update (centered clipping's momentum)
         self._previous: NamedArrays | None = None
 
