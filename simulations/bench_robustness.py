@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, Error, Message
 from flwr.common.logger import FLOWER_LOGGER
 
 import flower_strategies  # noqa: F401 - registers the methods
@@ -133,11 +133,13 @@ def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rou
     """One run; ``{"accuracy", "rejected", "clipped", "status"}`` (status: completed, or the failure's type).
     ``attackers`` > 0: ``attack`` is a :data:`KINDS` name played by partitions ``0 … attackers − 1``; else an
     :data:`ATTACKS` name; ``aggregator``: an :data:`AGGREGATORS` or :data:`PROFILES` name."""
-    name = f"{partition}-{aggregator}-{attack or 'clean'}-{attackers}of{nodes}"
+    name = f"{DIGITS.get('method', 'fedavg')}-{partition}-{aggregator}-{attack or 'clean'}-{attackers}of{nodes}"
     cfg = {**DIGITS, **PARTITIONS[partition], **{**AGGREGATORS, **PROFILES}[aggregator], "num-server-rounds": rounds,
            "output-dir": str(out), "run-name": name}
     intercept: Any = None
-    if attack and attackers:
+    if attack == "absent":
+        intercept = Absent(tuple(range(attackers)))
+    elif attack and attackers:
         intercept = KINDS[attack](tuple(range(attackers)), cfg, nodes)
     elif attack:
         intercept = Coordinated(ATTACKS[attack])
@@ -219,6 +221,19 @@ class LabelFlip:
         return Message(content=content, reply_to=request)
 
 
+class Absent:
+    """The attackers' replies never arrive (a client error each round): what the honest clients alone reach, the
+    ceiling of any defence that leaves the attackers out (on label-skewed data their classes go with them)."""
+
+    def __init__(self, who: tuple[int, ...]) -> None:
+        self.who = who
+
+    def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
+        if partition_id not in self.who:
+            return rep
+        return Message(Error(code=0, reason="absent (bench_robustness)"), reply_to=request)
+
+
 class Hijack:
     """Each attacker reports 1e12 examples with its honest model (the weight hijack)."""
 
@@ -265,11 +280,12 @@ def matrix(out: Path, rounds: int, profiles: list[str], engine: str) -> list[str
     """The matrix as markdown lines: per scenario and partitioning, per profile, the gap of each cell to the clean
     ``off`` run (``—``: the run failed)."""
     kinds = list(KINDS)
-    lines = ["| clients | data | profile | clean | " + " | ".join(kinds) + " | worst |",
-             "|---|---|---|" + "---|" * (len(kinds) + 2)]
+    lines = ["| clients | data | profile | clean | attackers absent | " + " | ".join(kinds) + " | worst |",
+             "|---|---|---|" + "---|" * (len(kinds) + 3)]
     for nodes, k in SCENARIOS:
         for partition in PARTITIONS:
             base = run_case(out, partition, "off", None, rounds, nodes, 0, engine)["accuracy"]
+            absent = run_case(out, partition, "off", "absent", rounds, nodes, k, engine)["accuracy"] - base
             for profile in profiles:
                 if nodes != NODES and profile not in EVERY_SCENARIO:
                     continue
@@ -285,7 +301,8 @@ def matrix(out: Path, rounds: int, profiles: list[str], engine: str) -> list[str
                     cells.append(f"{gap:+.3f}" if gap >= -TARGET else f"**{gap:+.3f}**")
                 cgap = clean["accuracy"] - base
                 ctxt = f"{clean['accuracy']:.3f} ({cgap:+.3f})"
-                lines.append(f"| {k} of {nodes} | {partition} | {profile} | {ctxt} | " + " | ".join(cells)
+                lines.append(f"| {k} of {nodes} | {partition} | {profile} | {ctxt} | {absent:+.3f} | "
+                             + " | ".join(cells)
                              + f" | {min(gaps):+.3f} |")
                 print(lines[-1], flush=True)
     return lines
