@@ -171,7 +171,8 @@ class NearReplay:
     value (a different element each round), so that no two of its replies have the same bytes."""
 
     def __init__(self, who: tuple[int, ...]) -> None:
-        self.who, self.first, self.calls = who, {}, 0
+        self.who, self.calls = who, 0
+        self.first: dict[int, dict[str, np.ndarray]] = {}
 
     def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
         if partition_id not in self.who or rep.has_error() or "arrays" not in rep.content.array_records:
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             jobs = default_jobs(Path(tmp), args.engine)
             lines = matrix(Path(tmp), args.rounds, args.profiles, args.engine)
-        header = (f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench_robustness --write-docs` "
+        doc_header = (f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench_robustness --write-docs` "
                   f"({platform.machine()}, {os.cpu_count()} cores shared with other jobs, torch 1 thread, "
                   f"{args.engine} engine, {time.monotonic() - t0:.0f} s): digits-mlp, {args.rounds} rounds × 2 "
                   f"epochs, client-lr 0.1, batch 32, FedAvg.  Each cell: final test accuracy minus the clean "
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
                        f"clients, 10 rounds × 5 epochs, client-lr 0.5; each method with its presets), clean, final "
                        f"test accuracy under `defence = \"off\"` / `\"robust\"` (gap; **bold** = more than "
                        f"{CLEAN_TARGET} below):")
-        write_docs(Path(args.write_docs), [*lines, "", jobs_header, "", *jobs], header)
+        write_docs(Path(args.write_docs), [*lines, "", jobs_header, "", *jobs], doc_header)
         return
     header = ["partition", "aggregator", "clean", *args.attacks]
     print("| " + " | ".join(header) + " |")
