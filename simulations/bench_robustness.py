@@ -134,7 +134,9 @@ def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rou
     ``attackers`` > 0: ``attack`` is a :data:`KINDS` name played by partitions ``0 … attackers − 1``; else an
     :data:`ATTACKS` name; ``aggregator``: an :data:`AGGREGATORS` or :data:`PROFILES` name."""
     name = f"{DIGITS.get('method', 'fedavg')}-{partition}-{aggregator}-{attack or 'clean'}-{attackers}of{nodes}"
-    cfg = {**DIGITS, **PARTITIONS[partition], **{**AGGREGATORS, **PROFILES}[aggregator], "num-server-rounds": rounds,
+    rows = {**AGGREGATORS, **PROFILES}
+    assert len(rows) == len(AGGREGATORS) + len(PROFILES), "a profile name shadows an aggregator row"
+    cfg = {**DIGITS, **PARTITIONS[partition], **rows[aggregator], "num-server-rounds": rounds,
            "output-dir": str(out), "run-name": name}
     intercept: Any = None
     if attack == "absent":
@@ -268,7 +270,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "fltrust": {"aggregator": "fltrust"},
     "centered-clip": {"aggregator": "centered-clip"},
     "bucketing": {"aggregator": "bucketing"},
-    "multi-krum": {"aggregator": "multi-krum", "byzantine-fraction": 0.3},
+    "multi-krum-f0.3": {"aggregator": "multi-krum", "byzantine-fraction": 0.3},
     "robust-before": {"max-weight-ratio": 1.5, "update-clip-ratio": 1.0, "update-cosine-floor": 0.0},
 }
 #: Rows run on every scenario; the other profiles on the 5-client scenarios only.
