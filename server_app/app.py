@@ -42,11 +42,12 @@ from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.policy import RunFailed
+from flower_strategies.core.robust import TRUST_RULES
 from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
 from . import plots, presets, provenance, rundir, tracking
-from . import secure
+from . import root, secure
 from .loop import exchange, run_rounds
 from .metrics import MetricsWriter, Progress, progress_line
 
@@ -163,6 +164,9 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
+    if strategy.settings.setting("aggregator") in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)
+        strategy.root_update = root.root_update(fed)
+        log(INFO, "fedadapt: aggregator %s, root set of %d training examples", strategy.aggregator, fed.root_set_size)
     tracking.check_available(fed.tracking)  # a missing tracker package fails here, before anything is written
     if fed.secure_aggregation != "off":
         secure.check(fed, strategy)  # SecAgg+: eligible method and settings, or ConfigError naming what to use

@@ -5,6 +5,8 @@ Rules:
 * ``wmean`` / ``umean`` / ``sum`` / ``max`` — the plain reply-by-reply fold (:func:`.ops.fold`);
 * ``median`` / ``trimmed-mean`` — the coordinate-wise robust rules (:func:`.robust.robust_aggregate`; weights ignored,
   ``trim`` values dropped per side);
+* ``centered-clip`` / ``bucketing`` — the whole-record robust rules (:func:`.robust.record_aggregate`; weights
+  ignored; the updates ``item − reference`` clipped around ``centre``, buckets drawn from ``seed``);
 * a :class:`Private` rule — native DP's clipped, noised sum or mean (``weights``: each reply's clip scale).
 """
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ops import NamedArrays, fold, is_float
-from .robust import COORDINATE_RULES, robust_aggregate
+from .robust import COORDINATE_RULES, VECTOR_RULES, record_aggregate, robust_aggregate
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,15 @@ class Private:
 
 
 def aggregate(items: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float] | None, rule: str | Private, *,
-              trim: int = 0) -> NamedArrays:
+              trim: int = 0, reference: Mapping[str, np.ndarray] | None = None,
+              centre: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> NamedArrays:
     """The aggregate of ``items`` (named arrays with identical keys, one per reply) under ``rule``."""
     if isinstance(rule, Private):
         return _private(items, weights or [1.0] * len(items), rule)
     if rule in COORDINATE_RULES:
         return robust_aggregate(items, rule, trim)
+    if rule in VECTOR_RULES:
+        return record_aggregate(items, rule, reference, centre, seed)
     return fold(items, weights, rule)
 
 
