@@ -142,7 +142,7 @@ def test_streaming_aggregation_rules(rule, expected):
 
 def test_one_entry_point_routes_to_the_robust_rules_and_native_dp():
     from flower_strategies.core.aggregation import Private
-    from flower_strategies.core.robust import robust_aggregate
+    from flower_strategies.core.robust import record_aggregate, robust_aggregate
 
     rng = np.random.default_rng(1)
     items = [{"w": rng.normal(size=5), "n": np.array(i, np.int64)} for i in range(5)]
@@ -151,6 +151,10 @@ def test_one_entry_point_routes_to_the_robust_rules_and_native_dp():
         got = aggregate(items, [1.0] * 5, rule, trim=1)
         assert all(np.array_equal(got[k], want[k]) for k in want)
     ref = {"w": np.ones(5), "n": np.array(9, np.int64)}
+    for rule in ("centered-clip", "bucketing"):
+        want = record_aggregate(items, rule, ref, None, 7)
+        got = aggregate(items, [1.0] * 5, rule, reference=ref, seed=7)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
     got = aggregate(items, [0.5] * 5, Private(0.0, 4, rng, ref))  # no noise: Σ s_i (a_i − ref) / 4 + ref
     np.testing.assert_allclose(got["w"], sum(0.5 * (i["w"] - 1.0) for i in items) / 4 + 1.0, rtol=1e-15)
     assert got["n"] == 9  # integer arrays keep the reference's value
