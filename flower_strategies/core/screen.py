@@ -11,8 +11,8 @@ Every defence of the server sits here, in this order:
    (:meth:`ScreenPolicy.weights`) and epochs-mode ``num-steps`` at the plan of the clipped weight
    (:meth:`ScreenPolicy.step_caps`), so that one reply cannot move the weights or K̄, the mean step count the server
    math reads;
-4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured in
-   the same chunk-major pass that folds the replies into the aggregates (:func:`.ops.fold`);
+4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured
+   before anything is aggregated (:func:`.ops.update_norms`);
 5. **direction screen** — with ``update_cosine_floor`` > −1 (opt-in), a reply whose model update has a cosine
    below it with the round's robust centre (:func:`.robust.centre_cosines`) is rejected;
 6. **norm clip** — each surviving reply's record scaled back onto ``update_clip_ratio`` × the round's median norm
@@ -44,12 +44,12 @@ from flwr.app import ConfigRecord, Message, MetricRecord
 from flwr.common import log
 
 from . import records as R
-from .ops import NamedArrays, fold, is_float
+from .aggregation import aggregate
+from .ops import NamedArrays, is_float, update_norms
 from .privacy import rewritten_reply_reason
 from .rejections import Kind, Rejection
-from .robust import COORDINATE_RULES, RECORD_RULES, SELECTION_RULES, TRUST_RULES, TooFewReplies, byzantine_count, \
-    centre_cosines, check_replies, clip_scales, clipped, flat_updates, fltrust_scores, krum_select, lower_median, \
-    record_aggregate, robust_aggregate
+from .robust import RECORD_RULES, SELECTION_RULES, TRUST_RULES, TooFewReplies, byzantine_count, centre_cosines, \
+    check_replies, clip_scales, clipped, flat_updates, fltrust_scores, krum_select, lower_median
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 #: A usable reply: the message and its parsed records (zero-copy views of the payload).
@@ -173,10 +173,8 @@ class ReplyScreen:
     def run(self, server_round: int, replies: Sequence[Message]) -> Screened:
         """Validate the replies, screen their update norms and aggregate the usable ones.
 
-        One chunk-major pass (:func:`.ops.fold`) both measures every reply's norms and folds the replies into the
-        aggregates; a finite norm proves the record finite.  Only when the norms reject a reply (NaN/Inf,
-        ``max-update-norm``, more than ``update-norm-ratio`` × the round's median) are the survivors folded again —
-        the same operations in the same order as if the rejected replies had never arrived."""
+        The replies' norms are measured first (:func:`.ops.update_norms`; a finite norm proves the record finite); the
+        replies that pass every check are then aggregated once (:func:`.aggregation.aggregate`)."""
         out = Screened([], [], {})
         expected = {s.name: layout(self.current, self.trainable if s.keys == "params" else None) for s in self.specs}
         kept: list[Parsed] = []
@@ -203,7 +201,8 @@ class ReplyScreen:
                 f"RecordDict of your own. Or build the reply with flower_strategies.train_reply(...) (legacy apps: "
                 f"FedAdaptNumPyClient); see docs/plugin.md ('Use fedadapt in your own Flower app')."
             )
-        weights, aggregates, norms = self._fold(kept, measure=True)
+        norms = [update_norms([parsed[spec.name] for _, parsed in kept], self.current if spec.keys == "model" else None)
+                 for spec in self.specs]
         survivors = [j for j in range(len(kept)) if self._norm_ok(out, server_round, kept[j], [n[j] for n in norms])]
         ratio = self.policy.update_norm_ratio
         if ratio > 0 and len(survivors) > 2:
@@ -222,24 +221,15 @@ class ReplyScreen:
                 self._reject(out, server_round, kept[j][0], reason)
         trust = self._trust(out, server_round, kept, survivors)
         survivors = self._direction_screen(out, server_round, kept, survivors, norms)
-        changed = len(survivors) < len(kept)
         kept = [kept[j] for j in survivors]
         trusted = [trust[j] for j in survivors] if trust else None
         out.updates_clipped = self._clip(server_round, kept, [[n[j] for j in survivors] for n in norms])
-        selected = self._select(out, server_round, kept, len(replies))
-        if changed or trust or out.updates_clipped or len(selected) < len(kept):
-            kept = selected
-            weights, aggregates, _ = self._fold(kept, measure=False, trust=trusted)
+        kept = self._select(out, server_round, kept, len(replies))
+        weights = self.policy.weights([float(_metrics(msg)[R.NUM_EXAMPLES]) for msg, _ in kept])
         trim = self.byzantine_left(len(replies), len(out.rejections))
-        for spec in self.specs:
-            rule = self.policy.rule(spec)
-            if rule in RECORD_RULES and kept:
-                items = [p[spec.name] for _, p in kept]
-                model = spec.keys == "model"
-                aggregates[spec.name] = robust_aggregate(items, rule, trim) if rule in COORDINATE_RULES else \
-                    record_aggregate(items, rule, self.current if model else None, self.centre if model else None,
-                                     self.seed + server_round)
-        out.kept, out.weights, out.aggregates = kept, weights, aggregates
+        out.kept, out.weights = kept, weights
+        out.aggregates = {spec.name: self._aggregate(server_round, spec, kept, weights, trusted, trim)
+                          for spec in self.specs} if kept else {}
         out.step_caps = self._step_caps(server_round, kept, weights)
         return out
 
@@ -260,30 +250,17 @@ class ReplyScreen:
                          f"reply was not produced by the client half of fedadapt method '{self.method}' (its "
                          f"'{R.REPLY_INFO}' ConfigRecord names {produced_by!r})")
 
-    def _fold(
-        self, kept: Sequence[Parsed], measure: bool, trust: Sequence[float] | None = None
-    ) -> tuple[list[float], dict[str, NamedArrays], list[list[float]]]:
-        """``(weights, {record: aggregate}, norms[spec][reply])`` of the streaming-rule records (robust rules: norms
-        only, the aggregate comes after screening); with ``trust`` (FLTrust) every mean is weighted by it instead
-        (the returned weights stay the replies' example weights)."""
-        reported = [float(_metrics(msg)[R.NUM_EXAMPLES]) for msg, _ in kept]
-        weights = self.policy.weights(reported)
-        aggregates: dict[str, NamedArrays] = {}
-        norms: list[list[float]] = []
-        for spec in self.specs:
-            rule: str | None = self.policy.rule(spec)
-            rule = None if rule in RECORD_RULES or not kept else rule
-            if rule is None and not measure:
-                continue
-            items = [parsed[spec.name] for _, parsed in kept]
-            by = weights
-            if trust is not None and rule in ("wmean", "umean"):
-                rule, by = "wmean", list(trust)
-            agg, n = fold(items, by, rule, self.current if spec.keys == "model" else None, norms=measure)
-            if rule is not None:
-                aggregates[spec.name] = agg
-            norms.append(n)
-        return weights, aggregates, norms
+    def _aggregate(self, server_round: int, spec: RecordSpec, kept: Sequence[Parsed], weights: Sequence[float],
+                   trust: Sequence[float] | None, trim: int) -> NamedArrays:
+        """The aggregate of one record of the kept replies under the policy's rule (:func:`.aggregation.aggregate`);
+        with ``trust`` (FLTrust) a mean is weighted by it instead of ``weights``."""
+        rule, by = self.policy.rule(spec), weights
+        if trust is not None and rule in ("wmean", "umean"):
+            rule, by = "wmean", trust
+        model = spec.keys == "model"
+        reference, centre = (self.current, self.centre) if model else (None, None)
+        return aggregate([p[spec.name] for _, p in kept], by, rule, trim=trim, reference=reference, centre=centre,
+                         seed=self.seed + server_round)
 
     def _trust(self, out: Screened, server_round: int, kept: Sequence[Parsed], survivors: list[int]
                ) -> dict[int, float]:

@@ -12,8 +12,8 @@ The base wires four parts around them, each usable and tested on its own:
 
 * :class:`.sampler.NodeSampler` — live nodes (heartbeats), the seeded draw, node order, silent nodes;
 * :class:`.binding.ReplyBinder` — each reply bound to its round: stale, oversized and replayed replies rejected;
-* :class:`.screen.ReplyScreen` — client half, reply validation, weight clipping, norm screening, the fold into the
-  aggregates (:func:`.ops.fold`) and robust aggregation;
+* :class:`.screen.ReplyScreen` — client half, reply validation, weight clipping, norm screening, robust selection,
+  then one aggregation of the kept replies (:func:`.aggregation.aggregate`);
 * :class:`.rounds.RoundBook` — round logs and history, the finite check before a commit, the update counter.
 
 Memory and the in-place update contract: see :meth:`~FedAdaptStrategy.server_update`.  Everything a resumed run
@@ -193,8 +193,8 @@ class FedAdaptStrategy(Strategy):
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> ServerUpdate:
         """The server math: ``(new global arrays, new server state, round metrics)``.  It may write into
-        ``inputs.aggregates`` (the round's own buffers) and update state arrays in place only through
-        :func:`.ops.apply_update`; the base commits the result only when every value is finite."""
+        ``inputs.aggregates`` (the round's own buffers) but returns its new state in new arrays; the base commits the
+        result only when every value is finite."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for subclasses
