@@ -164,9 +164,10 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
-    if strategy.settings.setting("aggregator") in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)
+    aggregator = strategy.settings.setting("aggregator")
+    if aggregator in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)
         strategy.root_update = root.root_update(fed)
-        log(INFO, "fedadapt: aggregator %s, root set of %d training examples", strategy.settings.setting("aggregator"), fed.root_set_size)
+        log(INFO, "fedadapt: aggregator %s, root set of %d training examples", aggregator, fed.root_set_size)
     tracking.check_available(fed.tracking)  # a missing tracker package fails here, before anything is written
     if fed.secure_aggregation != "off":
         secure.check(fed, strategy)  # SecAgg+: eligible method and settings, or ConfigError naming what to use
