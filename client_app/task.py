@@ -10,6 +10,10 @@
 * the hub tasks (:data:`HUB_TASKS`: CIFAR-10/100, MNIST, Fashion-MNIST, FEMNIST) — the papers' image data sets,
   downloaded from the Hugging Face hub or read from the local copy that the run-config ``dataset-path`` names
   (:mod:`client_app.hub_data`).  fedadapt never sets ``HF_HUB_OFFLINE``: the user's environment decides.
+* ``leaf-synthetic`` — FedProx's / LEAF's Synthetic(α, β) (Li et al., MLSys 2020): 60 features, 10 classes, one
+  softmax-regression "teacher" per client, power-law client sizes; client ``i`` is generated on demand from
+  ``(seed, i)`` (:func:`leaf_synthetic_client`), so a population can hold 100,000 clients.  Model: multinomial logistic
+  regression (the paper's).  Formulas and the held-out test set: ``docs/leaf_synthetic.md``.
 * ``synthetic-linear`` — heterogeneous least squares: client ``i`` has ``A_i ∈ R^{n_i×d}``, its own optimum
   ``w_i* = w* + h·ξ_i`` and ``y_i = A_i w_i* + 0.01·noise``; loss ``½·mean (a·w − y)²``.  Deterministic from the seed;
   a full batch is the exact local objective.
@@ -95,6 +99,7 @@ TASK_SPECS = {
     "digits-cnn": TaskSpec("digits-cnn", True),
     "synthetic-linear": TaskSpec("synthetic-linear", False),
     "shakespeare-lstm": TaskSpec("shakespeare-lstm", True),
+    "leaf-synthetic": TaskSpec("leaf-synthetic", True),
 }
 #: Tasks on the papers' own data sets, from the Hugging Face hub or (run-config ``dataset-path``) a local copy saved by
 #: ``datasets``; without either they fail with :class:`client_app.hub_data.DatasetUnavailable`, which names
@@ -126,6 +131,8 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
         elif task == "synthetic-linear":
             model = LinearModel(synthetic_dim)
             nn.init.zeros_(model.w.weight)
+        elif task == "leaf-synthetic":
+            model = nn.Linear(LEAF_DIM, LEAF_CLASSES)  # multinomial logistic regression
         elif task == "shakespeare-lstm":
             from client_app.shakespeare import CharLSTM
 
@@ -224,6 +231,42 @@ def synthetic_client(i: int, dim: int, heterogeneity: float, seed: int) -> tuple
     return f(a[:n_tr]), f(y[:n_tr, None]), f(a[n_tr:]), f(y[n_tr:, None])
 
 
+LEAF_DIM, LEAF_CLASSES = 60, 10
+#: Client sizes of Synthetic(α, β): ``int(lognormal(4, 2)) + 50`` (FedProx's generator), at most this many examples
+#: (LEAF's generator caps its sizes too; the lognormal's tail would give a few clients of 10^5-10^6 examples in a
+#: population of 100,000).
+LEAF_MAX_EXAMPLES = 1000
+#: Share of each client's examples held out for testing (the first ``int(0.9·n)`` train, as in FedProx's code).
+LEAF_TRAIN_FRACTION = 0.9
+#: Clients whose held-out examples make the central test set (the first ones of the population).
+LEAF_TEST_CLIENTS = 100
+_LEAF_STD = np.arange(1, LEAF_DIM + 1, dtype=np.float64) ** -0.6  # sqrt(Σ_jj), Σ_jj = j^-1.2
+
+
+def leaf_synthetic_size(i: int, seed: int) -> int:
+    """Client ``i``'s number of examples (train + held-out): ``min(int(lognormal(4, 2)) + 50, LEAF_MAX_EXAMPLES)``."""
+    draw = np.random.default_rng([seed, 39, 0, i]).lognormal(4.0, 2.0)
+    return int(min(int(draw) + 50, LEAF_MAX_EXAMPLES))
+
+
+@lru_cache(maxsize=64)
+def leaf_synthetic_client(i: int, alpha: float, beta: float, seed: int) -> tuple[np.ndarray, ...]:
+    """``(x_train, y_train, x_test, y_test)`` of client ``i`` of Synthetic(α, β), float64 x and int64 y, generated
+    from ``(seed, i)`` alone: u ~ N(0, α), B ~ N(0, β); W ~ N(u, 1)^{60×10}, b ~ N(u, 1)^{10}; v ~ N(B, 1)^{60};
+    x ~ N(v, Σ) with Σ = diag(j^-1.2); y = argmax(softmax(xW + b)).  (α, β are the normals' variances in the paper;
+    FedProx's code passes them as standard deviations, and so does this.)"""
+    rng = np.random.default_rng([seed, 39, 1, i])
+    u, big_b = rng.normal(0.0, alpha), rng.normal(0.0, beta)
+    w = rng.normal(u, 1.0, (LEAF_DIM, LEAF_CLASSES))
+    b = rng.normal(u, 1.0, LEAF_CLASSES)
+    v = rng.normal(big_b, 1.0, LEAF_DIM)
+    n = leaf_synthetic_size(i, seed)
+    x = v + _LEAF_STD * rng.standard_normal((n, LEAF_DIM))
+    y = np.argmax(x @ w + b, axis=1).astype(np.int64)  # softmax is monotone: its argmax is the logits'
+    n_tr = int(LEAF_TRAIN_FRACTION * n)
+    return x[:n_tr], y[:n_tr], x[n_tr:], y[n_tr:]
+
+
 # ------------------------------------------------------------------------------------------ hub tasks
 @lru_cache(maxsize=4)
 def hub_data(task: str, num_partitions: int, partitioner: str, seed: int, alpha: float, classes_per_client: int,
@@ -250,6 +293,7 @@ def load_client_data(
     task: str, partition_id: int, num_partitions: int, *, partitioner: str, seed: int, alpha: float,
     classes_per_client: int, synthetic_dim: int = 10, synthetic_heterogeneity: float = 1.0,
     precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR, dataset_path: str = "",
+    synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     if task == "shakespeare-lstm":  # integer character codes: no dtype cast
         from client_app.shakespeare import load_client
@@ -268,19 +312,27 @@ def load_client_data(
     if task == "synthetic-linear":
         a, t, _, _ = synthetic_client(partition_id, synthetic_dim, synthetic_heterogeneity, seed)
         return _cast(torch.from_numpy(a), torch.from_numpy(t), precision)
+    if task == "leaf-synthetic":
+        x, y, _, _ = leaf_synthetic_client(partition_id, synthetic_alpha, synthetic_beta, seed)
+        return _leaf_tensors(x, y, precision)
     raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
 
 
 def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim: int = 10,
                    synthetic_heterogeneity: float = 1.0, precision: str = "float32",
                    data_dir: str = DEFAULT_DATA_DIR, max_examples: int = 0,
-                   dataset_path: str = "") -> tuple[Tensor, Tensor]:
+                   dataset_path: str = "", synthetic_alpha: float = 1.0,
+                   synthetic_beta: float = 1.0) -> tuple[Tensor, Tensor]:
     """The central held-out test set; ``max_examples > 0``: a seeded sample of at most that many examples
     (0 = the task's default: all of it, Shakespeare 2,000 windows); ``dataset_path``: hub tasks' local copy."""
     if task == "shakespeare-lstm":  # a seeded sample of every client's test windows
         from client_app.shakespeare import load_test
 
         return load_test(data_dir, seed=seed, **({"max_examples": max_examples} if max_examples > 0 else {}))
+    if task == "leaf-synthetic":  # the held-out parts of the population's first LEAF_TEST_CLIENTS clients
+        parts = [leaf_synthetic_client(i, synthetic_alpha, synthetic_beta, seed) for i in range(LEAF_TEST_CLIENTS)]
+        x, y = _leaf_tensors(np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]), precision)
+        return seeded_subset(x, y, max_examples, seed)
     x, y = _full_test_data(task, seed=seed, num_clients=num_clients, synthetic_dim=synthetic_dim,
                            synthetic_heterogeneity=synthetic_heterogeneity, precision=precision,
                            dataset_path=dataset_path)
@@ -301,6 +353,11 @@ def _full_test_data(task: str, *, seed: int, num_clients: int, synthetic_dim: in
         x = torch.from_numpy(np.concatenate([p[2] for p in parts]))
         return _cast(x, torch.from_numpy(np.concatenate([p[3] for p in parts])), precision)
     raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
+
+
+def _leaf_tensors(x: np.ndarray, y: np.ndarray, precision: str) -> tuple[Tensor, Tensor]:
+    dtype = np.float64 if precision == "float64" else np.float32
+    return torch.from_numpy(x.astype(dtype)), torch.from_numpy(y)
 
 
 @torch.no_grad()
