@@ -23,6 +23,7 @@ Everything is seeded by the run-config ``seed``.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -30,7 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from client_app.partitions import fit_partitioner, partition_hint  # noqa: F401 - partition_hint: re-exported
+from client_app.partitions import disk_cached, fit_partitioner, package_version
+from client_app.partitions import partition_hint  # noqa: F401 - re-exported
 from client_app.sampling import seeded_subset
 
 
@@ -150,16 +152,23 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
 
 # ------------------------------------------------------------------------------------------ digits
 @lru_cache(maxsize=4)
-def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(x_train, y_train, x_test, y_test)``: pixels scaled to [0, 1], stratified 80/20 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def digits_split(seed: int = 0, data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x_train, y_train, x_test, y_test)``: pixels scaled to [0, 1], stratified 80/20 split.  ``data_dir``: keep
+    the split in its cache (:func:`~client_app.partitions.disk_cached`; no scikit-learn import on a hit)."""
 
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    return x_tr, y_tr, x_te, y_te
+    def compute() -> dict[str, np.ndarray]:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        d = load_digits()
+        x = (d.data / 16.0).astype(np.float32)
+        y = d.target.astype(np.int64)
+        x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+        return {"x_tr": x_tr, "y_tr": y_tr, "x_te": x_te, "y_te": y_te}
+
+    key = {"seed": seed, "scikit-learn": package_version("scikit-learn")}
+    out = disk_cached(data_dir, "digits-split", key, compute)
+    return out["x_tr"], out["y_tr"], out["x_te"], out["y_te"]
 
 
 #: Smallest digits partition the Dirichlet partitioner aims for (then 1, then IID: :mod:`client_app.partitions`).
@@ -186,33 +195,39 @@ def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0
 
 
 @lru_cache(maxsize=8)
-def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int):
+def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int,
+                       data_dir: str | None = None):
     """Every partition of the digits training split as ``(x, y)`` tensors, materialised once per split setting (the
     flwr-datasets partitioners are lazy, and each ``load_partition`` re-shards the Arrow table: ~3 ms per call).
     A ``dirichlet`` split its minimum partition size cannot reach falls back, logged (:mod:`client_app.partitions`).
-    """
-    from datasets import Dataset
+    ``data_dir``: keep the partitions' row indices in its cache (:func:`~client_app.partitions.disk_cached`: a hit
+    needs neither ``datasets`` nor the partitioner; the same rows in the same order)."""
+    x_tr, y_tr, _, _ = digits_split(seed, data_dir)
 
-    x_tr, y_tr, _, _ = digits_split(seed)
-    ds = Dataset.from_dict({"x": x_tr, "label": y_tr})
-    part = fit_partitioner(
-        kind, lambda m: make_partitioner(kind, num_partitions, seed, alpha, classes_per_client, m),
-        ds, num_partitions, alpha, DIGITS_MIN_PARTITION)
-    out = []
-    for i in range(num_partitions):
-        rows = part.load_partition(i).with_format("numpy")[:]
-        out.append((torch.from_numpy(np.asarray(rows["x"], dtype=np.float32)),
-                    torch.from_numpy(np.asarray(rows["label"], dtype=np.int64))))
-    return tuple(out)
+    def compute() -> dict[str, np.ndarray]:
+        from datasets import Dataset
+
+        ds = Dataset.from_dict({"row": np.arange(len(y_tr)), "label": y_tr})
+        part = fit_partitioner(
+            kind, lambda m: make_partitioner(kind, num_partitions, seed, alpha, classes_per_client, m),
+            ds, num_partitions, alpha, DIGITS_MIN_PARTITION)
+        return {str(i): np.asarray(part.load_partition(i)["row"], dtype=np.int64) for i in range(num_partitions)}
+
+    key = {"kind": kind, "partitions": num_partitions, "seed": seed, "alpha": alpha, "classes": classes_per_client,
+           "min-size": DIGITS_MIN_PARTITION, "labels": hashlib.sha256(y_tr.tobytes()).hexdigest(),
+           "flwr-datasets": package_version("flwr-datasets")}
+    rows = disk_cached(data_dir, "digits-partitions", key, compute)
+    return tuple((torch.from_numpy(x_tr[rows[str(i)]]), torch.from_numpy(y_tr[rows[str(i)]]))
+                 for i in range(num_partitions))
 
 
 def digits_partition(
     partition_id: int, num_partitions: int, *, partitioner: str = "dirichlet", seed: int = 0,
-    alpha: float = 0.3, classes_per_client: int = 2,
+    alpha: float = 0.3, classes_per_client: int = 2, data_dir: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
-    return _digits_partitions(partitioner, num_partitions, seed, alpha, classes_per_client)[partition_id]
+    return _digits_partitions(partitioner, num_partitions, seed, alpha, classes_per_client, data_dir)[partition_id]
 
 
 # ------------------------------------------------------------------------------------------ synthetic
@@ -306,7 +321,7 @@ def load_client_data(
     if task.startswith("digits"):
         x, y = digits_partition(
             partition_id, num_partitions, partitioner=partitioner, seed=seed, alpha=alpha,
-            classes_per_client=classes_per_client,
+            classes_per_client=classes_per_client, data_dir=data_dir,
         )
         return _cast(x, y, precision)
     if task == "synthetic-linear":
@@ -335,18 +350,18 @@ def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim
         return seeded_subset(x, y, max_examples, seed)
     x, y = _full_test_data(task, seed=seed, num_clients=num_clients, synthetic_dim=synthetic_dim,
                            synthetic_heterogeneity=synthetic_heterogeneity, precision=precision,
-                           dataset_path=dataset_path)
+                           dataset_path=dataset_path, data_dir=data_dir)
     return seeded_subset(x, y, max_examples, seed)
 
 
 def _full_test_data(task: str, *, seed: int, num_clients: int, synthetic_dim: int, synthetic_heterogeneity: float,
-                    precision: str, dataset_path: str = "") -> tuple[Tensor, Tensor]:
+                    precision: str, dataset_path: str = "", data_dir: str | None = None) -> tuple[Tensor, Tensor]:
     if task in HUB_TASKS:  # the hub's test split (FEMNIST: the test parts of the first clients)
         hub = hub_data(task, num_clients, "iid", seed, 0.3, 2, dataset_path)
         x, y = hub.test(num_clients=num_clients)
         return _cast(x, y, precision)
     if task.startswith("digits"):
-        _, _, x_te, y_te = digits_split(seed)
+        _, _, x_te, y_te = digits_split(seed, data_dir)
         return _cast(torch.from_numpy(x_te), torch.from_numpy(y_te), precision)
     if task == "synthetic-linear":
         parts = [synthetic_client(i, synthetic_dim, synthetic_heterogeneity, seed) for i in range(num_clients)]
