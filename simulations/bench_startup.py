@@ -8,7 +8,8 @@ given tree (its directory first on ``PYTHONPATH``) in a new working directory, s
 ``--warm-cache`` (then one untimed run first fills the tree's data cache and every timed run reuses it).  It reports:
 
 * ``whole``   — the process's wall time, interpreter start to exit;
-* ``imports`` — importing the engine, the ServerApp and the ClientApp;
+* ``imports`` — importing the engine, the ServerApp and the ClientApp, and ``torch._dynamo`` (which ``torch.optim``
+  imports at the first optimizer step, ~1.5 s here: an import, but paid inside round 1 otherwise);
 * ``fixed``   — the run's one-time cost: its wall time (after the imports) less ``rounds ×`` a steady round's time
   (the median of the ``seconds`` of rounds 2… in the metrics rows; round 1 carries the clients' first data loading,
   round 0 the test set and the initial central evaluation, so both count as fixed beyond a steady round);
@@ -33,6 +34,7 @@ import json, sys, time
 t0 = time.perf_counter()
 from simulations.engine import run_inprocess
 import server_app.app, client_app.app  # noqa: F401
+import torch._dynamo  # noqa: F401  (torch.optim imports it at the first optimizer step: an import, timed as one)
 t1 = time.perf_counter()
 cfg = json.loads(sys.argv[1])
 summary = run_inprocess(cfg, int(sys.argv[2]), engine=sys.argv[3])
