@@ -42,11 +42,12 @@ from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.policy import RunFailed
+from flower_strategies.core.robust import TRUST_RULES
 from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
 from . import plots, presets, provenance, rundir, tracking
-from . import secure
+from . import root, secure
 from .loop import exchange, run_rounds
 from .metrics import MetricsWriter, Progress, progress_line
 
@@ -74,8 +75,13 @@ def run_dir(fed: AppConfig, run_config: Mapping[str, Any] | None = None,
 
 
 def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, poll_interval: float = 0.0) -> None:
-    """Ask connected nodes for their partition id; order sampling by it (fallback: node id)."""
-    nodes = strategy.sample(grid, 1.0, strategy.min_available_nodes)
+    """Ask connected nodes for their partition id; order sampling by it (fallback: node id).  An in-process grid
+    that holds a large population out of core knows them without asking (``partition_order``)."""
+    nodes = strategy.sample(grid, 1.0, strategy.settings.min_available_nodes)  # a draw from the sampling RNG either way
+    known = getattr(grid, "partition_order", lambda: None)()
+    if known is not None:
+        strategy.order_nodes(known)
+        return
     msgs = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
     order: dict[int, Any] = {}
     for reply in exchange(grid, msgs, timeout, poll_interval):
@@ -163,6 +169,10 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
+    aggregator = strategy.settings.setting("aggregator")
+    if aggregator in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)
+        strategy.root_update = root.root_update(fed)
+        log(INFO, "fedadapt: aggregator %s, root set of %d training examples", aggregator, fed.root_set_size)
     tracking.check_available(fed.tracking)  # a missing tracker package fails here, before anything is written
     if fed.secure_aggregation != "off":
         secure.check(fed, strategy)  # SecAgg+: eligible method and settings, or ConfigError naming what to use
@@ -206,7 +216,8 @@ def _load_test_split(fed: AppConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return load_test_data(
         fed.task, seed=fed.seed, num_clients=fed.synthetic_clients, synthetic_dim=fed.synthetic_dim,
         synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
-        max_examples=fed.test_max_examples, dataset_path=fed.dataset_path,
+        max_examples=fed.test_max_examples, dataset_path=fed.dataset_path, synthetic_alpha=fed.synthetic_alpha,
+        synthetic_beta=fed.synthetic_beta,
     )
 
 
@@ -240,7 +251,7 @@ def round_row(server_round: int, test_metrics: Mapping[str, float], history: lis
             row[key] = h.train_metrics[key]
     row.update(h.round_metrics)
     if h.rejections:
-        row["rejections"] = "; ".join(h.rejections)
+        row["rejections"] = "; ".join(map(str, h.rejections))
     return row
 
 

@@ -22,9 +22,10 @@ from flower_strategies.core.local import LOCAL_OPTIMIZERS
 from .test_structure import ROOT, import_graph
 
 CLIENT = "flower_strategies.core.client"
-#: Server-side modules and packages (and the library's public surface, whose __init__ imports everything).
+#: Server-side modules and packages (and the library's public surface, whose __init__ imports everything).  Not
+#: listed: core/privacy.py (the client's reply guard beside the server's native DP) and what it imports.
 SERVER_SIDE = tuple(f"flower_strategies.core.{m}" for m in (
-    "strategy", "registry", "screen", "binding", "sampler", "policy", "checkpoint", "server_opt", "validation",
+    "strategy", "registry", "screen", "binding", "sampler", "policy", "checkpoint", "server_opt",
 )) + ("flower_strategies.methods", "flower_strategies.compat", "server_app", "client_app", "simulations")
 
 

@@ -25,9 +25,17 @@ from .robust import AGGREGATORS
 #: overrides its profile's value (:meth:`StrategyConfig.setting`).  ``"off"`` is every method's paper algorithm.
 DEFENCES: dict[str, dict[str, Any]] = {
     "off": {"max_weight_ratio": 0.0, "update_clip_ratio": 0.0, "update_cosine_floor": -1.0, "aggregator": "mean"},
-    "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 1.0, "update_cosine_floor": 0.0, "aggregator": "mean"},
+    "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 3.0, "update_cosine_floor": -1.0,
+               "aggregator": "fltrust-gate"},
 }
 DEFENCE_CHOICES = tuple(DEFENCES)
+
+#: What native DP (``dp-clip > 0``, core/privacy.py) sets for the keys left for it to decide (``weighting =
+#: "default"``, ``update-norm-ratio`` unset): bounded, unweighted contributions, no median-relative rejection (the
+#: clip bounds every reply).  A conflicting explicit value is a :class:`ConfigError` naming both keys.
+DP_PROFILE: dict[str, Any] = {"weighting": "uniform", "update_norm_ratio": 0.0}
+#: ``update-norm-ratio`` left unset without native DP (``StrategyConfig.setting``).
+UPDATE_NORM_RATIO = 100.0
 
 T = TypeVar("T", bound="HParams")
 
@@ -299,23 +307,25 @@ class StrategyConfig(HParams):
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
     weighting: str = param(
         "default", choices=("default", "examples", "uniform"),
-        help="client weights of means; default = the method's paper",
+        help="client weights of means; default = the method's paper (uniform with native DP, dp-clip > 0)",
     )
     max_update_norm: float = param(
         0.0, lo=0.0,
         help="reject replies whose update norm exceeds this absolute bound (0 = off)",
     )
-    update_norm_ratio: float = param(
-        100.0, lo=0.0,
+    update_norm_ratio: float | None = param(
+        None, lo=0.0,
         help="reject replies whose update norm exceeds this multiple of the round's median (0 = off; honest "
-             "training stays far below 100)",
+             "training stays far below 100); empty = 100, or 0 with native DP (dp-clip > 0: the clip bounds every "
+             "reply)",
     )
     defence: str = param(
         "off", choices=DEFENCE_CHOICES,
         help="off = every method is its paper's algorithm, bit for bit (only the guards that never change an honest "
              "run: malformed, oversized, stale, replayed, NaN/Inf, 100× norm, metric validity, steps within the plan); "
-             "robust = the opt-in profile (max-weight-ratio 1.5, update-clip-ratio 1, update-cosine-floor 0; "
-             "docs/robustness.md). The four keys below override it when set",
+             "robust = the opt-in profile (aggregator fltrust-gate against the server's root-set update, "
+             "update-clip-ratio 3, max-weight-ratio 1.5; docs/robustness.md). The four keys below override it when "
+             "set",
     )
     max_weight_ratio: float | None = param(
         None, lo=0.0,
@@ -326,19 +336,23 @@ class StrategyConfig(HParams):
         None, lo=0.0,
         help="scale each reply's update (and every other uplink record) back onto this multiple of the round's "
              "median norm of that record (needs ≥ 3 replies; 0 = off); empty = the defence profile's (off: 0; "
-             "robust: 1)",
+             "robust: 3)",
     )
     update_cosine_floor: float | None = param(
         None, lo=-1.0, hi=1.0,
         help="reject a reply whose model update has a cosine below this with the round's robust centre (the mean of "
              "the updates, each scaled down onto the round's median norm; needs ≥ 3 replies; -1 = off); empty = the "
-             "defence profile's (off: -1; robust: 0)",
+             "defence profile's (-1 in both)",
     )
     aggregator: str | None = param(
         None, choices=AGGREGATORS,
         help="mean = the method's own rule; median / trimmed-mean = coordinate-wise robust aggregation of every "
-             "mean-rule record (O(N·model) memory); krum / multi-krum = use only the best-scored reply / the "
-             "N − ⌈byzantine-fraction·N⌉ best-scored replies; empty = the defence profile's (mean in both)",
+             "mean-rule record (O(N·model) memory); centered-clip / bucketing = centered clipping around the last "
+             "round's update, of the replies / of means of random pairs; krum / multi-krum = use only the "
+             "best-scored reply / the N − ⌈byzantine-fraction·N⌉ best-scored replies; fltrust = weigh each reply by "
+             "ReLU(cosine) with the server's own update on its root set (root-set-size) and rescale it to that "
+             "update's norm; fltrust-gate = only reject the replies of cosine <= 0 with it; empty = the defence "
+             "profile's (off: mean; robust: fltrust-gate)",
     )
     byzantine_fraction: float = param(
         0.2, lo=0.0, hi=0.49,
@@ -361,8 +375,9 @@ class StrategyConfig(HParams):
     dp_clip: float = param(
         0.0, lo=0.0,
         help="native user-level DP: clip each client's whole uplink (joint L2 norm of its model update and every "
-             "statistic record) at this bound and noise every aggregate; uniform weighting, no update-norm-ratio "
-             "screening (the clip bounds every reply); 0 = off (docs/privacy.md)",
+             "statistic record) at this bound and noise every aggregate; weighting = default and update-norm-ratio "
+             "empty then mean uniform and 0 (the clip bounds every reply), a conflicting value is an error; 0 = off "
+             "(docs/privacy.md)",
     )
     dp_noise_multiplier: float = param(
         0.0, lo=0.0,
@@ -372,24 +387,36 @@ class StrategyConfig(HParams):
     dp_delta: float = param(1e-5, lo=0.0, hi=1.0, lo_open=True, help="δ of the ε reported per round (native DP)")
 
     def setting(self, name: str) -> Any:
-        """The value field ``name`` runs with: its own, or (a :data:`DEFENCES` key left unset, ``None``) the value
-        of the ``defence`` profile."""
+        """The value field ``name`` runs with: its own, or, for a key left for a profile to decide, the profile's
+        value: with native DP (``dp-clip > 0``) :data:`DP_PROFILE`'s (``weighting = "default"``, ``update-norm-ratio``
+        unset), else the ``defence`` profile's (:data:`DEFENCES`; ``update-norm-ratio``: :data:`UPDATE_NORM_RATIO`).
+        ``weighting = "default"`` without DP stays ``"default"``: the method's own (``FedAdaptStrategy.weighting``)."""
         value = getattr(self, name)
+        unset = value is None or (name == "weighting" and value == "default")
+        if unset and self.dp_clip > 0 and name in DP_PROFILE:
+            return DP_PROFILE[name]
         if value is None and name in DEFENCES[self.defence]:
             return DEFENCES[self.defence][name]
+        if value is None and name == "update_norm_ratio":
+            return UPDATE_NORM_RATIO
         return value
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.dp_clip > 0:  # native DP (core/privacy.py): bounded, unweighted contributions
-            if (self.weighting == "examples" or self.setting("aggregator") != "mean"
-                    or self.setting("update_clip_ratio") > 0 or self.setting("update_cosine_floor") > -1):
-                raise ConfigError("dp-clip > 0 needs weighting = uniform (or default) and defence = off, i.e. "
-                                  "aggregator = mean, update-clip-ratio = 0 and update-cosine-floor = -1: a weighted "
-                                  "or robust aggregate, or a clip bound or rejection set by the other clients' "
-                                  "replies, has no bounded sensitivity to one client")
-            object.__setattr__(self, "weighting", "uniform")
-            object.__setattr__(self, "update_norm_ratio", 0.0)
+            conflicts = [f"{key} = {value}" for key, value, ok in (
+                ("weighting", self.weighting, self.weighting != "examples"),
+                ("update-norm-ratio", self.update_norm_ratio, not self.update_norm_ratio),
+                ("aggregator", self.setting("aggregator"), self.setting("aggregator") == "mean"),
+                ("update-clip-ratio", self.setting("update_clip_ratio"), self.setting("update_clip_ratio") <= 0),
+                ("update-cosine-floor", self.setting("update_cosine_floor"), self.setting("update_cosine_floor") <= -1),
+            ) if not ok]
+            if conflicts:
+                raise ConfigError(f"dp-clip = {self.dp_clip} conflicts with {', '.join(conflicts)}: native DP needs "
+                                  "weighting = uniform (or default), update-norm-ratio = 0 (or empty) and defence = "
+                                  "off, i.e. aggregator = mean, update-clip-ratio = 0 and update-cosine-floor = -1: a "
+                                  "weighted or robust aggregate, or a clip bound or rejection set by the other "
+                                  "clients' replies, has no bounded sensitivity to one client")
             if self.dp_noise_multiplier > 0 and importlib.util.find_spec("dp_accounting") is None:
                 raise ConfigError("dp-noise-multiplier > 0: native DP reports ε with Google's dp-accounting, which "
                                   "is not installed; install fedadapt's 'dp' extra (pip install 'fedadapt[dp]', or "

@@ -12,8 +12,8 @@ The base wires four parts around them, each usable and tested on its own:
 
 * :class:`.sampler.NodeSampler` — live nodes (heartbeats), the seeded draw, node order, silent nodes;
 * :class:`.binding.ReplyBinder` — each reply bound to its round: stale, oversized and replayed replies rejected;
-* :class:`.screen.ReplyScreen` — client half, reply validation, weight clipping, norm screening, the fold into the
-  aggregates (:func:`.ops.fold`) and robust aggregation;
+* :class:`.screen.ReplyScreen` — client half, reply validation, weight clipping, norm screening, robust selection,
+  then one aggregation of the kept replies (:func:`.aggregation.aggregate`);
 * :class:`.rounds.RoundBook` — round logs and history, the finite check before a commit, the update counter.
 
 Memory and the in-place update contract: see :meth:`~FedAdaptStrategy.server_update`.  Everything a resumed run
@@ -23,7 +23,7 @@ needs is in :meth:`~FedAdaptStrategy.state_dict` (data only: arrays, numbers, st
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from logging import INFO, WARNING
 from types import MappingProxyType
@@ -41,8 +41,9 @@ from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer, has_client_half
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
 from .policy import run_checked
-from .privacy import privatize, refuse_flower_dp
-from .robust import TooFewReplies, byzantine_count, check_replies
+from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
+from .rejections import Kind, Rejection
+from .robust import TRUST_RULES, VECTOR_RULES, TooFewReplies, byzantine_count, check_replies
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
                      weighted_mean)
 from .sampler import NodeSampler
@@ -52,9 +53,10 @@ from .validation import RecordSpec
 __all__ = ["ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState",
            "cast_like", "weighted_mean"]
 
-#: The settings a strategy reads as attributes (``self.client_lr``, …); ``method`` is the class's registry name and
-#: ``weighting`` resolves ``"default"`` to the method's own (see :attr:`FedAdaptStrategy.weighting`).
-SETTINGS = frozenset(f.name for f in dataclasses.fields(StrategyConfig)) - {"method", "num_server_rounds", "weighting"}
+#: The settings a strategy takes as keyword arguments (``FedAvg(client_lr=0.1)``) and reads as ``self.settings.x``;
+#: ``method`` is the class's registry name and ``weighting`` resolves ``"default"`` to the method's own (see
+#: :attr:`FedAdaptStrategy.weighting`).
+SETTINGS = frozenset(f.name for f in dataclasses.fields(StrategyConfig)) - {"method", "num_server_rounds"}
 
 
 class FedAdaptStrategy(Strategy):
@@ -68,9 +70,9 @@ class FedAdaptStrategy(Strategy):
         The method's frozen hyper-parameter dataclass (paper defaults when omitted).
     settings
         The run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig` or an app's extension of it,
-        documented as the run-config keys).  Every field reads as an attribute of the strategy (``self.client_lr``;
-        a ``defence`` key left unset reads as the profile's value, :meth:`.StrategyConfig.setting`);
-        assigning one (``s.max_update_norm = 5.0``) replaces the settings with a validated copy.
+        documented as the run-config keys), kept as :attr:`settings` and read there (``self.settings.client_lr``;
+        a key left unset for a profile to decide, e.g. ``aggregator``, through :meth:`.StrategyConfig.setting`).
+        A change is an explicit, validated copy: ``s.settings = s.settings.replace(max_update_norm=5.0)``.
     overrides
         Settings fields by name, applied to ``settings`` (default ``StrategyConfig()``) in one validated replace.
     trainable_keys
@@ -95,18 +97,24 @@ class FedAdaptStrategy(Strategy):
     needs_train_loss_before: ClassVar[bool] = False
     #: Whether ``client-lr = 0`` is a meaningful setting (LocalUpdate's γ = 0); elsewhere clients would not train.
     accepts_zero_client_lr: ClassVar[bool] = False
-    #: The field defaults given to :func:`.registry.register` for this class's own registry name (set there only).
-    registered_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: Hyper-parameter defaults of this class (and its registry name) that differ from :attr:`hparams_class`'s
+    #: declaration, by field name: an alias class's (``FedAdam``: ``{"server_opt": "adam", "server_lr": 0.01}``).
+    hparam_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     #: Set when :meth:`summary` runs outside :meth:`driven`: another strategy's ``start()`` (a wrapper's, e.g. one
     #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
     started_by_another: bool = False
     _driving: int = 0
+    #: ``aggregator = fltrust`` (``defence = "robust"``): the server's own local procedure on its trusted root set —
+    #: given a round's train content (what the clients receive), the reply's records it trains from it
+    #: (``{record name: named arrays}``, e.g. ``{"arrays": model}``: at least the records :meth:`uplink_specs` names
+    #: first).  The fedadapt ServerApp sets it from the task and ``root-set-size``; a library user sets their own.
+    root_update: Callable[[RecordDict], dict[str, NamedArrays]] | None = None
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
-        """This class's hyper-parameters: the declaration's defaults, those registered for :attr:`method`, then
+        """This class's hyper-parameters: the declaration's defaults, then :attr:`hparam_defaults`, then
         ``changes``."""
-        return cls.hparams_class(**{**cls.registered_defaults, **changes})
+        return cls.hparams_class(**{**cls.hparam_defaults, **changes})
 
     def __init__(
         self,
@@ -122,10 +130,10 @@ class FedAdaptStrategy(Strategy):
         self.hparams = hparams if hparams is not None else self.make_hparams()
         if not isinstance(self.hparams, self.hparams_class):
             raise TypeError(f"{type(self).__name__} needs {self.hparams_class.__name__}, got {self.hparams!r}")
-        unknown = sorted(set(overrides) - SETTINGS - {"weighting"})
+        unknown = sorted(set(overrides) - SETTINGS)
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unknown setting(s) {unknown}; "
-                            f"settings: {', '.join(sorted(SETTINGS | {'weighting'}))}")
+                            f"settings: {', '.join(sorted(SETTINGS))}")
         if "weighting" in overrides and overrides["weighting"] is None:
             overrides["weighting"] = "default"
         base = settings if settings is not None else StrategyConfig(method=method or self.method or "fedavg")
@@ -142,23 +150,16 @@ class FedAdaptStrategy(Strategy):
         self.binder = ReplyBinder()  # replies bound to their round (stale, oversized, replayed: rejected)
         self.current: NamedArrays | None = None
         self.server_state: ServerState | None = None
-
-    # ------------------------------------------------------------------ settings as attributes
-    def __getattr__(self, name: str) -> Any:  # only for names not found the normal way
-        if name in SETTINGS and "settings" in self.__dict__:
-            return self.__dict__["settings"].setting(name)  # a defence key left unset: its profile's value
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in SETTINGS:  # validated: one path for every setting
-            self.settings = self.settings.replace(**{name: value})
-        else:
-            super().__setattr__(name, value)
+        self.root: dict[str, NamedArrays] | None = None  # the server's root-set reply of the round (FLTrust)
+        self.centre: NamedArrays | None = None  # the last round's model update (centered clipping's momentum)
+        self._previous: NamedArrays | None = None
 
     @property
     def weighting(self) -> str:
-        """``"examples"`` or ``"uniform"``: the settings' ``weighting``, ``"default"`` = :attr:`default_weighting`."""
-        return self.default_weighting if self.settings.weighting == "default" else self.settings.weighting
+        """``"examples"`` or ``"uniform"``: the settings' ``weighting`` (:meth:`.StrategyConfig.setting`: native DP's
+        when left ``"default"``), else (``"default"``) the method's own, :attr:`default_weighting`."""
+        weighting = self.settings.setting("weighting")
+        return self.default_weighting if weighting == "default" else weighting
 
     # the parts' state, under the names callers use
     nodes_seen = property(lambda self: self.sampler.nodes_seen)
@@ -192,8 +193,8 @@ class FedAdaptStrategy(Strategy):
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> ServerUpdate:
         """The server math: ``(new global arrays, new server state, round metrics)``.  It may write into
-        ``inputs.aggregates`` (the round's own buffers) and update state arrays in place only through
-        :func:`.ops.apply_update`; the base commits the result only when every value is finite."""
+        ``inputs.aggregates`` (the round's own buffers) but returns its new state in new arrays; the base commits the
+        result only when every value is finite."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for subclasses
@@ -236,8 +237,8 @@ class FedAdaptStrategy(Strategy):
     def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
         """Wait (at most ``wait_for_nodes`` s) for ``min_available_nodes`` live nodes, then draw from them
         (:meth:`.NodeSampler.sample`: live = heartbeat since any missed reply; seeded; in :attr:`node_order`)."""
-        return self.sampler.sample(grid, fraction, minimum, min_available=self.min_available_nodes,
-                                   wait_s=self.wait_for_nodes)
+        return self.sampler.sample(grid, fraction, minimum, min_available=self.settings.min_available_nodes,
+                                   wait_s=self.settings.wait_for_nodes)
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
@@ -248,7 +249,7 @@ class FedAdaptStrategy(Strategy):
         for line in self.log_settings():
             log(INFO, "\t│\t├── %s", line)
         log(INFO, "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
-            s.client_lr, self.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
+            s.client_lr, s.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start``, failing a run that trains nothing (:mod:`.policy`); records ``num_rounds``."""
@@ -293,14 +294,35 @@ class FedAdaptStrategy(Strategy):
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
         rlog.bytes_down = (nbytes(self.current) + sum(nbytes(v) for v in extras.values())) * num_sampled
+        self.robust_references(content)
         return content
+
+    def robust_references(self, content: RecordDict) -> None:
+        """What a robust aggregator compares the round's replies with: FLTrust's root-set model (:attr:`root`, from
+        :attr:`root_update` on the round's train ``content``), centered clipping's centre (:attr:`centre`, the last
+        round's model update).  Nothing under the other aggregators."""
+        assert self.current is not None
+        aggregator = self.settings.setting("aggregator")
+        if aggregator in TRUST_RULES:
+            if self.root_update is None:
+                raise ConfigError(
+                    f"aggregator {aggregator} (defence = robust) needs the server's own update on a trusted root set: "
+                    f"set root-set-size > 0 (the fedadapt ServerApp), or give the strategy a root_update callable "
+                    f"(docs/robustness.md); or choose another aggregator")
+            self.root = dict(self.root_update(content))
+        if aggregator in VECTOR_RULES:
+            previous = self._previous
+            self.centre = None if previous is None else {
+                k: np.asarray(v, np.float64) - previous[k] for k, v in self.current.items()
+                if is_float(np.asarray(v)) and k in previous}
+            self._previous = {k: np.array(v, np.float64) for k, v in self.current.items() if is_float(np.asarray(v))}
 
     def check_sample_size(self, num_sampled: int) -> None:
         """A robust ``aggregator`` whose sample is too small for its ``byzantine-fraction`` (:func:`.robust.
         min_replies`) would refuse every round: before the run's first round that is a :class:`ConfigError` naming
         the fix (nothing has been sent); later (nodes lost) a warning, and the round's replies are refused with the
         reason as they arrive."""
-        aggregator, fraction = self.aggregator, self.settings.byzantine_fraction
+        aggregator, fraction = self.settings.setting("aggregator"), self.settings.byzantine_fraction
         if aggregator == "mean" or num_sampled <= 0:
             return
         try:
@@ -315,7 +337,7 @@ class FedAdaptStrategy(Strategy):
         assert self.current is not None
         policy = ScreenPolicy.from_settings(self.settings, self.weighting)
         return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current), policy, self.method,
-                           self.needs_client_half)
+                           self.needs_client_half, root=self.root, centre=self.centre, seed=self.settings.seed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -324,8 +346,14 @@ class FedAdaptStrategy(Strategy):
         replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
         rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error()
                             for _, r in R.of_type(m.content, ArrayRecord))
-        screened = self.binder.run(server_round, replies, self.reply_screen(), self.settings.max_reply_bytes)
-        dp_metrics = privatize(self, screened, rlog.sampled)  # native DP: clipped, noised aggregates (or {})
+        screen = self.reply_screen()
+        screened = self.binder.run(server_round, replies, screen, self.settings.max_reply_bytes)
+        privacy = PrivacyPolicy.from_settings(self.settings)
+        dp_metrics: dict[str, float] = {}
+        if privacy.enabled and screened.kept:  # native DP: clipped, noised aggregates
+            screened.aggregates, dp_metrics = privacy.privatize(
+                self.method, screen.specs, [parsed for _, parsed in screened.kept], screen.current, rlog.sampled,
+                max(self.sampler.population, rlog.sampled), released_rounds(self.history))
         rlog.rejections += screened.rejections
         rlog.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
@@ -333,7 +361,8 @@ class FedAdaptStrategy(Strategy):
         metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
                                        "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped,
                                        "updates-clipped": screened.updates_clipped}
-        self._warn_divergence(server_round, reply_metrics, metrics_out, screened.nonfinite)
+        self._warn_divergence(server_round, reply_metrics, metrics_out,
+                              [r for r in screened.rejections if r.kind is Kind.NONFINITE])
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
@@ -347,10 +376,10 @@ class FedAdaptStrategy(Strategy):
         return new_arrays, MetricRecord(metrics_out)
 
     def _warn_divergence(self, server_round: int, reply_metrics: list[dict[str, Any]], means: Mapping[str, Any],
-                         nonfinite: list[str]) -> None:
+                         nonfinite: list[Rejection]) -> None:
         """A warning naming the learning rates when the clients' training loss explodes (:func:`.rounds.loss_alarm`)
-        or replies were rejected for NaN/Inf values (``nonfinite``, :attr:`.Screened.nonfinite`): a run that goes on
-        would otherwise "complete" at chance."""
+        or replies were rejected for NaN/Inf values (``nonfinite``: the round's :attr:`.rejections.Kind.NONFINITE`
+        rejections): a run that goes on would otherwise "complete" at chance."""
         why = loss_alarm(reply_metrics, means, [h.train_metrics for h in self.history])
         if why is None and nonfinite:
             why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
@@ -427,6 +456,29 @@ class FedAdaptStrategy(Strategy):
                        f"MetricRecord({{'eval_acc': acc, '{R.NUM_EXAMPLES}': n}})}})")
             log(WARNING, "Round %d: no client-side evaluate metrics: %s", server_round, why)
         return MetricRecord({**mean_reply_metrics(usable)}) if usable else None
+
+
+class _InSettings:
+    """A run setting's name on a strategy (``strategy.client_lr``): reading or assigning it raises an AttributeError
+    that says where the setting lives (``strategy.settings``) and how to change it (``settings.replace``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _error(self, owner: type) -> AttributeError:
+        return AttributeError(f"{owner.__name__} keeps its run settings in .settings: read strategy.settings."
+                              f"{self.name}; change it with strategy.settings = strategy.settings.replace("
+                              f"{self.name}=...) (validated)")
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        raise self._error(owner)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise self._error(type(obj))
+
+
+for _name in SETTINGS - {"weighting"}:  # ``weighting`` is a real property (the method's default resolved)
+    setattr(FedAdaptStrategy, _name, _InSettings(_name))
 
 
 def evaluate_metrics(content: RecordDict) -> MetricRecord | None:

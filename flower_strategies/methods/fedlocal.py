@@ -393,7 +393,7 @@ class FedLocal(FedAdaptStrategy):
         sync_keys = (*self.hparams.sync_records(), STEP_OFFSET)
         new_params, opt_state = self.opt.step(
             {k: current[k] for k in keys}, d_bar, {k: v for k, v in state.items() if k not in sync_keys},
-            step=inputs.num_updates + 1, server_round=inputs.server_round, in_place=True,
+            step=inputs.num_updates + 1, server_round=inputs.server_round,
         )
         new_state: ServerState = dict(opt_state)
         if self.hparams.sync:
@@ -406,6 +406,7 @@ class FedLocalSync(FedLocal):
     """Comparison variant: clients start each round from the server-averaged optimizer states (m, v)."""
 
     method: ClassVar[str] = "fedlocal-sync"
+    hparam_defaults = {"sync": True}
 
 
 _PAPER = (
@@ -416,6 +417,6 @@ register(
     summary="restarted local SGD/SGDM/AdaGrad/Adam/Yogi + none/local/joint correction + FedOpt server",
 )
 register(
-    FedLocalSync, sync=True, paper=_PAPER,
+    FedLocalSync, paper=_PAPER,
     summary="FedLocal with server-averaged client optimizer states (paper's comparison; extra communication)",
 )

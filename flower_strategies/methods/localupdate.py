@@ -375,11 +375,11 @@ class LocalUpdate(FedAdaptStrategy):
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return {
             **self.opt.init({k: arrays[k] for k in self.trainable(arrays)}),
-            "client-lr": self.client_lr, "server-lr": float(self.hparams.server_lr),
+            "client-lr": self.settings.client_lr, "server-lr": float(self.hparams.server_lr),
         }
 
     def client_lr_at(self, server_round: int) -> float:
-        return self.client_lr if self.server_state is None else float(self.server_state["client-lr"])
+        return self.settings.client_lr if self.server_state is None else float(self.server_state["client-lr"])
 
     def server_update(
         self, inputs: RoundInputs, state: ServerState
@@ -388,7 +388,7 @@ class LocalUpdate(FedAdaptStrategy):
         opt = dataclasses.replace(self.opt, lr=state["server-lr"])
         new_params, opt_state = opt.step(
             {k: current[k] for k in inputs.trainable}, {k: qbar[k] for k in inputs.trainable},
-            _optimizer_state(state), step=inputs.num_updates + 1, server_round=inputs.server_round, in_place=True,
+            _optimizer_state(state), step=inputs.num_updates + 1, server_round=inputs.server_round,
         )
         metrics = {"client-lr": state["client-lr"], "server-lr": state["server-lr"]}
         return self.merge_buffers(new_params, current, None), {**state, **opt_state}, metrics
