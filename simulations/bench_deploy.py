@@ -70,11 +70,12 @@ def _train_seconds(repeats: int) -> list[float]:
 
     from client_app.app import app as client_app
     from client_app.task import build_model
+    from flower_strategies import FedAvg
 
     times = []
     for i in range(repeats):
         content = RecordDict({"arrays": ArrayRecord(build_model("digits-mlp", 0).state_dict()), "config": ConfigRecord(
-            {"server-round": 1, "method": "fedavg", "client-lr": 0.1, "local-steps": 0, "local-epochs": 1,
+            {**FedAvg().round_config(1), "server-round": 1, "client-lr": 0.1, "local-steps": 0, "local-epochs": 1,
              "batch-size": 32})})
         md = Metadata(run_id=1, message_id=f"m{i}", src_node_id=0, dst_node_id=1, reply_to_message_id="",
                       group_id="", created_at=_t.time(), ttl=3600.0, message_type=MessageType.TRAIN)

@@ -7,7 +7,7 @@
 For every (E, N) it prints the CPU and wall time of
 
 * ``plain``  — a hand-written loop: build the model, then per round and client: load the global weights, plain
-  ``torch.optim.SGD`` over exactly the mini-batches of ``core/client.py``'s ``batch_indices`` (same seed, round,
+  ``torch.optim.SGD`` over exactly the mini-batches of ``core/client/data.py``'s ``batch_indices`` (same seed, round,
   client key), then the example-weighted average of the client models (the data are loaded once, before timing;
   the final test evaluation is not timed);
 * ``engine`` — :func:`simulations.engine.run_inprocess`: the real ServerApp + ClientApp in this process, every

@@ -98,6 +98,7 @@ def cnn_child(kind: str, args: argparse.Namespace) -> dict:
     from flwr.supercore.task_identity import TaskIdentity
 
     from client_app.task import example_cross_entropy
+    from flower_strategies import FedAvg
     from flower_strategies.core.client import ClientRound, TensorPartition, batch_indices, record_tensors, train_reply
     from simulations.vectorized import train_stacked
 
@@ -112,7 +113,7 @@ def cnn_child(kind: str, args: argparse.Namespace) -> dict:
     n = args.examples
     xs = torch.randn(args.nodes, n, 3, 32, 32, generator=gen).to(device)
     ys = torch.randint(0, 10, (args.nodes, n), generator=gen).to(device)
-    config = ConfigRecord({"method": "fedavg", "client-lr": 0.05, "local-epochs": args.epochs,
+    config = ConfigRecord({**FedAvg().round_config(1), "client-lr": 0.05, "local-epochs": args.epochs,
                            "batch-size": args.batch_size, "server-round": 1})
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config})
     loss_fn = torch.nn.functional.cross_entropy

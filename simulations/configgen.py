@@ -71,7 +71,8 @@ def render_wire() -> str:
 
     model = build_model("digits-mlp", 0)
     arrays = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    common = {R.SERVER_ROUND, R.METHOD, R.CLIENT_LR, R.LOCAL_STEPS, R.LOCAL_EPOCHS, R.BATCH_SIZE}
+    common = {R.SERVER_ROUND, R.METHOD, R.CLIENT_LR, R.LOCAL_STEPS, R.LOCAL_EPOCHS, R.BATCH_SIZE,
+              R.CLIENT_HALF, R.LOCAL_OPTIMIZER, R.LOSS_BEFORE, R.FULL_GRADIENT}
     rows = [WIRE_BEGIN, "| method | extra downlink records | uplink records (rule) | extra round-config keys |",
             "|---|---|---|---|"]
     for name in sorted(METHODS):

@@ -198,7 +198,7 @@ def _layout(rnd: ClientRound, n: int) -> tuple:
     optimizer needs the planned number of steps in advance (FedLADA's family)."""
     state = tuple(sorted((rec, tuple(sorted((k, tuple(v.shape)) for k, v in arrays.items())))
                          for rec, arrays in load_client_state(rnd.state).items()))
-    planned = rnd.num_steps(n) if rnd.spec.local_optimizer.needs_planned_steps else None
+    planned = rnd.num_steps(n) if rnd.local_optimizer.needs_planned_steps else None
     return state, planned
 
 

@@ -33,6 +33,16 @@ REPRESENTATIVE_METHODS = frozenset({"fedavg", "fedadam", "fedda", "fedcm", "scaf
                                     "mimelite", "localupdatedecay"})
 
 
+def client_keys(method: str) -> dict:
+    """What ``method``'s strategy tells its client half in every round's ConfigRecord (``client-half``,
+    ``local-optimizer``, ``loss-before``, ``full-gradient``): for a test that builds a train message by hand."""
+    from flower_strategies.core import records as R
+    from flower_strategies.core.registry import get_method
+
+    config = get_method(method).build().round_config(1)
+    return {k: config[k] for k in (R.CLIENT_HALF, R.LOCAL_OPTIMIZER, R.LOSS_BEFORE, R.FULL_GRADIENT)}
+
+
 def every_method() -> list:
     """Every registered method, sorted, as ``pytest.param``s: those outside :data:`REPRESENTATIVE_METHODS` marked
     ``slow`` (the full suite runs all 22; tests/conftest.py's ``SLOW_GROUPS`` lists their modules as in-process)."""

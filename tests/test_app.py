@@ -17,6 +17,7 @@ from client_app.app import app as client_app
 from flower_strategies.core import records as R
 from client_app.task import build_model
 from simulations.engine import run_inprocess
+from tests.helpers import client_keys
 
 BASE = {"num-server-rounds": 3, "local-steps": 4, "batch-size": 16}
 
@@ -151,7 +152,7 @@ def test_clientapp_called_directly_returns_model_and_metrics():
     model = build_model("digits-mlp", 0)
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(
         {"server-round": 1, "method": "fedprox", "client-lr": 0.1, "local-steps": 3, "local-epochs": 1,
-         "batch-size": 8, "prox-mu": 0.1})})
+         "batch-size": 8, "prox-mu": 0.1, **client_keys("fedprox")})})
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 1, "num-partitions": 4}, state=RecordDict(),
                   run_config={})
     reply = client_app(_train_message(content), ctx)
@@ -165,7 +166,7 @@ def test_clientapp_called_directly_returns_model_and_metrics():
 def test_clientapp_without_partition_in_node_config_explains_the_fix():
     model = build_model("digits-mlp", 0)
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(
-        {"server-round": 1, "method": "fedavg", "client-lr": 0.1, "local-steps": 1})})
+        {"server-round": 1, "method": "fedavg", "client-lr": 0.1, "local-steps": 1, **client_keys("fedavg")})})
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     # (the Flower runtime turns this exception into an error reply, which the strategy rejects and logs)
     with pytest.raises(ValueError, match=r"partition-id.*--node-config"):
@@ -178,7 +179,7 @@ def _loss_before_reply(extra_config, partition=1, server_round=2):
     model = build_model("digits-mlp", 0)
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(
         {"server-round": server_round, "method": "fedavg", "client-lr": 0.1, "local-steps": 1, "local-epochs": 1,
-         "batch-size": 8, **extra_config})})
+         "batch-size": 8, **client_keys("fedavg"), **extra_config})})
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": partition, "num-partitions": 4}, state=RecordDict(),
                   run_config={})
     reply = client_app(_train_message(content), ctx)

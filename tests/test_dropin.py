@@ -23,7 +23,7 @@ from pytorchapp import client_app as user_client  # noqa: E402
 from pytorchapp import server_app as user_server  # noqa: E402
 from pytorchapp.task import Net  # noqa: E402
 
-from tests.helpers import read_digits_once  # noqa: E402
+from tests.helpers import client_keys, read_digits_once  # noqa: E402
 
 
 
@@ -107,7 +107,7 @@ def _linear_round(extra: dict | None = None):
     y = torch.randn(40, 1, generator=gen, dtype=torch.float64)
     model = torch.nn.Linear(3, 1, bias=False).double()
     config = {"server-round": 2, "method": "fedavg", "client-lr": 0.1, "local-steps": 0, "local-epochs": 1,
-              "batch-size": 8, **(extra or {})}
+              "batch-size": 8, **client_keys("fedavg"), **(extra or {})}
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(config)})
     return model, x, y, content, config
 

@@ -109,12 +109,12 @@ def _train(cfg):
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     from client_app.task import build_model
-    from tests.helpers import train_message
+    from tests.helpers import client_keys, train_message
 
     model = build_model("digits-mlp", 0)
     return train_message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(
         {"server-round": 1, "method": "fedavg", "client-lr": 0.1, "local-steps": 1, "local-epochs": 1,
-         "batch-size": 8})}))
+         "batch-size": 8, **client_keys("fedavg")})}))
 
 
 def test_nodes_without_partition_id_use_their_node_id_and_sampling_still_works(tmp_path):

@@ -24,7 +24,7 @@ import flower_strategies  # noqa: F401  (registers every method)
 from flower_strategies.core.registry import build_strategy
 from simulations.engine import simulate
 from simulations.vectorized import NotVectorizable, VectorGrid, check_vectorizable
-from tests.helpers import every_method
+from tests.helpers import client_keys, every_method
 
 #: the engines must agree to 1e-12 (relative) after 10 rounds
 ROUNDS = 10
@@ -100,7 +100,7 @@ def test_stacked_loss_before_and_full_gradient_equal_the_per_client_functions():
     momentum = {k: 0.1 * torch.randn(v.shape, generator=gen, dtype=torch.float64)
                 for k, v in model.state_dict().items()}
     config = ConfigRecord({"method": "mimelite", "client-lr": 0.05, "local-epochs": 1, "batch-size": 4,
-                           "server-round": 2, "loss-before-max-examples": 6})
+                           "server-round": 2, "loss-before-max-examples": 6, **client_keys("mimelite")})
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config,
                           "momentum": ArrayRecord(momentum)})
     loss_fn = torch.nn.functional.cross_entropy

@@ -20,6 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flower_strategies.core.client import ClientRound, batch_indices
 from simulations import seeding
 from simulations.vectorized import _batch_plan, _for_client
+from tests.helpers import client_keys
 
 WORD = st.integers(0, 2**32 - 1)
 
@@ -74,8 +75,8 @@ def test_the_batch_plan_is_every_clients_batch_indices(batch, sizes, steps):
 
 
 def test_a_client_of_the_same_round_content_is_a_freshly_built_client_round():
-    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({"method": "scaffold", "server-round": 4,
-                                                                          "client-lr": 0.1})})
+    config = {"method": "scaffold", "server-round": 4, "client-lr": 0.1, **client_keys("scaffold")}
+    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord(config)})
     first = ClientRound(content, RecordDict(), seed=3, client_key=1)
     state = RecordDict()
     other = _for_client(first, state, 5, 9)

@@ -308,3 +308,37 @@ class SGDOptimizer(LocalOptimizer):
         if group["mu"]:
             d = d.add(p - state["round_start"], alpha=group["mu"])
         p.add_(d, alpha=-group["lr"])
+
+
+def has_client_half(optimizer: type[LocalOptimizer], client_values: Mapping[str, Any]) -> bool:
+    """Whether a method needs its client half — the one place this is decided (the strategy sends the answer to
+    its clients as the round's ``client-half``): its local optimizer is not plain SGD, or one of its client
+    hyper-parameters is set (FedProx's ``mu``).  ``False``: an app's own optimizer (e.g. SGD with momentum) may
+    train, as with a stock Flower client."""
+    return optimizer is not SGDOptimizer or any(bool(v) for v in client_values.values())
+
+
+#: The local optimizers a round's ``local-optimizer`` may name, by class name: :class:`SGDOptimizer` and every
+#: registered method's (:func:`~flower_strategies.core.registry.register` adds it with :func:`add_local_optimizer`).
+LOCAL_OPTIMIZERS: dict[str, type[LocalOptimizer]] = {SGDOptimizer.__name__: SGDOptimizer}
+
+
+def add_local_optimizer(optimizer: type[LocalOptimizer]) -> str:
+    """Make ``optimizer`` findable by a client under its class name (returned); the same class again is a no-op."""
+    known = LOCAL_OPTIMIZERS.setdefault(optimizer.__name__, optimizer)
+    if known is not optimizer:
+        raise TypeError(f"two local optimizers are named {optimizer.__name__!r} ({known.__module__} and "
+                        f"{optimizer.__module__}): rename one")
+    return optimizer.__name__
+
+
+def local_optimizer_named(name: str) -> type[LocalOptimizer]:
+    """The local optimizer a round's ``local-optimizer`` names (:data:`LOCAL_OPTIMIZERS`)."""
+    try:
+        return LOCAL_OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(
+            f"the round's local optimizer {name!r} is unknown to this client (known: "
+            f"{', '.join(sorted(LOCAL_OPTIMIZERS))}): import the module that registers its method in your ClientApp, "
+            "or run the server's fedadapt version"
+        ) from None

@@ -49,6 +49,13 @@ BATCH_SIZE = "batch-size"
 FULL_BATCH = "full-batch"
 # Optional: clients estimate train-loss-before on a seeded sample of at most this many examples (absent/0 = all).
 LOSS_BEFORE_MAX = "loss-before-max-examples"
+# What the client half must know, decided by the server (``FedAdaptStrategy.round_config``) and sent every round, so
+# that a client imports no server-side module: whether the method's local optimizer must train, its name
+# (``core.local.LOCAL_OPTIMIZERS``), whether the server reads train-loss-before, whether it needs the full gradient.
+CLIENT_HALF = "client-half"
+LOCAL_OPTIMIZER = "local-optimizer"
+LOSS_BEFORE = "loss-before"
+FULL_GRADIENT = "full-gradient"
 
 # Reply ConfigRecord naming the method whose client half produced the reply (``{"method": name}``).
 REPLY_INFO = "fedadapt"

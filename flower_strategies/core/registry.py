@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .hparams import ConfigError, HParams, StrategyConfig
-from .local import LocalOptimizer
+from .local import LocalOptimizer, add_local_optimizer, has_client_half
 from .strategy import FedAdaptStrategy
 
 
@@ -61,7 +61,7 @@ class MethodSpec:
     @property
     def needs_client_half(self) -> bool:
         """Whether this method (with its default hyper-parameters) needs its client half in your ClientApp."""
-        return self.build().needs_client_half
+        return has_client_half(self.local_optimizer, self.default_hparams().client_values())
 
     @property
     def client_lr_factor(self) -> float:
@@ -109,6 +109,7 @@ def register(
         )
     spec = MethodSpec(name, strategy, paper, summary, {**strategy.hparam_defaults, **overrides})
     spec.default_hparams()  # validates the defaults now, not at the first run
+    add_local_optimizer(strategy.local_optimizer)  # a client finds it by the name its rounds send
     METHODS[name] = spec
     return spec
 

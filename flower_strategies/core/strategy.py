@@ -38,7 +38,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from . import records as R
 from .binding import ReplyBinder
 from .hparams import ConfigError, HParams, StrategyConfig
-from .local import LocalOptimizer, SGDOptimizer
+from .local import LocalOptimizer, SGDOptimizer, has_client_half
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
 from .policy import run_checked
 from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
@@ -211,6 +211,10 @@ class FedAdaptStrategy(Strategy):
         s = self.settings
         cfg: dict[str, Any] = {R.METHOD: self.method, R.CLIENT_LR: self.client_lr_at(server_round),
                                R.LOCAL_EPOCHS: s.local_epochs, R.LOCAL_STEPS: s.local_steps, R.BATCH_SIZE: s.batch_size}
+        # what the client half must know (core/client/wire.py), so that a client imports no server-side module
+        cfg.update({R.CLIENT_HALF: self.needs_client_half, R.LOCAL_OPTIMIZER: self.local_optimizer.__name__,
+                    R.LOSS_BEFORE: self.needs_train_loss_before,
+                    R.FULL_GRADIENT: self.local_optimizer.needs_full_gradient})
         if s.loss_before_max_examples > 0:
             cfg[R.LOSS_BEFORE_MAX] = s.loss_before_max_examples
         cfg.update(self.hparams.to_wire(self.method))
@@ -222,8 +226,8 @@ class FedAdaptStrategy(Strategy):
 
     @property
     def needs_client_half(self) -> bool:
-        """Whether replies must come from this method's client half (anything beyond plain local SGD)."""
-        return self.local_optimizer is not SGDOptimizer or any(bool(v) for v in self.hparams.client_values().values())
+        """Whether replies must come from this method's client half (:func:`.local.has_client_half`)."""
+        return has_client_half(self.local_optimizer, self.hparams.client_values())
 
     # ------------------------------------------------------------------ sampling (NodeSampler)
     def order_nodes(self, order: Mapping[int, Any]) -> None:

@@ -1,6 +1,6 @@
-"""The client half of every method, inside any training loop.
+"""One round of a method's client half, inside any training loop: :class:`ClientRound`.
 
-Your own loop (your DataLoader, device, augmentation, batch objects) with :class:`ClientRound`::
+Your own loop (your DataLoader, device, augmentation, batch objects)::
 
     from flower_strategies import ClientRound
 
@@ -17,133 +17,33 @@ Your own loop (your DataLoader, device, augmentation, batch objects) with :class
 batch of every example in FedDA's full-batch rounds), nothing in later passes — and MimeLite's full gradient is
 computed from the loader and ``loss_fn`` by :meth:`ClientRound.optimizer`.
 
-Or the one-call convenience :func:`train_reply` on any iterable of ``(x, y)`` batches or on whole-partition tensors
-(a :class:`TensorPartition`: seeded mini-batches — what the fedadapt ClientApp and the exactness tests use); both
-go through the same loop (:meth:`ClientRound.batches`, :meth:`ClientRound.loss_before`, :func:`full_gradient_from`).
-The round's ConfigRecord names the method; the matching local optimizer comes from the registry and is built from
-the server-owned hyper-parameters in the same ConfigRecord.
+The round's ConfigRecord says what the client must know (:mod:`.wire`): the method, whether it has a client half,
+which local optimizer (looked up in :data:`~flower_strategies.core.local.LOCAL_OPTIMIZERS`), whether the server
+reads ``train-loss-before`` and whether the optimizer needs the full local gradient; the optimizer is built from
+the server-owned hyper-parameters in the same ConfigRecord.  Or the one-call loop: :func:`.loop.train_reply`.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
-import math
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
-from . import records as R
-from .local import LocalOptimizer, SGDOptimizer
-from .privacy import guard_reply
-from .rounds import FIRST_BATCH_LOSS
-
-LossFn = Callable[[Tensor, Tensor], Tensor]
-Batch = tuple[Tensor, Tensor]
-
-
-def num_local_steps(n: int, config: Mapping[str, Any]) -> int:
-    """K_i: ``local-steps`` if > 0, else ``local-epochs · ceil(n / batch-size)``; 1 in the full-batch phase."""
-    if bool(config.get(R.FULL_BATCH, False)):
-        return 1
-    k = int(config.get(R.LOCAL_STEPS, 0) or 0)
-    if k > 0:
-        return k
-    return int(config.get(R.LOCAL_EPOCHS, 1)) * math.ceil(n / int(config.get(R.BATCH_SIZE, 32)))
-
-
-def batch_indices(n: int, batch_size: int, steps: int, seed: int, server_round: int,
-                  client_key: int) -> list[np.ndarray]:
-    """Mini-batch index arrays for ``steps`` local steps: a fresh permutation per epoch, seeded by
-    ``(seed, server_round, client_key)``; the last batch of an epoch may be smaller."""
-    rng = np.random.default_rng([seed, server_round, client_key])
-    out: list[np.ndarray] = []
-    while len(out) < steps:
-        perm = rng.permutation(n)
-        for start in range(0, n, batch_size):
-            out.append(perm[start : start + batch_size])
-            if len(out) == steps:
-                break
-    return out
-
-
-def loss_before_sample(n: int, config: Mapping[str, Any], seed: int, client_key: int) -> np.ndarray | None:
-    """Positions of the examples ``train-loss-before`` is computed on: ``None`` = all ``n`` (the default), else a
-    sorted sample of ``loss-before-max-examples`` drawn without replacement, seeded by ``(seed, round, client_key)``
-    (positions in the order one pass over the data yields its examples)."""
-    k = int(config.get(R.LOSS_BEFORE_MAX, 0) or 0)
-    if k <= 0 or k >= n:
-        return None
-    rng = np.random.default_rng([seed, int(config.get(R.SERVER_ROUND, 0)), client_key, 1])
-    return np.sort(rng.choice(n, size=k, replace=False))
-
-
-class TensorPartition:
-    """A client's whole partition as two tensors, used as data by :func:`train_reply` and :meth:`ClientRound.batches`.
-
-    Iterating it yields the whole partition as one ``(x, y)`` batch (the evaluation passes: ``train-loss-before``,
-    the full gradient); :meth:`ClientRound.batches` draws the round's training mini-batches from it by index, with a
-    permutation per epoch seeded by ``(seed, round, client_key)`` (:func:`batch_indices`)."""
-
-    def __init__(self, x: Tensor, y: Tensor) -> None:
-        if len(x) != len(y):
-            raise ValueError(f"x and y differ in length ({len(x)} != {len(y)})")
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __iter__(self) -> Iterator[Batch]:
-        yield self.x, self.y
-
-    def take(self, idx: np.ndarray) -> Batch:
-        """The examples at positions ``idx``."""
-        idx_t = torch.from_numpy(idx).to(self.x.device)
-        return self.x[idx_t], self.y[idx_t]
-
-
-# ------------------------------------------------------------------ ArrayRecord ⇄ torch without np.load/np.save
-def record_tensors(record: ArrayRecord, *, copy: bool = True) -> dict[str, Tensor]:
-    """The arrays of ``record`` as CPU tensors: the same values and dtypes as ``record.to_torch_state_dict()``
-    without its per-array ``np.load`` (header parse).  ``copy=False``: tensors sharing the message's bytes
-    (zero-copy; never write to them — only for reading, e.g. ``load_state_dict``, which copies)."""
-    if copy:
-        return {k: torch.from_numpy(np.array(v)) for k, v in R.views(record).items()}
-    with warnings.catch_warnings():  # torch warns (once per process) that the buffer is not writable
-        warnings.simplefilter("ignore", UserWarning)
-        return {k: torch.from_numpy(v) for k, v in R.views(record).items()}
-
-
-def tensor_record(tensors: Mapping[str, Tensor]) -> ArrayRecord:
-    """``ArrayRecord(tensors)`` (a state dict / named tensors), byte-identical, serialised without ``np.save``'s
-    per-call overhead (:func:`.records.to_record`)."""
-    return R.to_record({k: t.detach().cpu().numpy() for k, t in tensors.items()})
-
-
-def downlink_records(content: RecordDict) -> dict[str, dict[str, Tensor]]:
-    """The named extra records of a train message (everything but the model), as torch tensors."""
-    return {name: record_tensors(rec) for name, rec in R.of_type(content, ArrayRecord) if name != R.MODEL}
-
-
-def load_client_state(state: RecordDict | None) -> dict[str, dict[str, Tensor]]:
-    """The method's saved client state from a node's ``Context.state`` (records ``fedadapt.<name>``)."""
-    if state is None:
-        return {}
-    return {
-        name[len(R.STATE_PREFIX):]: record_tensors(rec)
-        for name, rec in R.of_type(state, ArrayRecord)
-        if name.startswith(R.STATE_PREFIX)
-    }
-
-
-def save_client_state(state: RecordDict, arrays: Mapping[str, Mapping[str, Tensor]]) -> None:
-    for name, named in arrays.items():
-        state[R.STATE_PREFIX + name] = tensor_record(named)
+from .. import records as R
+from ..local import LocalOptimizer, local_optimizer_named
+from ..privacy import guard_reply
+from ..rounds import FIRST_BATCH_LOSS
+from .data import (
+    Batch, LossFn, TensorPartition, batch_indices, concat_batches, full_gradient_from, loss_before_sample, mean_loss,
+    num_examples_of, num_local_steps,
+)
+from .wire import (
+    downlink_records, load_client_state, read_round_config, record_tensors, save_client_state, tensor_record,
+)
 
 
 class ClientRound:
@@ -176,18 +76,11 @@ class ClientRound:
     def __init__(self, content: RecordDict, state: RecordDict | None = None, loader: Iterable[Any] | None = None,
                  loss_fn: LossFn | None = None, *, seed: int = 0, client_key: int = 0,
                  unpack: Callable[[Any], Batch] | None = None) -> None:
-        from .registry import get_method  # local import: the registry imports the strategy base
-
-        config = content.get(R.CONFIG)
-        if not isinstance(config, ConfigRecord) or R.METHOD not in config:
-            raise ValueError(
-                f"the train message has no '{R.CONFIG}' ConfigRecord naming the method: it was not sent by a "
-                "fedadapt strategy"
-            )
         self.content = content
         self.state = state
-        self.config: dict[str, Any] = dict(config)
-        self.spec = get_method(str(self.config[R.METHOD]))
+        self.config: dict[str, Any] = read_round_config(content)
+        #: The method's local optimizer class, named by the round's ``local-optimizer``.
+        self.local_optimizer: type[LocalOptimizer] = local_optimizer_named(str(self.config[R.LOCAL_OPTIMIZER]))
         self.seed, self.client_key = int(seed), int(client_key)
         self.data, self.loss_fn, self.unpack = loader, loss_fn, unpack
         self.batches_yielded = 0
@@ -197,7 +90,8 @@ class ClientRound:
     # ----------------------------------------------------------------- the round's plan
     @property
     def method(self) -> str:
-        return self.spec.name
+        """The method's registry name (``method``)."""
+        return str(self.config[R.METHOD])
 
     @property
     def lr(self) -> float:
@@ -309,11 +203,23 @@ class ClientRound:
 
     @property
     def needs_client_half(self) -> bool:
-        """Whether this round's method runs more than plain local SGD on the client (a method optimizer, or a
-        non-zero client hyper-parameter such as FedProx's ``mu``); ``False``: your own optimizer (e.g. SGD with
+        """The round's ``client-half``: whether the method runs more than plain local SGD on the client (a method
+        optimizer, or a non-zero client hyper-parameter such as FedProx's ``mu``; the server decides,
+        :func:`~flower_strategies.core.local.has_client_half`); ``False``: your own optimizer (e.g. SGD with
         momentum) may train, as with a stock Flower client."""
-        kwargs = self.spec.hparams.client_kwargs_from_wire(self.config, self.method)
-        return self.spec.local_optimizer is not SGDOptimizer or any(bool(v) for v in kwargs.values())
+        return bool(self.config[R.CLIENT_HALF])
+
+    @property
+    def needs_full_gradient(self) -> bool:
+        """The round's ``full-gradient``: whether the local optimizer needs the gradient over all local data at the
+        received model (MimeLite)."""
+        return bool(self.config[R.FULL_GRADIENT])
+
+    @property
+    def needs_loss_before(self) -> bool:
+        """The round's ``loss-before``: whether the method's server reads ``train-loss-before`` (the received
+        model's loss before training)."""
+        return bool(self.config[R.LOSS_BEFORE])
 
     def optimizer(
         self, model: nn.Module, *, num_examples: int | None = None, full_gradient: Mapping[str, Tensor] | None = None
@@ -325,10 +231,9 @@ class ClientRound:
         loss by :func:`full_gradient_from`) is MimeLite's gradient over all local data at x_t.  For a method whose
         server reads ``train-loss-before`` (LocalUpdateDecay) it also computes that (:meth:`loss_before`) for
         :meth:`reply`."""
-        cls = self.spec.local_optimizer
         if num_examples is None and self.data is not None:
             num_examples = num_examples_of(self.data)
-        if cls.needs_full_gradient and full_gradient is None:
+        if self.needs_full_gradient and full_gradient is None:
             full_gradient = self._full_gradient(model)
         if self.needs_loss_before and self.loss_before_value is None and self.data is not None \
                 and self.loss_fn is not None:
@@ -343,14 +248,14 @@ class ClientRound:
     ) -> LocalOptimizer:
         """The method's local optimizer over ``named_params`` (what :meth:`optimizer` builds for a model; the
         vectorized engine passes parameters stacked on a client axis and the clients' stacked state)."""
-        return self.spec.local_optimizer(
+        return self.local_optimizer(
             named_params,
             lr=self.lr,
             downlink=downlink_records(self.content),
             client_state=client_state,
             full_gradient=full_gradient,
             planned_steps=planned_steps,
-            **self.spec.hparams.client_kwargs_from_wire(self.config, self.method),
+            **self.local_optimizer.hparams_class.client_kwargs_from_wire(self.config, self.method),
         )
 
     def _full_gradient(self, model: nn.Module) -> dict[str, Tensor]:
@@ -372,15 +277,6 @@ class ClientRound:
                 "ClientRound.optimizer(model)"
             )
         return full_gradient_from(model, self.data, self.loss_fn, self.unpack)
-
-    @property
-    def needs_full_gradient(self) -> bool:
-        return self.spec.local_optimizer.needs_full_gradient
-
-    @property
-    def needs_loss_before(self) -> bool:
-        """Whether the method's server reads ``train-loss-before`` (the received model's loss before training)."""
-        return bool(self.spec.strategy.needs_train_loss_before)
 
     def reply(
         self,
@@ -501,60 +397,30 @@ def check_bound(optimizer: LocalOptimizer, model: nn.Module) -> None:
         )
 
 
-#: Keys :func:`as_xy` reads the inputs and the targets of a mapping batch from (exactly one of each must be present).
-INPUT_KEYS = ("x", "input", "inputs", "img", "image", "pixel_values", "input_ids")
-TARGET_KEYS = ("y", "label", "labels", "target", "targets")
-
-
-def as_xy(item: Any) -> Batch:
-    """The default ``unpack``: ``(inputs, targets)`` of a batch — the first two entries of a sequence (a
-    DataLoader over a ``TensorDataset`` yields ``[x, y]``), or of a mapping the value of its one key in
-    :data:`INPUT_KEYS` and its one key in :data:`TARGET_KEYS`."""
-    if isinstance(item, Mapping):
-        found = [[k for k in keys if k in item] for keys in (INPUT_KEYS, TARGET_KEYS)]
-        if all(len(keys) == 1 for keys in found):
-            return item[found[0][0]], item[found[1][0]]
-        raise TypeError(
-            f"a batch with keys {sorted(item)[:8]} has no single input key of {INPUT_KEYS} and target key of "
-            f"{TARGET_KEYS}: pass ClientRound(..., unpack=lambda b: (b['<input>'], b['<label>']))"
-        )
-    if isinstance(item, (tuple, list)) and len(item) >= 2:
-        return item[0], item[1]
-    raise TypeError(
-        f"a batch of type {type(item).__name__} is not an (inputs, targets) pair: pass ClientRound(..., "
-        "unpack=lambda b: (<inputs>, <targets>))"
-    )
-
-
-def concat_batches(items: list[Any], method: str = "the method") -> Any:
-    """One batch of every example: ``items`` (batches of the same structure — tensors, sequences, mappings of them)
-    concatenated along the first dimension, keeping their structure."""
-    if not items:
-        raise ValueError("the loader yielded no batch")
-    first = items[0]
-    if isinstance(first, Tensor):
-        return torch.cat(items)
-    if isinstance(first, Mapping):
-        return type(first)({k: concat_batches([b[k] for b in items], method) for k in first})  # type: ignore[call-arg]
-    if isinstance(first, (tuple, list)):
-        parts = [concat_batches(list(col), method) for col in zip(*items)]
-        return type(first)(parts) if not hasattr(first, "_fields") else type(first)(*parts)
-    raise TypeError(
-        f"{method}'s full-batch round needs one batch of every example, and the loader's batches of type "
-        f"{type(first).__name__} cannot be concatenated: map them to tensors with "
-        "ClientRound.batches(trainloader, batch_fn=lambda b: (<inputs>, <targets>))"
-    )
-
-
 class RoundLoader:
     """:attr:`ClientRound.loader`: the first pass yields the round's batches (:meth:`ClientRound.batches`), later
     passes nothing; ``len()`` is the number of batches the round iterates (its planned steps: ``local-steps``, else
     ``local-epochs``·⌈n/``batch-size``⌉; 1 in a full-batch round), so a loop that divides its summed loss by
-    ``len(trainloader)`` reports the mean loss per step; attributes other than iteration are the wrapped loader's
-    (``.dataset``, ``.batch_size``, …)."""
+    ``len(trainloader)`` reports the mean loss per step; ``.dataset`` and ``.batch_size`` are the wrapped loader's,
+    :attr:`wrapped` is that loader itself."""
 
     def __init__(self, rnd: ClientRound, loader: Iterable[Any]) -> None:
         self._round, self._loader, self._passes = rnd, loader, 0
+
+    @property
+    def wrapped(self) -> Iterable[Any]:
+        """Your loader, as given to :class:`ClientRound`."""
+        return self._loader
+
+    @property
+    def dataset(self) -> Any:
+        """Your loader's ``.dataset``."""
+        return self._loader.dataset  # type: ignore[attr-defined]
+
+    @property
+    def batch_size(self) -> Any:
+        """Your loader's ``.batch_size``."""
+        return self._loader.batch_size  # type: ignore[attr-defined]
 
     #: The first batch the round yielded (its loss at the received model is the reply's train-loss-first-batch).
     first: Any = None
@@ -574,138 +440,3 @@ class RoundLoader:
             raise TypeError("len(ClientRound.loader) counts the round's planned steps from len(loader.dataset), and "
                             "this loader has no .dataset")
         return self._round.num_steps(num_examples_of(self._loader))
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # private and dunder names are this wrapper's (copy/pickle probe them)
-            raise AttributeError(name)
-        return getattr(self._loader, name)
-
-
-def num_examples_of(data: Iterable[Any]) -> int:
-    """The number of examples of a :class:`TensorPartition` or of a loader with a ``.dataset``."""
-    if isinstance(data, TensorPartition):
-        return len(data)
-    dataset = getattr(data, "dataset", None)
-    if dataset is None:
-        raise ValueError("pass num_examples= (the loader has no .dataset to count)")
-    return len(dataset)
-
-
-def _on_device(data: Iterable[Any], batch_fn: Callable[[Any], Batch] | None, device: torch.device) -> Iterator[Batch]:
-    """The ``(inputs, targets)`` of each batch of one pass over ``data`` (``batch_fn``, default :func:`as_xy`),
-    tensors moved to ``device``."""
-    to_xy = as_xy if isinstance(data, TensorPartition) else batch_fn or as_xy
-    for item in data:
-        x, y = to_xy(item)
-        yield (x.to(device) if isinstance(x, Tensor) else x), (y.to(device) if isinstance(y, Tensor) else y)
-
-
-#: Examples per forward pass of :func:`mean_loss` (bounds its memory; larger batches are split).
-EVAL_CHUNK = 1024
-
-
-@torch.no_grad()
-def mean_loss(model: nn.Module, data: Iterable[Any], loss_fn: LossFn, batch_fn: Callable[[Any], Batch] | None = None,
-              *, sample: np.ndarray | None = None) -> float:
-    """The mean loss of ``model`` over one pass of ``data`` (a :class:`TensorPartition` or any iterable of batches;
-    batch losses weighted by batch size, ``loss_fn`` must average over its batch), in eval mode, forward passes of
-    at most :data:`EVAL_CHUNK` examples.  ``sample``: sorted positions (in the pass's order) to average over
-    instead of all examples."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    total, count, offset = 0.0, 0, 0
-    for x, y in _on_device(data, batch_fn, device):
-        size = len(x)
-        if sample is not None:
-            lo, hi = np.searchsorted(sample, [offset, offset + size])
-            offset += size
-            if lo == hi:
-                if lo == len(sample):
-                    break
-                continue
-            idx_t = torch.from_numpy(sample[lo:hi] - (offset - size)).to(device)
-            x, y = x[idx_t], y[idx_t]
-        for s in range(0, len(x), EVAL_CHUNK):
-            xs, ys = x[s : s + EVAL_CHUNK], y[s : s + EVAL_CHUNK]
-            total += float(loss_fn(model(xs), ys)) * len(xs)
-            count += len(xs)
-        if sample is not None and offset > sample[-1]:
-            break
-    model.train(was_training)
-    return total / max(count, 1)
-
-
-def full_gradient_from(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
-                       batch_fn: Callable[[Any], Batch] | None = None) -> dict[str, Tensor]:
-    """Gradient of the mean loss over every example of ``loader`` (a :class:`TensorPartition` or any iterable of
-    batches) at the model's current parameters: batch gradients weighted by batch size (``loss_fn`` must average
-    over its batch); a single batch's gradient as it is."""
-    device = next(model.parameters()).device
-    batches = _on_device(loader, batch_fn, device)
-    first = next(batches, None)
-    if first is None:
-        raise ValueError("the loader yielded no batch")
-    second = next(batches, None)
-    model.zero_grad(set_to_none=True)
-    if second is None:
-        loss_fn(model(first[0]), first[1]).backward()
-        grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
-                 for n, p in model.named_parameters()}
-    else:
-        total = 0
-        for x, y in itertools.chain((first, second), batches):
-            (loss_fn(model(x), y) * len(x)).backward()
-            total += len(x)
-        grads = {n: (p.grad.detach() / total if p.grad is not None else torch.zeros_like(p))
-                 for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return grads
-
-
-def train_reply(
-    model: nn.Module,
-    content: RecordDict,
-    data: Tensor | Iterable[Any],
-    *args: Any,
-    state: RecordDict | None = None,
-    seed: int = 0,
-    client_key: int = 0,
-    batch_fn: Callable[[Any], Batch] | None = None,
-    loss_before: bool = True,
-) -> RecordDict:
-    """Do one fedadapt training round and return the reply ``RecordDict``.
-
-    ``train_reply(model, content, x, y, loss_fn)``: whole-partition tensors (a :class:`TensorPartition`);
-    mini-batches are drawn with a permutation seeded by ``(seed, round, client_key)`` (bit-reproducible; what the
-    exactness tests use).  ``train_reply(model, content, loader, loss_fn)``: any iterable of ``(x, y)`` batches
-    (e.g. a DataLoader with your transforms), re-iterated for the round's planned steps; ``batch_fn`` maps a loader
-    item to ``(x, y)``.  Both run the same loop (:meth:`ClientRound.batches`, :meth:`ClientRound.loss_before`,
-    :func:`full_gradient_from`); batches are moved to the model's device.  ``state`` is the node's
-    ``Context.state`` (persistent client state, records ``fedadapt.<name>``).  ``loss_before=False`` skips
-    ``train-loss-before`` (the received model's mean loss over the local data, or over a seeded sample of at most
-    ``loss-before-max-examples`` of them: one forward pass) — for methods whose server does not read it.
-    """
-    device = next(model.parameters()).device
-    if isinstance(data, Tensor):
-        x, (y, loss_fn) = data, args
-        data = TensorPartition(x.to(device), y.to(device))
-    else:
-        (loss_fn,) = args
-    rnd = ClientRound(content, state, data, loss_fn, seed=seed, client_key=client_key, unpack=batch_fn)
-    rnd.load_model(model)
-    n = num_examples_of(data)
-    before = rnd.loss_before_value = rnd.loss_before(model) if loss_before else None
-    grad = full_gradient_from(model, data, loss_fn, batch_fn) if rnd.needs_full_gradient else None
-    optimizer = rnd.optimizer(model, num_examples=n, full_gradient=grad)
-    to_xy = as_xy if isinstance(data, TensorPartition) else batch_fn or as_xy
-    model.train()
-    total, steps = 0.0, 0
-    for item in rnd.batches(data, n):
-        x, y = to_xy(item)
-        optimizer.zero_grad(set_to_none=False)
-        loss = loss_fn(model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-        total, steps = total + float(loss.detach()), steps + 1
-    return rnd.reply(model, optimizer, num_examples=n, train_loss=total / max(steps, 1), train_loss_before=before)
