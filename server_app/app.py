@@ -12,7 +12,7 @@
 4. With ``checkpoint-every > 0`` writes a data-only ``checkpoint.npz`` (:mod:`flower_strategies.core.checkpoint`)
    on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.  Such runs
    carry a run token (in the checkpoint; a resumed run sends the same one) that names the clients' node-local
-   saved state (:mod:`client_app.client_state`), so that stateful methods resume exactly.
+   saved state (:mod:`client_app.client_state`, keys :mod:`app_common.wire`), so that stateful methods resume exactly.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from client_app import client_state
-from client_app.config import AppConfig, run_name_problem
-from client_app.hub_data import DatasetUnavailable
-from client_app.task import build_model, evaluate, load_test_data
+from app_common import wire
+from app_common.config import AppConfig, run_name_problem
+from app_common.hub_data import DatasetUnavailable
+from app_common.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors
@@ -260,7 +260,8 @@ def run_token(payload: Mapping[str, Any] | None) -> str:
 
 
 class ClientStateReport:
-    """After a resume, which clients continued their saved state (:mod:`client_app.client_state`); printed once."""
+    """After a resume, which clients continued their saved state (:mod:`client_app.client_state`, keys
+    :mod:`app_common.wire`); printed once."""
 
     def __init__(self, resumed_after: int | None) -> None:
         self.resumed_after = resumed_after
@@ -271,8 +272,8 @@ class ClientStateReport:
             return
         for msg in replies:
             info = None if msg.has_error() else R.get(msg.content, R.REPLY_INFO, ConfigRecord)
-            if info is not None and client_state.STATUS in info:
-                key = str(info[client_state.STATUS])
+            if info is not None and wire.STATUS in info:
+                key = str(info[wire.STATUS])
                 self.counts[key] = self.counts.get(key, 0) + 1
         fresh = self.counts.get("fresh", 0)
         if fresh:
@@ -361,7 +362,7 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
             if checkpointer is None:
                 return {}
             keep = checkpointer.written_round if checkpointer.written_round >= 0 else (resumed_after or 0)
-            return {client_state.KEY: token, client_state.KEEP: keep, client_state.BASE: resumed_after or 0}
+            return {wire.KEY: token, wire.KEEP: keep, wire.BASE: resumed_after or 0}
 
         failure: RunFailed | None = None
         final = initial

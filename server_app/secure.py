@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from flower_strategies.compat.secagg import SecAggStrategy, check_secagg, run_secagg, secaggplus_workflow
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError

@@ -131,7 +131,7 @@ def synthetic_initial_arrays() -> ArrayRecord:
     """The synthetic-linear model (float64) started at :data:`SYNTH_X0`."""
     import torch
 
-    from client_app.task import build_model
+    from app_common.task import build_model
 
     model = build_model("synthetic-linear", 0, SYNTH_DIM, "float64")
     with torch.no_grad():
@@ -146,7 +146,7 @@ def recorded_run(cls, hp, rounds, capture, *, fraction=0.5, client_lr=0.05, loca
     Returns ``(weights per round, sampled partition ids per round, [capture(new server state) of each server update],
     strategy, grid)``.
     """
-    from simulations.engine import simulate
+    from simulations.engine.inprocess import simulate
 
     schedule: list[list[int]] = []
     captured: list = []

@@ -1,6 +1,6 @@
 """A pytest plugin measuring what the direction screen and the norm bounds would see on honest runs.
 
-    python -m pytest -n 0 -m "not slow" -p simulations.screen_probe tests/test_fedopt.py tests/test_fedlada.py …
+    python -m pytest -n 0 -m "not slow" -p tests.screen_probe tests/test_fedopt.py tests/test_fedlada.py …
 
 Every strategy built in the session screens directions with ``update-cosine-floor`` −0.99999 when it is off (the
 cosines are computed, no reply is ever rejected, so every run and every assertion is unchanged).  At the end it
@@ -56,7 +56,7 @@ def _measured(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping[str,
 
 
 def pytest_configure(config: Any) -> None:
-    """Patch the screen only when pytest loads this module as a plugin (``-p simulations.screen_probe``): importing
+    """Patch the screen only when pytest loads this module as a plugin (``-p tests.screen_probe``): importing
     it (the docs tests import every dotted name the docs mention) changes nothing."""
     S.ScreenPolicy.from_settings = classmethod(_policy)  # type: ignore[method-assign, assignment]
     S.centre_cosines = _measured

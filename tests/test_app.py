@@ -15,8 +15,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 
 from client_app.app import app as client_app
 from flower_strategies.core import records as R
-from client_app.task import build_model
-from simulations.engine import run_inprocess
+from app_common.task import build_model
+from simulations.engine.inprocess import run_inprocess
 
 BASE = {"num-server-rounds": 3, "local-steps": 4, "batch-size": 16}
 
@@ -133,7 +133,7 @@ def test_every_client_failing_stops_the_run_with_their_error(tmp_path):
 
 def test_client_side_evaluation_when_requested(tmp_path):
     from server_app.app import run
-    from simulations.engine import LoopbackGrid
+    from simulations.engine.inprocess import LoopbackGrid
 
     grid = LoopbackGrid(client_app, 4, {})
     cfg = {**BASE, "num-server-rounds": 1, "fraction-evaluate": 1.0, "output-dir": str(tmp_path), "run-name": "e"}
@@ -173,7 +173,7 @@ def test_clientapp_without_partition_in_node_config_explains_the_fix():
 
 
 def _loss_before_reply(extra_config, partition=1, server_round=2):
-    from client_app.task import load_client_data
+    from app_common.task import load_client_data
 
     model = build_model("digits-mlp", 0)
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(

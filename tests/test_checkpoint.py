@@ -22,11 +22,11 @@ import torch
 
 import flower_strategies  # noqa: F401 - registers the methods
 from client_app.app import app as client_app
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core.registry import METHODS
 from server_app.app import run
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 from tests.helpers import every_method, rewrite_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def test_kill_9_of_the_server_process_then_resume(tmp_path):
     run_cfg = {**cfg, "output-dir": str(tmp_path), "run-name": "ck", "checkpoint-every": 1}
     script = textwrap.dedent(f"""
         import os, signal
-        from simulations.engine import run_inprocess
+        from simulations.engine.inprocess import run_inprocess
         def kill_in_round_4(request, reply, partition_id):
             cfg = request.content.config_records.get("config")
             if cfg is not None and int(cfg["server-round"]) == 4:
@@ -362,7 +362,7 @@ def test_loaded_state_dict_equals_the_strategys(tmp_path):
     """state_dict → checkpoint → load_state_dict → state_dict is the identity (arrays bit-exact, scalars equal)."""
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from client_app.task import build_model
+    from app_common.task import build_model
     from flower_strategies.core.registry import build_strategy
 
     for method in sorted(METHODS):
@@ -394,7 +394,7 @@ def test_start_round_loop_equals_flowers_loop():
     Strategy.start gives."""
     from flwr.app import ArrayRecord
 
-    from client_app.task import build_model
+    from app_common.task import build_model
     from flower_strategies.core.records import to_numpy
     from flower_strategies.core.registry import build_strategy
     from server_app.loop import run_rounds

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 from simulations.launch import launch_sim
 from tests.helpers import our_processes
 

@@ -16,7 +16,7 @@ from flower_strategies.core import policy
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError, StrategyConfig
 from flower_strategies.core.registry import parse_run_config
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 
 INIT = {"w": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)}
 
@@ -131,7 +131,7 @@ def test_max_idle_rounds_is_one_strategy_setting_for_both_paths():
     assert fed.max_idle_rounds == 0
     with pytest.raises(ConfigError, match="max-idle-rounds = -1 is out of range"):
         parse_run_config({"max-idle-rounds": -1})
-    from client_app.config import AppConfig
+    from app_common.config import AppConfig
     from server_app import app
 
     assert app.RunFailed is policy.RunFailed and "max_idle_rounds" not in AppConfig.__dict__.get("__annotations__", {})

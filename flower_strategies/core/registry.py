@@ -81,7 +81,7 @@ METHODS: dict[str, MethodSpec] = {}
 #: measured on an app of Flower quickstart-pytorch's shape (its CNN, DataLoader and momentum-SGD loop at lr 0.1; 10
 #: nodes, 10 rounds, 2 seeds) against stock FedAvg: the registry's factor where it passes (no divergence, final
 #: accuracy ≥ stock FedAvg's − 0.05), else the best passing one of ×0.1 … ×10 (×30 for mimelite) —
-#: ``python -m simulations.plugin_factors``, docs/results/plugin-factors.md.  ``fedams`` and ``localadam`` (local
+#: ``python -m simulations.tools.plugin_factors``, docs/results/plugin-factors.md.  ``fedams`` and ``localadam`` (local
 #: AMSGrad) blow up at ×1; the plain-SGD local steps want ×3–×30 (they replace SGD with momentum 0.9).
 CLIENT_LR_FACTOR: dict[str, float] = {
     "fedams": 0.1, "localadam": 0.1,

@@ -1,8 +1,8 @@
 """Benchmark: one server aggregation (``aggregate_train``) of N replies of a ResNet-18-sized model, fedadapt side by
 side with Flower 1.42's built-in strategies, against the floor.
 
-    python -m simulations.bench_aggregation                       # N = 20 and 100, ResNet-18 (11.2 M float32 values)
-    python -m simulations.bench_aggregation --replies 20 --size tiny   # a smoke run (the test uses it)
+    python -m simulations.bench.aggregation                       # N = 20 and 100, ResNet-18 (11.2 M float32 values)
+    python -m simulations.bench.aggregation --replies 20 --size tiny   # a smoke run (the test uses it)
 
 Every measurement runs in its own child process (``--child``): the child builds the model and the N replies first
 (random but fixed: ``x + s_i·roll(ξ, i)`` with ``ξ ~ N(0, 1e-3²)`` drawn once from seed 0, ``s_i = 1 + 0.01·i``;
@@ -91,7 +91,7 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
     from flower_strategies.core import records as R
-    from simulations.engine import LoopbackGrid
+    from simulations.engine.inprocess import LoopbackGrid
 
     state, trainable = model_layout(size)
     model_bytes = sum(v.nbytes for v in state.values())
@@ -241,7 +241,7 @@ def measure(kind: str, name: str, n: int, size: str) -> dict:
     hidden by memory an earlier round freed but kept) — which would slow the timed child's allocations."""
     out = {}
     for mode, extra_env in (("time", {}), ("rss", {"MALLOC_MMAP_THRESHOLD_": "131072"})):
-        cmd = [sys.executable, "-m", "simulations.bench_aggregation", "--child", kind, name, str(n), "--size", size,
+        cmd = [sys.executable, "-m", "simulations.bench.aggregation", "--child", kind, name, str(n), "--size", size,
                "--mode", mode]
         proc = subprocess.run(cmd, capture_output=True, text=True,
                               env={**os.environ, "PYTHONWARNINGS": "ignore", **extra_env})

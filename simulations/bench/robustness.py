@@ -1,7 +1,7 @@
 """Attack × aggregator × partitioning matrix on digits-mlp (in-process engine, real ServerApp and ClientApp).
 
-    flock /tmp/fedadapt-heavy.lock python -m simulations.bench_robustness            # the table of docs/robustness.md
-    python -m simulations.bench_robustness --rounds 5 --attacks flip-50x --aggregators mean mean-off
+    flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness            # the table of docs/robustness.md
+    python -m simulations.bench.robustness --rounds 5 --attacks flip-50x --aggregators mean mean-off
 
 One or two of 5 clients (partitions 0 and 1) rewrite their train replies (:data:`ATTACKS`); every other client is
 honest.  Each cell is the final test accuracy; the clean column is the same aggregator without an attacker.  The
@@ -27,7 +27,7 @@ from flwr.app import Array, ArrayRecord, Message
 from flwr.common.logger import FLOWER_LOGGER
 
 import flower_strategies  # noqa: F401 - registers the methods
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 
 NODES = 5
 DIGITS = {"task": "digits-mlp", "local-epochs": 2, "client-lr": 0.1, "batch-size": 32,
@@ -99,8 +99,8 @@ ATTACKS: dict[str, Attack] = {
 
 
 class Coordinated:
-    """``intercept`` of :class:`~simulations.engine.LoopbackGrid` making an attack's replies.  The grid keeps each
-    reply object, so the attackers' replies are held until the last attacker's has arrived and then rewritten
+    """``intercept`` of :class:`~simulations.engine.inprocess.LoopbackGrid` making an attack's replies.  The grid keeps
+    each reply object, so the attackers' replies are held until the last attacker's has arrived and then rewritten
     together (colluding attackers that see each other's honest models)."""
 
     def __init__(self, attack: Attack) -> None:

@@ -1,8 +1,8 @@
 """Benchmark: simulation overhead against a plain sequential PyTorch loop doing the same local work.
 
-    python -m simulations.bench_simulation                     # digits-mlp, 10 rounds, E ∈ {1, 5}, N ∈ {10, 100}
-    python -m simulations.bench_simulation --ray               # + the Ray simulation (python -m simulations.launch sim)
-    python -m simulations.bench_simulation --nodes 3 --rounds 2 --epochs 1   # smoke run (the test uses it)
+    python -m simulations.bench.simulation                     # digits-mlp, 10 rounds, E ∈ {1, 5}, N ∈ {10, 100}
+    python -m simulations.bench.simulation --ray               # + the Ray simulation (python -m simulations.launch sim)
+    python -m simulations.bench.simulation --nodes 3 --rounds 2 --epochs 1   # smoke run (the test uses it)
 
 For every (E, N) it prints the CPU and wall time of
 
@@ -10,7 +10,7 @@ For every (E, N) it prints the CPU and wall time of
   ``torch.optim.SGD`` over exactly the mini-batches of ``core/client.py``'s ``batch_indices`` (same seed, round,
   client key), then the example-weighted average of the client models (the data are loaded once, before timing;
   the final test evaluation is not timed);
-* ``engine`` — :func:`simulations.engine.run_inprocess`: the real ServerApp + ClientApp in this process, every
+* ``engine`` — :func:`simulations.engine.inprocess.run_inprocess`: the real ServerApp + ClientApp in this process, every
   message a real Flower ``Message`` with serialised ``ArrayRecord``s, with ``train-loss-before = false`` and
   ``learning-curve = false`` (:data:`LEAN`: the plain loop computes neither) — it still validates every reply,
   evaluates the global model centrally on the test split before round 1 and after every round, writes
@@ -48,7 +48,7 @@ def warm_up() -> None:
     """One untimed forward/backward/SGD step (torch's first-call initialisation is not anyone's per-run cost)."""
     import torch
 
-    from client_app.task import build_model
+    from app_common.task import build_model
 
     torch.set_num_threads(1)
     model = build_model("digits-mlp", 0)
@@ -74,7 +74,7 @@ def plain(nodes: int, rounds: int, epochs: int, messages: bool = False) -> dict:
     import numpy as np
     import torch
 
-    from client_app.task import build_model, digits_partition, digits_split
+    from app_common.task import build_model, digits_partition, digits_split
     from flower_strategies.core.client import batch_indices
 
     torch.set_num_threads(1)
@@ -154,8 +154,8 @@ def engine(nodes: int, rounds: int, epochs: int, out: str, lean: bool = True) ->
 
     import client_app.app  # noqa: F401
     import server_app.app  # noqa: F401
-    from client_app.task import digits_partition
-    from simulations.engine import run_inprocess
+    from app_common.task import digits_partition
+    from simulations.engine.inprocess import run_inprocess
 
     torch.set_num_threads(1)
     for i in range(nodes):  # the data set split once, as the plain loop's data are loaded before timing
@@ -187,7 +187,7 @@ def ray(nodes: int, rounds: int, epochs: int, out: str) -> dict:
 
 
 def measure(kind: str, nodes: int, rounds: int, epochs: int, out: str) -> dict:
-    cmd = [sys.executable, "-m", "simulations.bench_simulation", "--child", kind, "--nodes", str(nodes),
+    cmd = [sys.executable, "-m", "simulations.bench.simulation", "--child", kind, "--nodes", str(nodes),
            "--rounds", str(rounds), "--epochs", str(epochs), "--out", out]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -95,7 +95,7 @@ class LoopbackGrid(Grid):
 
     def prepared_replies(self, messages: list[Message]) -> dict[int, Message]:
         """Replies produced for several of ``messages`` at once (by position); the others go one by one to the
-        ClientApp.  None here; the vectorized engine (:class:`simulations.vectorized.VectorGrid`) trains them."""
+        ClientApp.  None here; the vectorized engine (:class:`simulations.engine.vectorized.VectorGrid`) trains them."""
         return {}
 
     def call_app(self, msg: Message, ctx: Context) -> Message:

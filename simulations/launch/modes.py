@@ -97,7 +97,7 @@ def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, tim
 
 def node_data_paths(node_data: Sequence[str | Path] | None, nodes: int) -> list[Path] | None:
     """Per-node data files: one path per node, or one directory holding ``partition-<i>.npz``
-    (as written by ``python -m simulations.convert_data``)."""
+    (as written by ``python -m simulations.tools.convert_data``)."""
     if not node_data:
         return None
     items = [Path(p).expanduser().resolve() for p in node_data]

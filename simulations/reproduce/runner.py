@@ -24,10 +24,10 @@ def run_one(cfg: Mapping[str, Any], num_nodes: int,
     ``inprocess``)."""
     import torch
 
-    from client_app.config import parse as app_config
+    from app_common.config import parse as app_config
     from server_app.app import run_dir
-    from simulations.engine import run_inprocess
-    from simulations.vectorized import vectorizable
+    from simulations.engine.inprocess import run_inprocess
+    from simulations.engine.vectorized import vectorizable
 
     flwr_logger = logging.getLogger("flwr")
     level, threads = flwr_logger.level, torch.get_num_threads()
