@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
@@ -81,7 +81,7 @@ def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, 
     for reply in exchange(grid, msgs, timeout, poll_interval):
         metrics = None if reply.has_error() else R.get(reply.content, R.METRICS, MetricRecord)
         if metrics is not None and "partition-id" in metrics:  # nodes with their own data may have none
-            order[reply.metadata.src_node_id] = int(metrics["partition-id"])
+            order[reply.metadata.src_node_id] = int(cast(int, metrics["partition-id"]))
     if len(order) < len(nodes):
         log(WARNING, "Only %d of %d nodes reported a partition id; the others are ordered by node id",
             len(order), len(nodes))
@@ -137,8 +137,8 @@ class Checkpointer:
         try:
             yield
         finally:
-            for sig, prev in previous.items():
-                signal.signal(sig, prev)
+            for signum, prev in previous.items():
+                signal.signal(signum, prev)
 
 
 def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, writer: MetricsWriter,
@@ -158,7 +158,8 @@ def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, wri
 # ------------------------------------------------------------------------------------------ the run, in steps
 def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, FedAdaptStrategy]:
     """Validate the whole run-config (one clear error before anything is sent) and build model + strategy."""
-    fed, spec, hp = parse_run_config(run_config, AppConfig)  # the run's one parse of its run-config
+    parsed, spec, hp = parse_run_config(run_config, AppConfig)  # the run's one parse of its run-config
+    fed = cast(AppConfig, parsed)  # an instance of the settings class it was given
     model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)

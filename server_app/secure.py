@@ -53,7 +53,7 @@ def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: 
     def central(server_round: int, arrays: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         record = R.to_record(arrays)
         result.arrays = record
-        metrics = dict(evaluate_fn(server_round, record))
+        metrics: dict[str, Any] = dict(evaluate_fn(server_round, record))
         return float(metrics.get("loss", 0.0)), metrics
 
     legacy = SecAggStrategy(strategy, R.to_numpy(initial), evaluate_fn=central, num_rounds=fed.num_server_rounds,

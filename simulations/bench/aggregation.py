@@ -38,6 +38,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import cast
 
 import numpy as np
 
@@ -51,9 +52,10 @@ ADAPTIVE = ("fedadagrad", "fedadam", "fedyogi")
 def model_layout(size: str) -> tuple[dict[str, np.ndarray], list[str]]:
     """``(state, trainable keys)``: ResNet-18's state_dict (float32 + int64 BN counters) or a tiny stand-in."""
     if size == "tiny":
-        state = {"conv.weight": np.zeros((8, 3, 3, 3), np.float32), "bn.weight": np.ones(8, np.float32),
-                 "bn.bias": np.zeros(8, np.float32), "bn.running_mean": np.zeros(8, np.float32),
-                 "bn.num_batches_tracked": np.zeros((), np.int64), "fc.weight": np.zeros((10, 8), np.float32)}
+        state: dict[str, np.ndarray] = {
+            "conv.weight": np.zeros((8, 3, 3, 3), np.float32), "bn.weight": np.ones(8, np.float32),
+            "bn.bias": np.zeros(8, np.float32), "bn.running_mean": np.zeros(8, np.float32),
+            "bn.num_batches_tracked": np.zeros((), np.int64), "fc.weight": np.zeros((10, 8), np.float32)}
         return state, ["conv.weight", "bn.weight", "bn.bias", "fc.weight"]
     import torchvision
 
@@ -130,7 +132,7 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
 
     def client(msg: Message, context) -> Message:
         config = msg.content.config_records.get(R.CONFIG)
-        r = int(config[R.SERVER_ROUND]) if config is not None and R.SERVER_ROUND in config else 0
+        r = int(cast(int, config[R.SERVER_ROUND])) if config is not None and R.SERVER_ROUND in config else 0
         return Message(content_for(msg.metadata.dst_node_id, r), reply_to=msg)
 
     grid = LoopbackGrid(client, n)
@@ -313,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         flwr_avg = rows.get((n, "flwr FedAvg"), {}).get("seconds")
         flwr_adam = rows.get((n, "flwr FedAdam"), {}).get("seconds")
         for m in [o for o, _ in PAIRS] + list(ONLY_FEDADAPT):
-            if (r := rows.get((n, f"fedadapt {m}"))) is None:
+            if (n, f"fedadapt {m}") not in rows:
                 continue
+            r = rows[(n, f"fedadapt {m}")]
             ratio = r["seconds"] / floor
             extra = max(r["peak_bytes"], r["rss_bytes"]) / r["model_bytes"]
             checks = [f"{ratio:5.2f}x floor ({'ok' if ratio <= 1.3 else 'MISS'})",

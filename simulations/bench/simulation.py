@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 
 def warm_up() -> None:
@@ -117,7 +118,7 @@ def flower_exchange():
     + a ``MetricRecord`` + a ``ConfigRecord``, the server reading the reply's arrays — serialised with
     :func:`flower_strategies.core.records.to_record` (the fastest writer of Flower's ``.npy`` format we have) and read
     with zero-copy views.  No strategy, no validation, no metrics, no files."""
-    from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
     from flower_strategies.core import records as R
@@ -136,14 +137,14 @@ def flower_exchange():
         def receive(self, content: RecordDict, node: int) -> dict:
             self.msg = Message(content=content, message_type="train", dst_node_id=node)
             self.msg.metadata.__dict__["_message_id"] = "m"
-            return record_tensors(self.msg.content["arrays"], copy=False)
+            return record_tensors(cast(ArrayRecord, self.msg.content["arrays"]), copy=False)
 
         def reply(self, state: dict, n: int) -> dict:
             content = RecordDict({"arrays": R.to_record({k: v.numpy() for k, v in state.items()}),
                                   "metrics": MetricRecord({"num-examples": n, "num-steps": 1.0, "train-loss": 0.0}),
                                   "fedadapt.info": ConfigRecord({"method": "fedavg"})})
             back = Message(content=content, reply_to=self.msg)
-            return record_tensors(back.content["arrays"], copy=False)
+            return record_tensors(cast(ArrayRecord, back.content["arrays"]), copy=False)
 
     return Exchange()
 

@@ -21,11 +21,11 @@ from flwr.serverapp import Grid
 try:
     from flwr.supercore.task_identity import TaskIdentity
 except ImportError:  # flwr < 1.38
-    TaskIdentity = None
+    TaskIdentity = None  # type: ignore[misc, assignment]
 try:
     from flwr.supercore.run import Run
 except ImportError:  # flwr < 1.4x
-    from flwr.common.typing import Run  # type: ignore[no-redef]
+    from flwr.common.typing import Run  # type: ignore[no-redef, attr-defined]
 
 Interceptor = Callable[[Message, Message, int], Message]
 

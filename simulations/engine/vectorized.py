@@ -422,9 +422,9 @@ def train_stacked(
             opt_c = rnd.optimizer(model, num_examples=sizes[c], full_gradient=fulls[c])
         else:
             opt_c.rebind(load_client_state(rnd.state), fulls[c], steps[c])
-        for p, entries in state_rows:
+        for p, state_entries in state_rows:
             opt_c.state[p] = {k: split[c] if split is not None else (v.clone() if isinstance(v, Tensor) else v)
-                              for k, split, v in entries}
+                              for k, split, v in state_entries}
         opt_c.state[ROUND]["steps"] = steps[c]  # type: ignore[index]
         total = 0.0
         for s in range(steps[c]):  # the sequential loop's float sum, in its order

@@ -320,8 +320,8 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
         res.nodes_listed = list_supernodes(cluster, conn)
     report(res.run_id, res.status, log_dir)
     listed = [(n.get("node-id"), n.get("status")) for n in res.nodes_listed]
-    plaintext = "failed" if res.plaintext_client.get("success") is False else "WORKED"
-    print(f"[fedadapt] secure: plaintext flwr ls {plaintext} "
+    plaintext_ls = "failed" if res.plaintext_client.get("success") is False else "WORKED"
+    print(f"[fedadapt] secure: plaintext flwr ls {plaintext_ls} "
           f"({res.plaintext_client.get('error-message', '')!r}), plain HTTP: {res.plaintext_http_error or 'ANSWERED'}; "
           f"unregistered SuperNodes' exit codes {res.unregistered_rc}; "
           f"registered node ids {res.registered_ids}, listed {listed}", flush=True)

@@ -196,6 +196,7 @@ def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out:
     pending = [r for r in results if "run_dir" in r]
     for row, (metrics, error, seconds) in zip(pending, execute(tasks, jobs, progress)):
         if error is None:
+            assert metrics is not None  # a run without an error has its metrics
             row.update(summarize(metrics, paper.target_for(setting)), status="ok")
         else:
             row.update(status="error", error=error)

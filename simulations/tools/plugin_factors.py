@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
@@ -75,12 +75,15 @@ class LossSpy:
     """``LoopbackGrid`` interceptor: every train reply's train loss (metric ``key``), by round."""
 
     def __init__(self, key: str) -> None:
-        self.key, self.by_round = key, {}  # type: dict[int, list[float]]
+        self.key = key
+        self.by_round: dict[int, list[float]] = {}
 
     def __call__(self, request: Message, reply: Message, partition_id: int) -> Message:
         if request.metadata.message_type == MessageType.TRAIN and not reply.has_error():
-            rnd = int(request.content["config"]["server-round"])
-            value = reply.content["metrics"].get(self.key)
+            config: Any = request.content["config"]  # record values are typed as any record value
+            metrics: Any = reply.content["metrics"]
+            rnd = int(config["server-round"])
+            value = metrics.get(self.key)
             if value is not None:
                 self.by_round.setdefault(rnd, []).append(float(value))
         return reply
@@ -97,7 +100,7 @@ def stock_client_app() -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         model = task.Net()
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        model.load_state_dict(cast(ArrayRecord, msg.content["arrays"]).to_torch_state_dict())
         loader, _ = task.load_data(context.node_config["partition-id"], context.node_config["num-partitions"],
                                    context.run_config["batch-size"])
         loss = task.train(model, loader, context.run_config["local-epochs"], msg.content["config"]["lr"],
