@@ -269,10 +269,6 @@ def state_like(arrays: Mapping[str, np.ndarray], keys: Iterable[str], fill: floa
     return {k: np.full(np.shape(arrays[k]), fill, dtype=dtype_of(arrays[k])) for k in keys}
 
 
-def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
-    return int(sum(np.asarray(a).nbytes for a in arrays.values()))
-
-
 def pseudo_gradient(current: Mapping[str, np.ndarray], mean: NamedArrays, keys: Iterable[str]) -> NamedArrays:
     """``D̄ = x_t − mean_i x_i`` over ``keys`` in the parameters' dtype, written into ``mean``'s buffers (the round's
     own aggregate, not needed afterwards for these keys): no model-sized allocation.  float64 runs: the float64

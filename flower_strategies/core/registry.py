@@ -261,9 +261,9 @@ def check_key_spelling(run_config: Mapping[str, Any], exempt: Iterable[str] = ()
 
 def config_lines(method: str) -> str:
     """The ``[tool.flwr.app.config]`` lines an app declares to set ``method``'s keys with ``--run-config``."""
-    from .hparams import _toml_value
+    from .hparams import toml_value
 
     spec = get_method(method)
     lines = [f"# fedadapt: {spec.name} ({spec.summary})", f'method = "{spec.name}"']
-    lines += [f"{k} = {_toml_value(v)}" for k, v in spec.defaults().items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in spec.defaults().items()]
     return "\n".join(lines)

@@ -39,7 +39,7 @@ from . import records as R
 from .binding import ReplyBinder
 from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
-from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
+from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers
 from .policy import run_checked
 from .privacy import privatize, refuse_flower_dp
 from .robust import TooFewReplies, byzantine_count, check_replies
@@ -288,7 +288,7 @@ class FedAdaptStrategy(Strategy):
         if clash:
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
-        rlog.bytes_down = (nbytes(self.current) + sum(nbytes(v) for v in extras.values())) * num_sampled
+        rlog.bytes_down = R.arrays_nbytes(content) * num_sampled
         return content
 
     def check_sample_size(self, num_sampled: int) -> None:
@@ -318,8 +318,7 @@ class FedAdaptStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         rlog = self.rounds.take(server_round)
         replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
-        rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error()
-                            for _, r in R.of_type(m.content, ArrayRecord))
+        rlog.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
         screened = self.binder.run(server_round, replies, self.reply_screen(), self.settings.max_reply_bytes)
         dp_metrics = privatize(self, screened, rlog.sampled)  # native DP: clipped, noised aggregates (or {})
         rlog.rejections += screened.rejections

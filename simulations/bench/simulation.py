@@ -174,7 +174,9 @@ def engine(nodes: int, rounds: int, epochs: int, out: str, lean: bool = True) ->
 
 def ray(nodes: int, rounds: int, epochs: int, out: str) -> dict:
     cfg = run_config(nodes, rounds, epochs, out)
-    rc = " ".join(f"{k}={json.dumps(v)}" for k, v in cfg.items())
+    from simulations.launch.flwr_cli import format_run_config
+
+    rc = format_run_config(cfg)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "simulations.launch", "sim", "--num-supernodes", str(nodes),
                            "--run-config", rc], capture_output=True, text=True)

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flower_strategies.core.hparams import _toml_value as _toml
+from flower_strategies.core.hparams import toml_value as _toml
 
 BEGIN = "# BEGIN GENERATED RUN-CONFIG"
 END = "# END GENERATED RUN-CONFIG"
