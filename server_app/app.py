@@ -41,13 +41,13 @@ from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.loop import exchange, run_rounds
 from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
 from . import plots, presets, provenance, rundir, tracking
 from . import secure
-from .loop import exchange, run_rounds
 from .metrics import MetricsWriter, Progress, progress_line
 
 app = ServerApp()

@@ -286,14 +286,15 @@ def test_metrics_csv_appended_per_round_equals_a_full_rewrite(tmp_path):
 
 
 def test_exchange_polls_at_its_own_interval_and_returns_every_reply():
-    """server_app.loop.exchange: Grid.push_messages + Grid.pull_messages every ``interval`` s (Flower's deployment grid
+    """flower_strategies.core.loop.exchange: Grid.push_messages + Grid.pull_messages every ``interval`` s (Flower's
+    deployment grid
     sleeps 3 s between polls); replies arriving over several polls are all returned, a timeout ends the wait."""
     import time as _time
     from types import SimpleNamespace
 
     from flwr.app import Message, RecordDict
 
-    from server_app.loop import exchange
+    from flower_strategies.core.loop import exchange
 
     class SlowGrid:
         def __init__(self, ready_after: int) -> None:

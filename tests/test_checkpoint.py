@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from flwr.serverapp.strategy import Strategy
 
 import flower_strategies  # noqa: F401 - registers the methods
 from client_app.app import app as client_app
@@ -390,14 +391,14 @@ def test_loaded_state_dict_equals_the_strategys(tmp_path):
 
 
 def test_start_round_loop_equals_flowers_loop():
-    """server_app.loop.run_rounds with on_round_end (our resumable loop) gives exactly what Flower's
-    Strategy.start gives."""
+    """flower_strategies.core.loop.run_rounds with on_round_end (our resumable loop, which FedAdaptStrategy.start
+    runs) gives exactly what Flower's own Strategy.start loop gives."""
     from flwr.app import ArrayRecord
 
     from app_common.task import build_model
     from flower_strategies.core.records import to_numpy
     from flower_strategies.core.registry import build_strategy
-    from server_app.loop import run_rounds
+    from flower_strategies.core.loop import run_rounds
 
     cfg = {**BASE, "method": "fedadam"}
     out = []
@@ -409,8 +410,9 @@ def test_start_round_loop_equals_flowers_loop():
         if ours:
             res = run_rounds(strategy, grid, init, 4, 60.0, on_round_end=lambda r, a: ends.append(r))
             assert ends == [1, 2, 3, 4]
-        else:
-            res = strategy.start(grid=grid, initial_arrays=init, num_rounds=4)
+        else:  # Flower's loop itself, not the strategy's override
+            with strategy.driven():
+                res = Strategy.start(strategy, grid=grid, initial_arrays=init, num_rounds=4)
         out.append((to_numpy(res.arrays), sorted(res.train_metrics_clientapp)))
     assert out[0][1] == out[1][1] == [1, 2, 3, 4]
     for k in out[0][0]:

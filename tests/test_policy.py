@@ -138,7 +138,7 @@ def test_max_idle_rounds_is_one_strategy_setting_for_both_paths():
 
 
 def test_the_projects_loop_applies_the_same_policy_before_the_round_end_hook():
-    from server_app.loop import run_rounds
+    from flower_strategies.core.loop import run_rounds
 
     ends: list[int] = []
     with pytest.raises(policy.RunFailed, match="every client failed"):

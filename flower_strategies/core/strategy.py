@@ -23,9 +23,9 @@ needs is in :meth:`~FedAdaptStrategy.state_dict` (data only: arrays, numbers, st
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -40,7 +40,8 @@ from .binding import ReplyBinder
 from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers
-from .policy import run_checked
+from .loop import run_rounds
+from .policy import RunFailed
 from .privacy import privatize, refuse_flower_dp
 from .robust import TooFewReplies, byzantine_count, check_replies
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
@@ -246,11 +247,18 @@ class FedAdaptStrategy(Strategy):
         log(INFO, "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
             s.client_lr, self.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kwargs: Any) -> Result:
-        """Flower's ``Strategy.start``, failing a run that trains nothing (:mod:`.policy`); records ``num_rounds``."""
-        self.num_rounds = int(num_rounds)
-        with self.driven():
-            return run_checked(self, super().start, grid, initial_arrays, num_rounds, *args, **kwargs)
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Flower's ``Strategy.start`` (same arguments, same loop), run by fedadapt's one round loop
+        (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and raised)."""
+        try:
+            with self.driven():
+                return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
+                                  train_config=train_config, evaluate_config=evaluate_config)
+        except RunFailed as err:
+            log(ERROR, "fedadapt: run FAILED: %s", err)
+            raise
 
     @contextmanager
     def driven(self) -> Iterator[None]:

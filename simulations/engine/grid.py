@@ -75,7 +75,7 @@ class LoopbackGrid(Grid):
         return list(self.contexts)
 
     #: Every reply exists once ``push_messages`` returns (a dropped one never comes): nothing to poll for
-    #: (``server_app.loop.exchange``).
+    #: (``flower_strategies.core.loop.exchange``).
     answers_at_push = True
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
