@@ -7,6 +7,10 @@ cosines are computed, no reply is ever rejected, so every run and every assertio
 prints, over every round with at least 3 replies, how many honest replies had a cosine with the round's centre
 below each floor and a norm above each multiple of the round's lower-median norm — how often a default screen at
 that setting would have fired — by the number of replies in the round (docs/robustness.md, "A default on evidence").
+
+It patches the screen (``ScreenPolicy.from_settings``, ``centre_cosines``) because the library has no hook that
+shows a round's cosines and norms, and adding one to ``core/screen.py`` for a measurement would be library API
+that no user needs; the patch computes what the screen would compute and rejects nothing.
 """
 
 from __future__ import annotations
