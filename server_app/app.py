@@ -75,7 +75,7 @@ def run_dir(fed: AppConfig, run_config: Mapping[str, Any] | None = None,
 
 def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, poll_interval: float = 0.0) -> None:
     """Ask connected nodes for their partition id; order sampling by it (fallback: node id)."""
-    nodes = strategy.sample(grid, 1.0, strategy.min_available_nodes)
+    nodes = strategy.sample(grid, 1.0, strategy.settings.min_available_nodes)
     msgs = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
     order: dict[int, Any] = {}
     for reply in exchange(grid, msgs, timeout, poll_interval):
@@ -241,7 +241,7 @@ def round_row(server_round: int, test_metrics: Mapping[str, float], history: lis
             row[key] = h.train_metrics[key]
     row.update(h.round_metrics)
     if h.rejections:
-        row["rejections"] = "; ".join(h.rejections)
+        row["rejections"] = "; ".join(map(str, h.rejections))
     return row
 
 

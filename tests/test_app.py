@@ -232,11 +232,13 @@ def test_negative_caps_are_rejected_before_round_one(tmp_path):
 
 def test_metrics_row_carries_the_round_log_and_the_methods_round_metrics():
     """A round's row = test metrics + its RoundLog, including the method's own ``round_metrics`` (e.g. decayed lrs)."""
+    from flower_strategies.core.rejections import Kind, Rejection
     from flower_strategies.core.strategy import RoundLog
     from server_app.app import round_row
 
-    log = RoundLog(2, sampled=4, replies_used=2, replies_rejected=1, rejections=["node 3: NaN"], bytes_down=40,
-                   bytes_up=20, updated=True, train_metrics={"train-loss": 0.5, "train-loss-before": 0.7},
+    log = RoundLog(2, sampled=4, replies_used=2, replies_rejected=1, rejections=[Rejection(3, Kind.NONFINITE, "NaN")],
+                   bytes_down=40, bytes_up=20, updated=True,
+                   train_metrics={"train-loss": 0.5, "train-loss-before": 0.7},
                    round_metrics={"client-lr": 0.05, "server-lr": 0.5})
     row = round_row(2, {"loss": 0.4, "accuracy": 0.9}, [log])
     assert row == {"round": 2, "test-loss": 0.4, "test-accuracy": 0.9, "train-loss": 0.5, "train-loss-before": 0.7,

@@ -198,7 +198,7 @@ def test_robust_aggregators_change_only_mean_rule_records():
             return (*super().uplink_specs(), RecordSpec("peak", "max", "params"), RecordSpec("count", "sum", "params"))
 
         def server_update(self, inputs, state):
-            seen[self.aggregator] = {k: dict(v) for k, v in inputs.aggregates.items()}
+            seen[self.settings.aggregator] = {k: dict(v) for k, v in inputs.aggregates.items()}
             return super().server_update(inputs, state)
 
     rng = np.random.default_rng(0)

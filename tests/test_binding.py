@@ -15,6 +15,7 @@ from flower_strategies.core import records as R
 from flower_strategies.core.binding import (REPLY_BYTES_FACTOR, REPLY_BYTES_SLACK, ReplyBinder, content_nbytes,
                                             expected_reply_bytes, reply_digest)
 from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.rejections import Kind
 from flower_strategies.core.screen import ReplyScreen
 from flower_strategies.core.validation import RecordSpec
 from simulations.engine.inprocess import LoopbackGrid
@@ -82,7 +83,7 @@ def test_one_client_replaying_its_round1_reply_is_rejected_and_the_model_is_as_w
     assert [h.replies_used for h in history] == [3] + [2] * (ROUNDS - 1)
     assert [h.replies_rejected for h in history] == [0] + [1] * (ROUNDS - 1)
     reason = "stale: it answers message" if stale else "replay: byte-identical to a reply to an earlier round"
-    assert all(h.rejections[0].startswith(f"node 1: {reason}") for h in history[1:]), history[1].rejections
+    assert all(str(h.rejections[0]).startswith(f"node 1: {reason}") for h in history[1:]), history[1].rejections
     clean, _ = run(None)
     assert not np.array_equal(arrays["w"], clean["w"])  # node 0's fresh replies would have moved the model
 
@@ -91,7 +92,7 @@ def test_every_client_replaying_updates_nothing_after_round1_and_is_counted():
     arrays, history = run(replaying({0, 1, 2}), max_idle_rounds=0)
     assert [h.updated for h in history] == [True] + [False] * (ROUNDS - 1)
     assert [h.replies_rejected for h in history] == [0] + [3] * (ROUNDS - 1)
-    assert all(r.split(": ", 1)[1].startswith("replay:") for h in history[1:] for r in h.rejections)
+    assert all(r.kind is Kind.REPLAY and r.detail.startswith("replay:") for h in history[1:] for r in h.rejections)
     # the model is round 1's: the example-weighted mean of 0.1·(p+1), weights 10, 11, 12
     expected = np.float32(sum(np.float32(0.1 * (p + 1)) * (10 + p) for p in range(3)) / 33)
     np.testing.assert_allclose(arrays["w"], expected, rtol=1e-6)
@@ -115,7 +116,7 @@ def check(binder: ReplyBinder, current, replies, max_reply_bytes=0, sent=()):
     binder.expect(sent)
     screen = ReplyScreen(current, (RecordSpec(R.MODEL, "mean", "model"),), list(current))
     screened = binder.run(1, replies, screen, max_reply_bytes)
-    return [msg for msg, _ in screened.kept], screened.rejections
+    return [msg for msg, _ in screened.kept], [str(r) for r in screened.rejections]
 
 
 def test_identical_bytes_are_a_replay_only_when_the_global_model_changed():

@@ -17,7 +17,7 @@ from app_common.config import AppConfig
 from app_common.task import build_model
 from flower_strategies.core.client import full_gradient_from, num_local_steps
 from flower_strategies.core.hparams import ConfigError
-from flower_strategies.core.registry import METHODS, parse_run_config, run_config_defaults
+from flower_strategies.core.registry import METHODS, parse_run_config, register, run_config_defaults
 from simulations.tools import configgen
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,15 +134,25 @@ ALIASES = {"fedavgm": "FedAvgM", "fedadagrad": "FedAdagrad", "fedadam": "FedAdam
            "fedams": "FedAMS", "adpfed": "AdpFed", "fedlocal-sync": "FedLocalSync"}
 
 
-def test_an_alias_is_declared_once_by_register_and_its_class_takes_those_defaults():
-    """Every alias's field defaults live in its ``register`` call (``MethodSpec.overrides``); an importable alias
-    class names its registry name and nothing else, and builds that name's defaults."""
-    assert not hasattr(fs.FedAdaptStrategy, "variant")
+def test_an_alias_class_states_its_defaults_in_its_body_and_register_reads_them():
+    """An importable alias class names its registry name and states its field defaults in its own body
+    (``hparam_defaults``); ``register`` reads them into the name's ``MethodSpec.overrides`` and changes no class."""
+    assert not hasattr(fs.FedAdaptStrategy, "variant") and not hasattr(fs.FedAdaptStrategy, "registered_defaults")
     for name, cls_name in ALIASES.items():
         spec, cls = METHODS[name], getattr(fs, cls_name)
         assert spec.strategy is cls and cls.method == name and spec.overrides
-        assert "variant" not in vars(cls) and not set(vars(cls)) & set(spec.overrides)
+        assert "variant" not in vars(cls) and dict(vars(cls)["hparam_defaults"]) == dict(spec.overrides)
         assert cls.make_hparams() == spec.default_hparams() == cls().hparams
+    before = {cls: dict(vars(cls)) for cls in {spec.strategy for spec in METHODS.values()}}
+    try:
+        spec = register(fs.FedAdam, name="fedadam-test", server_lr=0.5, paper="test", summary="test")
+        assert dict(spec.overrides) == {"server_opt": "adam", "server_lr": 0.5}  # the class's, then the name's
+        assert {cls: dict(vars(cls)) for cls in before} == before  # register() changed no class
+    finally:
+        METHODS.pop("fedadam-test", None)
+    with pytest.raises(TypeError, match="hparam_defaults"):
+        register(type("Own", (fs.FedAvg,), {"method": "own-test"}), server_lr=2.0, paper="test", summary="test")
+    assert "own-test" not in METHODS
     assert METHODS["localadam"].strategy is fs.FedLADA and fs.FedLADA.make_hparams().amend_weight == 0.1
     assert METHODS["localadam"].default_hparams().amend_weight == 1.0
     assert fs.FedOpt.make_hparams() == fs.FedOptHParams()  # the base class is not an alias

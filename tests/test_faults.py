@@ -179,15 +179,14 @@ def test_a_huge_update_is_rejected_by_default_and_wrecks_the_model_only_with_eve
 
 
 def test_update_norm_is_measured_against_the_global_model_for_model_records():
-    strategy = FedAvg(min_available_nodes=1, min_train_nodes=1)
-    strategy.max_update_norm = 5.0
+    strategy = FedAvg(min_available_nodes=1, min_train_nodes=1, max_update_norm=5.0)
     w = np.full((1, 4), 100.0)  # a large model: its own norm (200) is far above the limit
     list(strategy.configure_train(1, ArrayRecord({"w": Array(w)}), config(), NodesGrid([1, 2, 3])))
     ok = reply(1, {"arrays": {"w": w + 2.0}})            # ‖Δ‖ = 4  ≤ 5
     far = reply(2, {"arrays": {"w": w + 3.0}})           # ‖Δ‖ = 6  > 5
     new, metrics = strategy.aggregate_train(1, [ok, far])
     assert metrics["replies-used"] == 1 and metrics["replies-rejected"] == 1
-    reason = strategy.history[-1].rejections[0]
+    reason = str(strategy.history[-1].rejections[0])
     assert reason.startswith("node 2:") and "update norm 6 exceeds max-update-norm 5" in reason
     assert np.array_equal(new["w"].numpy(), w + 2.0)
 
@@ -202,7 +201,7 @@ def test_update_norm_of_other_records_is_their_own_norm():
     assert update_norm(three, three) == 0.0  # a model record: the update against the current model
     assert update_norm({"i": np.array([10**6])}, None) == 0.0  # integer buffers are not measured
     # check_update_norms picks the reference by the record's spec
-    assert check_update_norms({"momentum": three}, [params], three, 5.0) == (
+    assert str(check_update_norms({"momentum": three}, [params], three, 5.0)) == (
         "record 'momentum' norm 6 exceeds max-update-norm 5")
     assert check_update_norms({"arrays": three}, [model], three, 5.0) is None
-    assert "update norm 6" in check_update_norms({"arrays": three}, [model], zero, 5.0)
+    assert "update norm 6" in str(check_update_norms({"arrays": three}, [model], zero, 5.0))

@@ -4,6 +4,7 @@ cases, unit tests of the client step and of the server math, and mocked-reply pr
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 
 import numpy as np
@@ -564,7 +565,12 @@ def test_misuse_raises_clear_errors():
         FedLADAOptimizer([("w", p)], lr=0.1, second_moment="adam", downlink=full)
     with pytest.raises(ValueError, match="planned_steps"):
         FedLADAOptimizer([("w", p)], lr=0.1, local_updates="K-1", downlink=full)
-    FedLADAOptimizer([("w", p)], lr=0.1, downlink=full)  # K updates need no planned K
+    opt = FedLADAOptimizer([("w", p)], lr=0.1, downlink=full)  # K updates need no planned K
+    assert not opt.requires_planned_steps() and opt.needs_planned_steps is FedLADAOptimizer.needs_planned_steps is True
+    k1 = FedLADAOptimizer([("w", p)], lr=0.1, local_updates="K-1", planned_steps=2, downlink=full)
+    assert k1.requires_planned_steps()  # the instance's rule, a method; the class flag is one plain bool
+    for spec in METHODS.values():  # no descriptor makes the flag mean one thing on the class and another on an instance
+        assert type(inspect.getattr_static(spec.local_optimizer, "needs_planned_steps")) is bool, spec.name
 
 
 def test_local_updates_k_minus_1_skips_the_last_planned_step():

@@ -71,7 +71,7 @@ def message(s, node: int, records: dict[str, ArrayRecord], metrics: dict[str, An
 
 
 def honest_metrics(s, node: int) -> dict[str, Any]:
-    return {R.NUM_EXAMPLES: 10 * node, R.NUM_STEPS: float(s.local_steps), R.TRAIN_LOSS: 1.0 / node,
+    return {R.NUM_EXAMPLES: 10 * node, R.NUM_STEPS: float(s.settings.local_steps), R.TRAIN_LOSS: 1.0 / node,
             R.TRAIN_LOSS_BEFORE: 2.0 / node}
 
 
@@ -228,7 +228,7 @@ def test_a_hostile_reply_is_rejected_with_a_reason_and_changes_nothing(method, d
     replies.insert(position, bad)
     new, metrics = s.aggregate_train(1, replies)  # must not raise
     assert metrics is not None and metrics["replies-used"] == len(HONEST) and metrics["replies-rejected"] == 1
-    (reason,) = s.history[-1].rejections
+    (reason,) = map(str, s.history[-1].rejections)
     assert reason.startswith(f"node {HOSTILE}: ") and len(reason) > len(f"node {HOSTILE}: ")
     assert word in reason, reason
     assert_same_model(new, ref)

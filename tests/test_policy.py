@@ -16,6 +16,7 @@ from flower_strategies.core import policy
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError, StrategyConfig
 from flower_strategies.core.registry import parse_run_config
+from flower_strategies.core.rejections import Kind, Rejection
 from simulations.engine.inprocess import LoopbackGrid
 
 INIT = {"w": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)}
@@ -93,7 +94,8 @@ def test_an_idle_round_is_described_by_what_happened_not_as_zero_rejections():
     with pytest.raises(policy.RunFailed, match=r"round 4: 5 of 5 sampled nodes sent no reply \(lost, or too slow "
                                                r"for round-timeout\)$"):
         policy.check_progress([silent], 1)
-    mixed = policy.RoundLog(2, sampled=5, replies_used=1, replies_rejected=1, rejections=["node 7: bad"])
+    mixed = policy.RoundLog(2, sampled=5, replies_used=1, replies_rejected=1,
+                            rejections=[Rejection(7, Kind.BAD_RECORD, "bad")])
     assert policy.what_happened(mixed) == (
         "1 replies rejected (node 7: bad); 3 of 5 sampled nodes sent no reply (lost, or too slow for round-timeout); "
         "1 valid replies but no model update (fewer than min-replies, or the server update was not finite; see the "
@@ -126,7 +128,7 @@ def test_a_round_with_some_client_errors_is_no_failure():
 
 
 def test_max_idle_rounds_is_one_strategy_setting_for_both_paths():
-    assert StrategyConfig().max_idle_rounds == 3 and fedavg(max_idle_rounds=5).max_idle_rounds == 5
+    assert StrategyConfig().max_idle_rounds == 3 and fedavg(max_idle_rounds=5).settings.max_idle_rounds == 5
     fed, _, _ = parse_run_config({"max-idle-rounds": 0})
     assert fed.max_idle_rounds == 0
     with pytest.raises(ConfigError, match="max-idle-rounds = -1 is out of range"):

@@ -150,8 +150,8 @@ def test_client_half_guards_its_reply_against_dp_mods():
     assert privacy.rewritten_reply_reason(content, info) is None
     assert privacy.rewritten_reply_reason(content, {}) is None  # no CRC sent (legacy replies, other clients)
     rewritten = RecordDict({"q": R.to_record({"w": np.ones(3) + 1e-12})})
-    assert "rewrote the reply's record 'q'" in privacy.rewritten_reply_reason(rewritten, info)
-    assert "native user-level DP" in privacy.rewritten_reply_reason(RecordDict({"q": q, "v": q}), info)
+    assert "rewrote the reply's record 'q'" in str(privacy.rewritten_reply_reason(rewritten, info))
+    assert "native user-level DP" in str(privacy.rewritten_reply_reason(RecordDict({"q": q, "v": q}), info))
 
 
 def test_the_composing_cells_are_the_documented_ones():
@@ -246,9 +246,27 @@ def test_native_dp_settings_refuse_weighted_or_robust_aggregation():
     with pytest.raises(ConfigError, match="aggregator = mean"):
         build("fedavg", dp_clip=1.0, aggregator="median")
     s = build("fedavg", dp_clip=1.0)
-    assert s.weighting == "uniform" and s.settings.update_norm_ratio == 0.0  # the clip bounds every reply
+    assert s.weighting == "uniform" and s.settings.setting("update_norm_ratio") == 0.0  # the clip bounds every reply
     with pytest.raises(ConfigError, match="max-merges"):
         privacy.check_specs("m", (RecordSpec("v", "max", "params"),))
+
+
+def test_native_dp_decides_only_the_keys_left_to_it_and_an_explicit_conflict_names_both_keys():
+    """No silent override: weighting left "default" and update-norm-ratio left unset take DP_PROFILE's values (the
+    settings object keeps what the user gave); an explicit conflicting value is a ConfigError naming both keys."""
+    from flower_strategies.core.hparams import DP_PROFILE, StrategyConfig
+
+    dp = StrategyConfig(dp_clip=1.0)
+    assert (dp.weighting, dp.update_norm_ratio) == ("default", None)  # what the user gave, unchanged
+    assert {k: dp.setting(k) for k in DP_PROFILE} == {"weighting": "uniform", "update_norm_ratio": 0.0}
+    plain = dp.replace(dp_clip=0.0)  # DP off again: the non-DP defaults, nothing left behind
+    assert (plain.setting("weighting"), plain.setting("update_norm_ratio")) == ("default", 100.0)
+    assert StrategyConfig(dp_clip=1.0, weighting="uniform", update_norm_ratio=0.0).setting("update_norm_ratio") == 0
+    for key, value in (("weighting", "examples"), ("update_norm_ratio", 50.0), ("update_norm_ratio", 100.0)):
+        with pytest.raises(ConfigError, match=f"dp-clip = 1.0 conflicts with {key.replace('_', '-')} = {value}"):
+            StrategyConfig(dp_clip=1.0, **{key: value})
+    with pytest.raises(ConfigError, match="dp-clip = 1.0 conflicts with update-norm-ratio = 3.0"):
+        build("fedavg", dp_clip=1.0, update_norm_ratio=3.0)
 
 
 def exact_gaussian_epsilon(mu, delta):

@@ -71,7 +71,7 @@ def test_bad_reply_is_excluded_with_reason_and_counted(bad, reason, caplog):
     assert int(out["n"].numpy()) == 5  # integer buffer keeps the server value
     assert metrics["replies-used"] == 2 and metrics["replies-rejected"] == 1
     h = s.history[-1]
-    assert h.replies_rejected == 1 and reason in h.rejections[0] and "node 9" in h.rejections[0]
+    assert h.replies_rejected == 1 and reason in str(h.rejections[0]) and h.rejections[0].node == 9
     assert any(reason in r.getMessage() for r in caplog.records)
 
 
@@ -199,7 +199,7 @@ def test_params_record_spec_expects_only_trainable_float_keys():
     ok = reply(1, {"p": {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}})
     with_int = reply(2, {"p": {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "n": np.array(1)}})
     out, m = s.aggregate_train(1, [ok, with_int])
-    assert m["replies-used"] == 1 and "unexpected ['n']" in s.history[-1].rejections[0]
+    assert m["replies-used"] == 1 and "unexpected ['n']" in str(s.history[-1].rejections[0])
     assert out["w"].numpy().tolist() == (-np.ones((2, 3))).tolist()
 
 

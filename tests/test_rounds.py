@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from flower_strategies.core.rejections import Kind, Rejection
 from flower_strategies.core.rounds import (
     METRIC_OUTLIER_RATIO, RoundBook, RoundLog, mean_reply_metrics, nonfinite_state, weighted_mean,
 )
@@ -40,13 +43,20 @@ def test_state_dict_round_trip():
     book = RoundBook()
     book.commit(1, {"w": np.zeros(1)}, {})
     rlog = book.take(1)
-    rlog.rejections.append("node 3: boom")
+    rlog.rejections.append(Rejection(3, Kind.CLIENT_ERROR, "client error: boom"))
     book.close(rlog, {"train-loss": 1.0})
     state = book.state_dict()
-    assert set(state) == {"num_updates", "history"} and state["history"][0]["rejections"] == ["node 3: boom"]
+    assert set(state) == {"num_updates", "history"}
+    assert state["history"][0]["rejections"] == [{"node": 3, "kind": "client-error", "detail": "client error: boom"}]
+    assert json.loads(json.dumps(state)) == state  # plain data (the checkpoint's JSON)
     fresh = RoundBook()
     fresh.load_state_dict(state)
     assert fresh.num_updates == 1 and fresh.history == book.history
+    # a checkpoint written before rejections were typed kept their text: read back as such
+    older = {**state, "history": [{**state["history"][0], "rejections": ["node 3: client error: boom"]}]}
+    fresh.load_state_dict(older)
+    assert fresh.history[0].rejections == [Rejection(None, Kind.RESTORED, "node 3: client error: boom")]
+    assert str(fresh.history[0].rejections[0]) == str(book.history[0].rejections[0])
 
 
 def test_mean_reply_metrics_weights_and_filters():

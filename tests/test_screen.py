@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from flower_strategies.core import records as R
-from flower_strategies.core.screen import CLIENT_HALF_REASON, ClientHalfMissing, ReplyScreen, ScreenPolicy
+from flower_strategies.core.rejections import Kind
+from flower_strategies.core.screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
 from flower_strategies.core.validation import RecordSpec
 from tests.helpers import error_reply, reply
 
@@ -32,7 +33,8 @@ def test_mean_of_valid_replies_and_structural_rejections():
     np.testing.assert_array_equal(out.aggregates[R.MODEL]["w"], np.full(4, (10 * 1.0 + 30 * 4.0) / 40, np.float32))
     assert out.aggregates[R.MODEL]["n"].dtype == np.int64
     assert len(out.rejections) == 2
-    assert out.rejections[0].startswith("node 4: client error") and "shape" in out.rejections[1]
+    assert [r.kind for r in out.rejections] == [Kind.CLIENT_ERROR, Kind.BAD_RECORD]
+    assert str(out.rejections[0]).startswith("node 4: client error") and "shape" in str(out.rejections[1])
 
 
 def test_policy_rules_and_weights():
@@ -67,7 +69,8 @@ def test_defence_profiles_resolve_unset_keys_and_an_explicit_key_wins():
     ran = resolved_config(fed, "fedavg", FedAvg.make_hparams())  # summary.json: the values the run ran with
     assert (ran["defence"], ran["max-weight-ratio"], ran["update-clip-ratio"], ran["aggregator"]) == (
         "robust", 1.5, 3.0, "mean")
-    assert FedAvg(defence="robust").update_cosine_floor == 0.0 and FedAvg().max_weight_ratio == 0.0
+    assert FedAvg(defence="robust").settings.setting("update_cosine_floor") == 0.0
+    assert FedAvg().settings.setting("max_weight_ratio") == 0.0
     with pytest.raises(Exception, match="defence = 'strong' is not valid; choose one of: off, robust"):
         parse_run_config({"defence": "strong"})
 
@@ -90,7 +93,8 @@ def test_norm_screens_refold_exactly_as_if_the_rejected_never_came():
     clean = screen().run(2, honest)
     assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
     assert out.aggregates[R.MODEL]["w"].tobytes() == clean.aggregates[R.MODEL]["w"].tobytes()  # bit for bit
-    assert "NaN/Inf" in out.rejections[0] and "update-norm-ratio 100" in out.rejections[1]
+    assert [r.kind for r in out.rejections] == [Kind.NONFINITE, Kind.NORM_RATIO]
+    assert "NaN/Inf" in str(out.rejections[0]) and "update-norm-ratio 100" in str(out.rejections[1])
 
 
 def test_max_update_norm_measures_the_update_not_the_model():
@@ -98,7 +102,8 @@ def test_max_update_norm_measures_the_update_not_the_model():
     s = ReplyScreen(current_far, MODEL, ["w"], ScreenPolicy(max_update_norm=5.0, update_norm_ratio=0))
     out = s.run(1, [model_reply(1, 51.0), model_reply(2, 40.0)])  # ‖1‖·2 = 2 ok; ‖10‖·2 = 20 > 5
     assert [m.metadata.src_node_id for m, _ in out.kept] == [1]
-    assert "update norm 20 exceeds max-update-norm 5" in out.rejections[0]
+    assert out.rejections[0].kind is Kind.MAX_NORM and "update norm 20 exceeds max-update-norm 5" in str(
+        out.rejections[0])
 
 
 @pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
@@ -114,9 +119,12 @@ def test_robust_aggregation_ignores_one_outlier(rule):
 
 def test_client_half():
     s = screen(needs_client_half=True)
-    assert CLIENT_HALF_REASON in (s.client_half_reason(model_reply(1, 1.0)) or "")  # names no method, model only
+    unnamed = s.client_half_reason(model_reply(1, 1.0))  # names no method, model only
+    assert unnamed is not None and unnamed.kind is Kind.CLIENT_HALF
+    assert str(unnamed).startswith("node 1: reply was not produced by the client half of fedadapt method 'fedavg'")
     assert s.client_half_reason(model_reply(1, 1.0, method="fedavg")) is None
-    assert "names 'fedlada'" in (s.client_half_reason(model_reply(1, 1.0, method="fedlada")) or "")
+    other = s.client_half_reason(model_reply(1, 1.0, method="fedlada"))
+    assert other is not None and other.kind is Kind.CLIENT_HALF and "names 'fedlada'" in other.detail
     assert screen().client_half_reason(model_reply(1, 1.0)) is None  # plain SGD methods accept any client
     with pytest.raises(ClientHalfMissing, match="every reply of round 3 lacks the client half of method 'fedavg'"):
         s.run(3, [model_reply(1, 1.0), model_reply(2, 1.0)])
@@ -131,7 +139,7 @@ def test_params_records_have_the_trainable_layout():
     with_int = reply(2, {R.MODEL: {"w": np.ones(4, np.float32), "n": np.array(1, np.int64)},
                          "v": {"w": np.full(4, 3.0, np.float32), "n": np.array(1, np.int64)}})
     out = screen(specs=specs).run(1, [ok, with_int])
-    assert len(out.kept) == 1 and "wrong keys" in out.rejections[0]
+    assert len(out.kept) == 1 and "wrong keys" in str(out.rejections[0])
     np.testing.assert_array_equal(out.aggregates["v"]["w"], np.ones(4, np.float32))
 
 
@@ -182,7 +190,7 @@ def test_krum_and_multi_krum_keep_the_replies_closest_to_their_neighbours():
     np.testing.assert_array_equal(krum.aggregates[R.MODEL]["w"], np.full(4, 1.0, np.float32))
     multi = screen(ScreenPolicy(aggregator="multi-krum", update_norm_ratio=0)).run(1, replies)
     assert [m.metadata.src_node_id for m, _ in multi.kept] == [1, 2, 3, 4]
-    assert len(multi.rejections) == 1 and "node 5: left out by aggregator multi-krum" in multi.rejections[0]
+    assert len(multi.rejections) == 1 and "node 5: left out by aggregator multi-krum" in str(multi.rejections[0])
     np.testing.assert_allclose(multi.aggregates[R.MODEL]["w"], np.full(4, 1.075), rtol=1e-6)
 
 
@@ -191,8 +199,10 @@ def test_too_few_replies_for_the_byzantine_fraction_are_rejected_with_the_fix(ag
     replies = [model_reply(i, 1.0 + 0.1 * i) for i in range(1, need)]  # one short: t = ⌈0.2·(need − 1)⌉ = 1
     out = screen(ScreenPolicy(aggregator=aggregator, byzantine_fraction=0.2)).run(1, replies)
     assert not out.kept and len(out.rejections) == need - 1
-    assert f"aggregator {aggregator} needs at least {need} usable replies to tolerate 1 Byzantine" in out.rejections[0]
-    assert "lower byzantine-fraction" in out.rejections[0]
+    assert all(r.kind is Kind.TOO_FEW for r in out.rejections)
+    text = str(out.rejections[0])
+    assert f"aggregator {aggregator} needs at least {need} usable replies to tolerate 1 Byzantine" in text
+    assert "lower byzantine-fraction" in text
     ok = screen(ScreenPolicy(aggregator=aggregator, byzantine_fraction=0.0)).run(1, replies)  # f = 0: t = 0
     assert len(ok.kept) == (1 if aggregator == "krum" else need - 1)
 
@@ -203,7 +213,7 @@ def test_a_reply_rejected_for_its_norm_counts_against_the_tolerated_byzantine_on
     replies = [model_reply(i, 1.0 + 0.1 * i) for i in range(1, 5)] + [model_reply(5, 1e6)]
     out = screen(ScreenPolicy(aggregator="multi-krum", byzantine_fraction=0.2)).run(1, replies)
     assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
-    assert len(out.rejections) == 1 and "update-norm-ratio" in out.rejections[0]
+    assert len(out.rejections) == 1 and out.rejections[0].kind is Kind.NORM_RATIO
 
 
 def test_byzantine_count_is_the_ceiling_of_f_times_n():
@@ -252,8 +262,10 @@ def test_direction_screen_rejects_a_sign_flipped_update_with_its_reason(scale):
     clean = screen().run(3, replies[:4])
     assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
     assert len(out.rejections) == 1
-    assert out.rejections[0].startswith("node 5: record 'arrays' update points against the round's centre (cosine -0.")
-    assert out.rejections[0].endswith("< update-cosine-floor 0)")
+    text = str(out.rejections[0])
+    assert out.rejections[0].kind is Kind.DIRECTION
+    assert text.startswith("node 5: record 'arrays' update points against the round's centre (cosine -0.")
+    assert text.endswith("< update-cosine-floor 0)")
     assert out.aggregates[R.MODEL]["w"].tobytes() == clean.aggregates[R.MODEL]["w"].tobytes()  # as if never sent
 
 
@@ -296,7 +308,7 @@ def test_krum_counts_its_neighbours_as_flower_does_and_picks_the_same_reply():
     replies = [model_reply(i, 1.0 + 0.1 * i) for i in range(1, 7)]
     out = screen(ScreenPolicy(aggregator="krum", byzantine_fraction=0.2, update_norm_ratio=0)).run(1, replies)
     assert len(out.kept) == 1 and len(out.rejections) == 5
-    assert all("left out by aggregator krum" in r for r in out.rejections)
+    assert all(r.kind is Kind.LEFT_OUT and "left out by aggregator krum" in r.detail for r in out.rejections)
 
 
 SMALL = {"task": "synthetic-linear", "synthetic-dim": 4, "precision": "float64", "local-steps": 2, "batch-size": 8,

@@ -20,7 +20,6 @@ def test_readme_construction_applies_overrides_to_one_settings_object():
     s = fs.FedLADA(fs.FedLADA.make_hparams(amend_weight=0.05), client_lr=0.01, fraction_train=0.5, seed=0)
     assert isinstance(s.settings, StrategyConfig)
     assert (s.settings.client_lr, s.settings.fraction_train, s.settings.seed) == (0.01, 0.5, 0)
-    assert s.client_lr == 0.01 and s.fraction_train == 0.5  # fields read as attributes
     assert s.settings.method == "fedlada" and s.hparams.amend_weight == 0.05
     assert s.weighting == fs.FedLADA.default_weighting  # "default" resolved by the class
 
@@ -44,9 +43,32 @@ def test_one_validation_path():
         fs.FedAvg(client_learning_rate=0.1)
     s = fs.FedAvg()
     with pytest.raises(ConfigError, match="max_update_norm = -1.0 is out of range"):
-        s.max_update_norm = -1.0  # assignment goes through the same validation
-    s.max_update_norm = 5.0
+        s.settings.replace(max_update_norm=-1.0)  # a change goes through the same validation
+    s.settings = s.settings.replace(max_update_norm=5.0)
     assert s.settings.max_update_norm == 5.0
+
+
+def test_settings_are_read_from_the_settings_object_only():
+    """No settings proxy on strategies: a setting's name on the strategy (read, or assigned as the old proxy
+    allowed) is an AttributeError that names ``settings.replace``; a misspelt one is a plain AttributeError."""
+    s = fs.FedAvg(client_lr=0.1)
+    with pytest.raises(AttributeError, match=r"strategy\.settings\.client_lr"):
+        s.client_lr  # noqa: B018 - the read is the test
+    with pytest.raises(AttributeError, match=r"settings\.replace\(max_update_norm=\.\.\.\)"):
+        s.max_update_norm = 5.0
+    assert s.settings.max_update_norm == 0.0 and "max_update_norm" not in vars(s)
+    with pytest.raises(AttributeError, match="client_lrr"):
+        s.client_lrr  # noqa: B018 - a typo, which mypy reports too (no __getattr__ makes attributes Any)
+    for cls in (fs.FedAdaptStrategy, *strategy_classes()):
+        assert "__getattr__" not in vars(cls) and "__setattr__" not in vars(cls), cls
+
+
+def strategy_classes() -> set[type]:
+    """Every registered strategy class and its bases up to FedAdaptStrategy."""
+    from flower_strategies.core.registry import METHODS
+
+    return {base for spec in METHODS.values() for base in spec.strategy.__mro__
+            if issubclass(base, fs.FedAdaptStrategy)}
 
 
 def test_ints_for_float_settings_are_stored_as_floats():

@@ -35,7 +35,7 @@ def quoted(msg: str) -> set[str]:
 
 def test_a_users_app_with_its_own_keys_builds():
     s = strategy_from_run_config(APP, names=NAMES)
-    assert (s.method, s.client_lr, s.num_rounds) == ("fedlada", 0.05, 3)
+    assert (s.method, s.settings.client_lr, s.num_rounds) == ("fedlada", 0.05, 3)
     s = strategy_from_run_config({**APP, "fedlada.amend-weight": 0.05, "fedadam.server-lr": 0.1}, names=NAMES)
     assert s.hparams.amend_weight == 0.05  # another method's declared keys are ignored
 
@@ -71,7 +71,7 @@ def test_misspelled_run_wide_key_names_the_close_match_and_the_escape():
     assert "app_keys=" in msg and "min-train-nodes" not in msg
     s = strategy_from_run_config({**APP, "client-lrr": 0.1, "local-epoch": 2}, names=NAMES,
                                  app_keys=["client-lrr", "local-epoch"])
-    assert s.client_lr == 0.05
+    assert s.settings.client_lr == 0.05
 
 
 def test_names_must_name_run_config_keys_and_strategy_keys():

@@ -276,8 +276,9 @@ class LegacyStrategy(LegacyBase):
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
         messages = [_fitres_to_message(proxy, res) for proxy, res in results]
         for i, fail in enumerate(failures):
-            if isinstance(fail, BaseException):
-                messages.append(_reply(-(i + 1), error=Error(code=0, reason=repr(fail))))
+            if isinstance(fail, BaseException):  # Flower's workflow wraps an error reply as Exception(its Error)
+                code = fail.args[0].code if fail.args and isinstance(fail.args[0], Error) else 0
+                messages.append(_reply(-(i + 1), error=Error(code=code, reason=repr(fail))))
             else:
                 messages.append(_fitres_to_message(*fail))
         arrays, metrics = self.inner.aggregate_train(server_round, messages)

@@ -36,6 +36,7 @@ from flwr.server.client_proxy import ClientProxy
 from ..core import records as R
 from ..core.hparams import ConfigError
 from ..core.ops import is_float
+from ..core.rejections import Kind, Rejection
 from ..core.strategy import FedAdaptStrategy
 from .legacy import LAYOUT, LegacyStrategy, unpack
 
@@ -102,13 +103,13 @@ def check_secagg(strategy: FedAdaptStrategy) -> None:
     reason = secagg_refusal(strategy)
     if reason is not None:
         raise ConfigError(f"secure-aggregation = secaggplus: {reason} (docs/privacy.md section 4)")
-    off = [k for k, v in (("update-norm-ratio", strategy.update_norm_ratio),
-                          ("max-weight-ratio", strategy.max_weight_ratio)) if v > 0]
+    s = strategy.settings
+    off = [k for k, v in (("update-norm-ratio", s.setting("update_norm_ratio")),
+                          ("max-weight-ratio", s.setting("max_weight_ratio"))) if v > 0]
     if off:
         log(INFO, "secure-aggregation: %s switched off (no effect on replies that are all the same average)",
             " and ".join(off))
-        strategy.update_norm_ratio = 0.0
-        strategy.max_weight_ratio = 0.0
+        strategy.settings = s.replace(update_norm_ratio=0.0, max_weight_ratio=0.0)
 
 
 def error_bound(num_examples: list[int], clipping_range: float, quantization_range: int,
@@ -140,7 +141,7 @@ class SecAggStrategy(LegacyStrategy):
                  **kwargs: Any) -> None:
         #: The plain path's median-relative bound, kept for the aggregate's norm check (check_secagg switches the
         #: per-reply screen off: every reply the server sees is the same average).
-        self.norm_ratio = float(strategy.update_norm_ratio)
+        self.norm_ratio = float(strategy.settings.setting("update_norm_ratio"))
         check_secagg(strategy)
         super().__init__(strategy, initial_arrays, *args, **kwargs)
         self.clipping_range, self.quantization_range, self.max_weight = clipping_range, quantization_range, max_weight
@@ -183,7 +184,8 @@ class SecAggStrategy(LegacyStrategy):
             rlog = history[-1]
             if reason is not None:
                 rlog.replies_rejected = used
-                rlog.rejections.append(f"secure aggregate of {used} replies rejected: {reason}")
+                rlog.rejections.append(Rejection(None, Kind.SECURE_AGGREGATE,
+                                                 f"secure aggregate of {used} replies rejected: {reason}"))
                 metrics["replies-rejected"] = used
             elif rlog.updated and self._norm is not None:
                 self.update_norms.append(self._norm)

@@ -41,6 +41,7 @@ from flwr.common import log
 
 from .ops import NamedArrays
 from .records import content_nbytes, payload
+from .rejections import Kind, Rejection
 from .screen import ReplyScreen, Screened
 from .validation import RecordSpec, layout
 
@@ -184,9 +185,9 @@ class ReplyBinder:
 
     def run(self, server_round: int, replies: Sequence[Message], screen: ReplyScreen,
             max_reply_bytes: int) -> Screened:
-        """``screen.run`` on the replies that pass the checks, with the checks' rejections (``"node <id>:
-        <reason>"``) first; the digests of the replies the screen kept join :attr:`seen` (after the round: two
-        nodes' identical replies in one round are no replay)."""
+        """``screen.run`` on the replies that pass the checks, with the checks' rejections first; the digests of the
+        replies the screen kept join :attr:`seen` (after the round: two nodes' identical replies in one round are no
+        replay)."""
         model = model_digest(screen.current)
         cap = reply_cap(max_reply_bytes, screen.current, screen.specs, screen.trainable)
         passed, rejections, digests = self.check(server_round, replies, model, cap)
@@ -196,7 +197,7 @@ class ReplyBinder:
         return screened
 
     def check(self, server_round: int, replies: Sequence[Message], model: bytes,
-              cap: int) -> tuple[list[Message], list[str], dict[int, bytes]]:
+              cap: int) -> tuple[list[Message], list[Rejection], dict[int, bytes]]:
         """``(the replies that pass, the rejections, {id(reply): its digest})`` for the global model of digest
         ``model`` and the size bound ``cap``; client errors pass through (the screen counts them)."""
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
@@ -207,30 +208,32 @@ class ReplyBinder:
         for msg, digest in zip(fresh, reply_digests([msg.content for msg in fresh])):  # all of the round at once
             then = self.seen.get(digest)
             if then is not None and then != model:
-                reasons[id(msg)] = "replay: byte-identical to a reply to an earlier round's (different) global model"
+                reasons[id(msg)] = Rejection(None, Kind.REPLAY, "replay: byte-identical to a reply to an earlier "
+                                                                "round's (different) global model")
             else:
                 digests[id(msg)] = digest
         kept: list[Message] = []
-        rejections: list[str] = []
+        rejections: list[Rejection] = []
         for msg in replies:
             reason = reasons.get(id(msg))
             if reason is None:
                 kept.append(msg)
                 continue
-            rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
-            log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id, reason)
+            rejections.append(reason.at(msg.metadata.src_node_id))
+            log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id,
+                reason.detail)
         return kept, rejections, digests
 
     @staticmethod
-    def _reason(msg: Message, sent: Mapping[str, int], cap: int) -> str | None:
+    def _reason(msg: Message, sent: Mapping[str, int], cap: int) -> Rejection | None:
         """The stale and oversized checks of one reply (the replay check follows for all replies at once)."""
         md = msg.metadata
         if sent and sent.get(md.reply_to_message_id) != md.src_node_id:
-            return (f"stale: it answers message {md.reply_to_message_id!r}, not this round's message to node "
-                    f"{md.src_node_id}")
+            return Rejection(None, Kind.STALE, f"stale: it answers message {md.reply_to_message_id!r}, not this "
+                                               f"round's message to node {md.src_node_id}")
         size = content_nbytes(msg.content)
         if size > cap:
-            return f"oversized: {size} bytes > max-reply-bytes {cap}"
+            return Rejection(None, Kind.OVERSIZED, f"oversized: {size} bytes > max-reply-bytes {cap}")
         return None
 
     def state_dict(self) -> dict[str, list[str]]:

@@ -29,6 +29,13 @@ DEFENCES: dict[str, dict[str, Any]] = {
 }
 DEFENCE_CHOICES = tuple(DEFENCES)
 
+#: What native DP (``dp-clip > 0``, core/privacy.py) sets for the keys left for it to decide (``weighting =
+#: "default"``, ``update-norm-ratio`` unset): bounded, unweighted contributions, no median-relative rejection (the
+#: clip bounds every reply).  A conflicting explicit value is a :class:`ConfigError` naming both keys.
+DP_PROFILE: dict[str, Any] = {"weighting": "uniform", "update_norm_ratio": 0.0}
+#: ``update-norm-ratio`` left unset without native DP (``StrategyConfig.setting``).
+UPDATE_NORM_RATIO = 100.0
+
 T = TypeVar("T", bound="HParams")
 
 
@@ -300,16 +307,17 @@ class StrategyConfig(HParams):
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
     weighting: str = param(
         "default", choices=("default", "examples", "uniform"),
-        help="client weights of means; default = the method's paper",
+        help="client weights of means; default = the method's paper (uniform with native DP, dp-clip > 0)",
     )
     max_update_norm: float = param(
         0.0, lo=0.0,
         help="reject replies whose update norm exceeds this absolute bound (0 = off)",
     )
-    update_norm_ratio: float = param(
-        100.0, lo=0.0,
+    update_norm_ratio: float | None = param(
+        None, lo=0.0,
         help="reject replies whose update norm exceeds this multiple of the round's median (0 = off; honest "
-             "training stays far below 100)",
+             "training stays far below 100); empty = 100, or 0 with native DP (dp-clip > 0: the clip bounds every "
+             "reply)",
     )
     defence: str = param(
         "off", choices=DEFENCE_CHOICES,
@@ -362,8 +370,9 @@ class StrategyConfig(HParams):
     dp_clip: float = param(
         0.0, lo=0.0,
         help="native user-level DP: clip each client's whole uplink (joint L2 norm of its model update and every "
-             "statistic record) at this bound and noise every aggregate; uniform weighting, no update-norm-ratio "
-             "screening (the clip bounds every reply); 0 = off (docs/privacy.md)",
+             "statistic record) at this bound and noise every aggregate; weighting = default and update-norm-ratio "
+             "empty then mean uniform and 0 (the clip bounds every reply), a conflicting value is an error; 0 = off "
+             "(docs/privacy.md)",
     )
     dp_noise_multiplier: float = param(
         0.0, lo=0.0,
@@ -373,24 +382,36 @@ class StrategyConfig(HParams):
     dp_delta: float = param(1e-5, lo=0.0, hi=1.0, lo_open=True, help="δ of the ε reported per round (native DP)")
 
     def setting(self, name: str) -> Any:
-        """The value field ``name`` runs with: its own, or (a :data:`DEFENCES` key left unset, ``None``) the value
-        of the ``defence`` profile."""
+        """The value field ``name`` runs with: its own, or, for a key left for a profile to decide, the profile's
+        value: with native DP (``dp-clip > 0``) :data:`DP_PROFILE`'s (``weighting = "default"``, ``update-norm-ratio``
+        unset), else the ``defence`` profile's (:data:`DEFENCES`; ``update-norm-ratio``: :data:`UPDATE_NORM_RATIO`).
+        ``weighting = "default"`` without DP stays ``"default"``: the method's own (``FedAdaptStrategy.weighting``)."""
         value = getattr(self, name)
+        unset = value is None or (name == "weighting" and value == "default")
+        if unset and self.dp_clip > 0 and name in DP_PROFILE:
+            return DP_PROFILE[name]
         if value is None and name in DEFENCES[self.defence]:
             return DEFENCES[self.defence][name]
+        if value is None and name == "update_norm_ratio":
+            return UPDATE_NORM_RATIO
         return value
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.dp_clip > 0:  # native DP (core/privacy.py): bounded, unweighted contributions
-            if (self.weighting == "examples" or self.setting("aggregator") != "mean"
-                    or self.setting("update_clip_ratio") > 0 or self.setting("update_cosine_floor") > -1):
-                raise ConfigError("dp-clip > 0 needs weighting = uniform (or default) and defence = off, i.e. "
-                                  "aggregator = mean, update-clip-ratio = 0 and update-cosine-floor = -1: a weighted "
-                                  "or robust aggregate, or a clip bound or rejection set by the other clients' "
-                                  "replies, has no bounded sensitivity to one client")
-            object.__setattr__(self, "weighting", "uniform")
-            object.__setattr__(self, "update_norm_ratio", 0.0)
+            conflicts = [f"{key} = {value}" for key, value, ok in (
+                ("weighting", self.weighting, self.weighting != "examples"),
+                ("update-norm-ratio", self.update_norm_ratio, not self.update_norm_ratio),
+                ("aggregator", self.setting("aggregator"), self.setting("aggregator") == "mean"),
+                ("update-clip-ratio", self.setting("update_clip_ratio"), self.setting("update_clip_ratio") <= 0),
+                ("update-cosine-floor", self.setting("update_cosine_floor"), self.setting("update_cosine_floor") <= -1),
+            ) if not ok]
+            if conflicts:
+                raise ConfigError(f"dp-clip = {self.dp_clip} conflicts with {', '.join(conflicts)}: native DP needs "
+                                  "weighting = uniform (or default), update-norm-ratio = 0 (or empty) and defence = "
+                                  "off, i.e. aggregator = mean, update-clip-ratio = 0 and update-cosine-floor = -1: a "
+                                  "weighted or robust aggregate, or a clip bound or rejection set by the other "
+                                  "clients' replies, has no bounded sensitivity to one client")
             if self.dp_noise_multiplier > 0 and importlib.util.find_spec("dp_accounting") is None:
                 raise ConfigError("dp-noise-multiplier > 0: native DP reports ε with Google's dp-accounting, which "
                                   "is not installed; install fedadapt's 'dp' extra (pip install 'fedadapt[dp]', or "

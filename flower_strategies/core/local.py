@@ -88,7 +88,9 @@ class LocalOptimizer(torch.optim.Optimizer):
     sends_model: ClassVar[bool] = True
     #: Whether the full-batch gradient at ``x_t`` must be passed as ``full_gradient`` (MimeLite-style methods).
     needs_full_gradient: ClassVar[bool] = False
-    #: Whether the round's planned number of local steps must be passed as ``planned_steps``.
+    #: Whether the round's driver (``train_reply``, ``ClientRound``) passes the planned number of local steps as
+    #: ``planned_steps`` to this optimizer class.  Whether an instance cannot run without it:
+    #: :meth:`requires_planned_steps`.
     needs_planned_steps: ClassVar[bool] = False
     #: ``None``: one client's parameters (the normal case).  An int C: every parameter (and the client state) is
     #: stacked on a leading client axis of C clients trained together (:mod:`simulations.engine.vectorized`); downlink
@@ -139,7 +141,7 @@ class LocalOptimizer(torch.optim.Optimizer):
             )
         if planned_steps is not None and (not isinstance(planned_steps, int) or planned_steps < 1):
             raise ValueError(f"{type(self).__name__}: planned_steps must be a positive int, got {planned_steps!r}")
-        if self.needs_planned_steps and planned_steps is None:
+        if planned_steps is None and self.requires_planned_steps():
             raise ValueError(
                 f"{type(self).__name__} needs planned_steps= (the number of local steps this round; "
                 "with ClientRound.optimizer pass num_examples=)"
@@ -166,6 +168,11 @@ class LocalOptimizer(torch.optim.Optimizer):
         self.state[ROUND] = {"steps": 0}  # type: ignore[index]
 
     # -------------------------------------------------------------- declaration hooks
+    def requires_planned_steps(self) -> bool:
+        """Whether this instance (its hyper-parameters) cannot run without ``planned_steps``; default
+        :attr:`needs_planned_steps`."""
+        return self.needs_planned_steps
+
     def downlink_records(self) -> tuple[str, ...]:
         """Downlink records this optimizer requires (may depend on its hyper-parameters)."""
         return ()

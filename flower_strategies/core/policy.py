@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .privacy import mod_refusal_hint
+from .rejections import Kind
 from .rounds import RoundLog
 
 __all__ = ["RunFailed", "check_progress", "check_strategy", "what_happened"]
@@ -53,7 +54,7 @@ def check_progress(history: Sequence[RoundLog], max_idle_rounds: int, *, final: 
     if not history:
         return
     last = history[-1]
-    errors = [r for r in last.rejections if ": client error:" in r]
+    errors = [r for r in last.rejections if r.kind in (Kind.CLIENT_ERROR, Kind.MOD_REFUSED)]
     if not last.updated and last.replies_used == 0 and errors and len(errors) == last.replies_rejected:
         raise RunFailed(f"round {last.server_round}: every client failed; first error: {errors[0]}"
                         f"{mod_refusal_hint(errors[0])}")
@@ -75,7 +76,7 @@ def what_happened(rlog: RoundLog) -> str:
     that sent no reply, and replies that were used without an update."""
     parts = []
     if rlog.replies_rejected:
-        parts.append(f"{rlog.replies_rejected} replies rejected ({'; '.join(rlog.rejections[:QUOTED])})")
+        parts.append(f"{rlog.replies_rejected} replies rejected ({'; '.join(map(str, rlog.rejections[:QUOTED]))})")
     missing = rlog.sampled - rlog.replies_used - rlog.replies_rejected
     if missing > 0:
         parts.append(f"{missing} of {rlog.sampled} sampled nodes sent no reply (lost, or too slow for round-timeout)")

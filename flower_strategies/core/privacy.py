@@ -30,8 +30,9 @@ import math
 import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -40,6 +41,11 @@ from flwr.common import log
 from . import records as R
 from .hparams import ConfigError
 from .ops import NamedArrays, is_float
+from .rejections import Kind, Rejection
+
+if TYPE_CHECKING:
+    from .rounds import RoundLog
+    from .validation import RecordSpec
 
 #: What a refused combination says to do instead.
 FIX = ("use fedadapt's native user-level DP instead: dp-clip = C > 0 and dp-noise-multiplier = z in the run config "
@@ -71,7 +77,23 @@ _CLIENT_WRAPPERS = "DifferentialPrivacyClientSide{Fixed,Adaptive}Clipping"
 _MODS = "LocalDpMod / fixedclipping_mod / adaptiveclipping_mod"
 
 
-def composes_with_flower_dp(strategy: Any) -> bool:
+class Wrapped(Protocol):
+    """What the rules for Flower's DP wrappers read of a strategy (:class:`~.strategy.FedAdaptStrategy`): its method,
+    uplink and downlink, and whether another strategy's ``start()`` runs it.  A strategy whose new model is the mean
+    of the replies also says so (``averages_models``, read where present)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def started_by_another(self) -> bool: ...
+
+    def uplink_specs(self) -> Sequence[RecordSpec]: ...
+
+    def downlink(self, server_round: int) -> Mapping[str, NamedArrays]: ...
+
+
+def composes_with_flower_dp(strategy: Wrapped) -> bool:
     """Whether Flower's server-side DP wrappers are right for ``strategy``: its uplink and downlink are the model
     alone and its new model is the mean of the (clipped) replies (``averages_models``: FedAvg / FedProx with the
     plain server step), so that clipping each reply and noising the output is the DP-FedAvg mechanism."""
@@ -80,7 +102,7 @@ def composes_with_flower_dp(strategy: Any) -> bool:
     return model_only and bool(getattr(strategy, "averages_models", False)) and not strategy.downlink(1)
 
 
-def flower_dp_wrapper(strategy: Any, config: Mapping[str, Any]) -> str | None:
+def flower_dp_wrapper(strategy: Wrapped, config: Mapping[str, Any]) -> str | None:
     """Which of Flower's DP wrappers drives ``strategy`` this round, from what it can observe through Flower's public
     API: a client-side clipping wrapper puts :data:`CLIPPING_NORM_KEY` into the ``config`` it hands the wrapped
     strategy's ``configure_train``; a server-side wrapper's ``start()`` (Flower's ``Strategy.start``) calls the wrapped
@@ -88,14 +110,14 @@ def flower_dp_wrapper(strategy: Any, config: Mapping[str, Any]) -> str | None:
     (``strategy.started_by_another``).  ``None`` when neither is seen."""
     if CLIPPING_NORM_KEY in config:
         return f"{_CLIENT_WRAPPERS} (the round's config carries '{CLIPPING_NORM_KEY}')"
-    if getattr(strategy, "started_by_another", False):
+    if strategy.started_by_another:
         return (f"{_SERVER_WRAPPERS} (another strategy's start() ran this one: its summary() was called outside "
                 f"fedadapt's own start(); a strategy wrapper does that — one that is not a DP wrapper runs inside "
                 f"`with strategy.driven(): wrapper.start(...)`)")
     return None
 
 
-def refuse_flower_dp(strategy: Any, config: Mapping[str, Any]) -> None:
+def refuse_flower_dp(strategy: Wrapped, config: Mapping[str, Any]) -> None:
     """Raise :class:`~.hparams.ConfigError` when a Flower DP wrapper drives ``strategy`` (:func:`flower_dp_wrapper`,
     checked in :meth:`~.strategy.FedAdaptStrategy.prepare_round` with the config the wrapper handed down) and would
     not be right for it."""
@@ -141,29 +163,30 @@ def guard_reply(method: str, reply: Mapping[str, Any], config: Mapping[str, Any]
     return [(UPLINK_CRC, _crc(reply[names[0]]))] if len(names) == 1 else []
 
 
-def rewritten_reply_reason(content: Any, info: Mapping[str, Any]) -> str | None:
-    """Why a reply is rejected when its ``ReplyInfo`` carries :data:`UPLINK_CRC` and its only ArrayRecord no longer
-    matches it (a ClientApp mod rewrote the record after fedadapt's client half built it), else ``None``."""
+def rewritten_reply_reason(content: Any, info: Mapping[str, Any]) -> Rejection | None:
+    """Why a reply is rejected (:attr:`~.rejections.Kind.REWRITTEN`) when its ``ReplyInfo`` carries
+    :data:`UPLINK_CRC` and its only ArrayRecord no longer matches it (a ClientApp mod rewrote the record after
+    fedadapt's client half built it), else ``None``."""
     if UPLINK_CRC not in info:
         return None
     arrays = list(R.of_type(content, ArrayRecord))
     if len(arrays) == 1 and info[UPLINK_CRC] == _crc(arrays[0][1]):
         return None
     name = arrays[0][0] if len(arrays) == 1 else [n for n, _ in arrays]
-    return (f"a ClientApp mod rewrote the reply's record {name!r} after fedadapt's client half built it: Flower's "
-            f"{_MODS} clip (and noise) a reply's only ArrayRecord as the model update. Fix: remove the mod and {FIX}")
+    return Rejection(None, Kind.REWRITTEN, f"a ClientApp mod rewrote the reply's record {name!r} after fedadapt's "
+                     f"client half built it: Flower's {_MODS} clip (and noise) a reply's only ArrayRecord as the "
+                     f"model update. Fix: remove the mod and {FIX}")
 
 
-def mod_refusal_hint(client_error: str) -> str:
-    """The fix to append to a client error raised by one of Flower's DP mods itself (they refuse messages with
-    more than one ArrayRecord, e.g. a method's downlink extras, before the client half runs)."""
-    mods = ("fixedclipping_mod", "adaptiveclipping_mod", "LocalDpMod")
-    return f" (Flower's DP mods handle model-only messages; {FIX})" if any(
-        m in client_error for m in mods) and FIX not in client_error else ""
+def mod_refusal_hint(error: Rejection) -> str:
+    """The fix to append to a client error returned by a ClientApp mod that refused the message
+    (:attr:`~.rejections.Kind.MOD_REFUSED`: in Flower, its DP mods, which refuse messages with more than one
+    ArrayRecord, e.g. a method's downlink extras, before the client half runs)."""
+    return f" (Flower's DP mods handle model-only messages; {FIX})" if error.kind is Kind.MOD_REFUSED else ""
 
 
 # ------------------------------------------------------------------ native user-level DP
-def check_specs(method: str, specs: Sequence[Any]) -> None:
+def check_specs(method: str, specs: Sequence[RecordSpec]) -> None:
     """Native DP supports mean and sum records (a max-merged record has no bounded noise calibration)."""
     bad = [s.name for s in specs if s.rule not in (*_MEAN_RULES, "sum")]
     if bad:
@@ -171,7 +194,7 @@ def check_specs(method: str, specs: Sequence[Any]) -> None:
                           f"noise with a calibrated sensitivity; set dp-clip = 0 or use a method that averages them")
 
 
-def joint_clip_scales(kept: Sequence[Mapping[str, NamedArrays]], specs: Sequence[Any], current: NamedArrays,
+def joint_clip_scales(kept: Sequence[Mapping[str, NamedArrays]], specs: Sequence[RecordSpec], current: NamedArrays,
                       clip: float) -> tuple[list[float], list[float]]:
     """``(scales, norms)``: each reply's joint L2 norm over all its records (model-keyed records: ``x_i − x_t``;
     statistic records: their values; floating-point arrays only) and its scale ``min(1, C / norm)``."""
@@ -231,28 +254,70 @@ def epsilon(events: Sequence[tuple[int, int]], noise_multiplier: float, delta: f
     return float(acc.get_epsilon(delta))
 
 
-def privatize(strategy: Any, screened: Any, sampled: int) -> dict[str, float]:
-    """With ``dp-clip`` > 0: replace ``screened.aggregates`` by the clipped, noised aggregates of the kept replies
-    and return the round's DP metrics (``dp-epsilon`` = ε spent so far at ``dp-delta`` if this round is released);
-    else nothing.  ``sampled``: the n clients the round asked (the fixed denominator)."""
-    s = strategy.settings
-    if s.dp_clip <= 0 or not screened.kept:
-        return {}
-    specs = strategy.uplink_specs()
-    check_specs(strategy.method, specs)
-    kept = [parsed for _, parsed in screened.kept]
-    scales, norms = joint_clip_scales(kept, specs, strategy.current, s.dp_clip)
-    sum_std = s.dp_noise_multiplier * s.dp_clip
-    screened.aggregates = private_aggregates(kept, specs, strategy.current, scales, sampled, sum_std,
-                                             np.random.default_rng())  # OS entropy: the noise is not reproducible
-    population = max(strategy.sampler.population, sampled)
-    released = [(int(h.round_metrics["dp-population"]), int(h.round_metrics["dp-sampled"]))
-                for h in strategy.history if "dp-sampled" in h.round_metrics]
-    metrics = {"dp-clipped": float(sum(x < 1.0 for x in scales)), "dp-max-norm": max(norms),
-               "dp-noise-std": sum_std / sampled, "dp-sampled": float(sampled), "dp-population": float(population)}
-    eps = epsilon([*released, (population, sampled)], s.dp_noise_multiplier, s.dp_delta)
-    if math.isfinite(eps):
-        metrics["dp-epsilon"] = eps
-    log(INFO, "native DP: %d of %d replies clipped at %g, noise std %.4g on the mean, ε = %.4g at δ = %g",
-        int(metrics["dp-clipped"]), len(kept), s.dp_clip, metrics["dp-noise-std"], eps, s.dp_delta)
-    return metrics
+class DpSettings(Protocol):
+    """The settings native DP reads (:class:`~.hparams.StrategyConfig`: ``dp-clip``, ``dp-noise-multiplier``,
+    ``dp-delta``)."""
+
+    @property
+    def dp_clip(self) -> float: ...
+
+    @property
+    def dp_noise_multiplier(self) -> float: ...
+
+    @property
+    def dp_delta(self) -> float: ...
+
+
+def released_rounds(history: Sequence[RoundLog]) -> list[tuple[int, int]]:
+    """The ``(population N, sample size n)`` of every round of ``history`` whose private aggregate was released
+    (its round metrics carry ``dp-sampled``): the accountant's events so far, so that a resumed run reports the
+    same ε."""
+    return [(int(h.round_metrics["dp-population"]), int(h.round_metrics["dp-sampled"]))
+            for h in history if "dp-sampled" in h.round_metrics]
+
+
+@dataclass(frozen=True)
+class PrivacyPolicy:
+    """Native user-level DP, beside :class:`~.screen.ScreenPolicy`: the joint clip norm C (``dp-clip``; 0 = off),
+    the noise multiplier z and the δ the accountant reports ε at.  Its methods take the round's values and return new
+    ones; it holds no state (the released rounds are the strategy's history, :func:`released_rounds`)."""
+
+    clip: float = 0.0
+    noise_multiplier: float = 0.0
+    delta: float = 1e-5
+
+    @classmethod
+    def from_settings(cls, settings: DpSettings) -> PrivacyPolicy:
+        """The policy of a :class:`~.hparams.StrategyConfig`."""
+        return cls(settings.dp_clip, settings.dp_noise_multiplier, settings.dp_delta)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether native DP is on (``dp-clip`` > 0)."""
+        return self.clip > 0
+
+    def epsilon(self, events: Sequence[tuple[int, int]]) -> float:
+        """ε at :attr:`delta` after the rounds ``events`` (:func:`epsilon`)."""
+        return epsilon(events, self.noise_multiplier, self.delta)
+
+    def privatize(self, method: str, specs: Sequence[RecordSpec], kept: Sequence[Mapping[str, NamedArrays]],
+                  current: NamedArrays, sampled: int, population: int,
+                  released: Sequence[tuple[int, int]]) -> tuple[dict[str, NamedArrays], dict[str, float]]:
+        """``(aggregates, metrics)``: the clipped, noised ``{record: aggregate}`` of the ``kept`` replies' records
+        (``specs``, around the global arrays ``current``) and the round's DP metrics (``dp-epsilon`` = ε spent so far
+        if this round is released after the ``released`` ones).  ``sampled``: the n clients the round asked (the
+        fixed denominator); ``population``: the N live nodes it sampled from.  Raises
+        :class:`~.hparams.ConfigError` for records native DP cannot noise (:func:`check_specs`)."""
+        check_specs(method, specs)
+        scales, norms = joint_clip_scales(kept, specs, current, self.clip)
+        sum_std = self.noise_multiplier * self.clip
+        aggregates = private_aggregates(kept, specs, current, scales, sampled, sum_std,
+                                        np.random.default_rng())  # OS entropy: the noise is not reproducible
+        metrics = {"dp-clipped": float(sum(x < 1.0 for x in scales)), "dp-max-norm": max(norms),
+                   "dp-noise-std": sum_std / sampled, "dp-sampled": float(sampled), "dp-population": float(population)}
+        eps = self.epsilon([*released, (population, sampled)])
+        if math.isfinite(eps):
+            metrics["dp-epsilon"] = eps
+        log(INFO, "native DP: %d of %d replies clipped at %g, noise std %.4g on the mean, ε = %.4g at δ = %g",
+            int(metrics["dp-clipped"]), len(kept), self.clip, metrics["dp-noise-std"], eps, self.delta)
+        return aggregates, metrics

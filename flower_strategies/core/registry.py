@@ -1,20 +1,19 @@
 """The method registry: run-config ``method`` name → strategy class (+ its local optimizer and hyper-parameters).
 
 A method is one strategy class; an alias (``localadam``, ``fedda-adam``, ``fedadam``) is a registry name with
-other field defaults, declared in exactly one way, by :func:`register`'s keyword arguments::
-
-    register(FedLADA, paper=..., summary=...)                                  # "fedlada"
-    register(FedLADA, name="localadam", amend_weight=1.0, paper=..., summary=...)
-
-Where users want a class name for an alias (``from flower_strategies import FedAdam``), the alias is a plain
-subclass that names itself (``method = "fedadam"``) and nothing else, registered the same way::
+other field defaults.  Where users want a class name for an alias (``from flower_strategies import FedAdam``), the
+alias is a plain subclass that names itself and states its defaults in its body, and nothing else::
 
     class FedAdam(FedOpt):
         method: ClassVar[str] = "fedadam"
+        hparam_defaults = {"server_opt": "adam", "server_lr": 0.01}
 
-    register(FedAdam, server_opt="adam", server_lr=0.01, paper=..., summary=...)
+    register(FedAdam, paper=..., summary=...)                                    # "fedadam"
 
-``FedAdam()`` then takes the field defaults of its registry name (``FedAdaptStrategy.make_hparams``).
+``FedAdam()`` takes those defaults (``FedAdaptStrategy.make_hparams``), and so does its registry name.  An alias
+without a class is a name with :func:`register`'s keyword arguments::
+
+    register(FedLADA, name="localadam", amend_weight=1.0, paper=..., summary=...)
 
 Run-config keys (``<name>.<field-with-dashes>``), wire keys (the same), pyproject's config table, the docs'
 tables and the optimizer's keyword arguments all derive from the strategy's ``hparams_class``.
@@ -25,7 +24,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from .hparams import ConfigError, HParams, StrategyConfig
@@ -94,23 +92,24 @@ CLIENT_LR_FACTOR: dict[str, float] = {
 def register(
     strategy: type[FedAdaptStrategy], *, name: str | None = None, paper: str, summary: str, **overrides: Any
 ) -> MethodSpec:
-    """Register ``strategy`` under ``name`` (default: its ``method``) with the field defaults ``overrides`` (by field
-    name): the one way to declare an alias.  Registered under its own ``method``, the class's
-    :meth:`~FedAdaptStrategy.make_hparams` (its default hyper-parameters) takes ``overrides`` too."""
+    """Register ``strategy`` under ``name`` (default: its ``method``).  The name's field defaults: the class's
+    :attr:`~FedAdaptStrategy.hparam_defaults`, then ``overrides`` (by field name), which only a name other than the
+    class's own takes (an alias without a class; the class's own defaults are stated in its body)."""
     name = name or strategy.method
     if not name or name in METHODS:
         raise ValueError(f"method name {name!r} is empty or already registered")
+    if overrides and name == strategy.method:
+        raise TypeError(f"register({strategy.__name__}, {', '.join(f'{k}=...' for k in overrides)}): state "
+                        f"{strategy.__name__}'s own defaults in its class body (hparam_defaults = {{...}})")
     client = set(strategy.hparams_class.client_fields())
     opt_client = set(strategy.local_optimizer.hparams_class.client_fields())
     if client != opt_client:
         raise TypeError(
             f"{strategy.__name__}'s client fields {sorted(client)} differ from its optimizer's {sorted(opt_client)}"
         )
-    spec = MethodSpec(name, strategy, paper, summary, dict(overrides))
-    spec.default_hparams()  # validates the overrides now, not at the first run
+    spec = MethodSpec(name, strategy, paper, summary, {**strategy.hparam_defaults, **overrides})
+    spec.default_hparams()  # validates the defaults now, not at the first run
     METHODS[name] = spec
-    if name == strategy.method:  # the class's own name: FedAdam() takes these defaults too (a subclass inherits them)
-        strategy.registered_defaults = MappingProxyType(dict(overrides))
     return spec
 
 

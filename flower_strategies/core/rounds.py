@@ -20,6 +20,7 @@ from flwr.common import log
 
 from . import records as R
 from .ops import NamedArrays, all_finite
+from .rejections import Rejection
 
 #: A reply metric above this multiple of max(1, the round's lower-median magnitude) is left out of its mean.
 METRIC_OUTLIER_RATIO = 1e3
@@ -47,7 +48,7 @@ class RoundLog:
     sampled: int = 0
     replies_used: int = 0
     replies_rejected: int = 0
-    rejections: list[str] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
     bytes_down: int = 0
     bytes_up: int = 0
     updated: bool = False
@@ -227,8 +228,10 @@ class RoundBook:
         self.history.append(rlog)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"num_updates": self.num_updates, "history": [dataclasses.asdict(h) for h in self.history]}
+        history = [{**dataclasses.asdict(h), "rejections": [r.to_state() for r in h.rejections]} for h in self.history]
+        return {"num_updates": self.num_updates, "history": history}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.num_updates = int(state["num_updates"])
-        self.history = [RoundLog(**h) for h in state["history"]]
+        self.history = [RoundLog(**{**h, "rejections": [Rejection.from_state(r) for r in h.get("rejections", [])]})
+                        for h in state["history"]]

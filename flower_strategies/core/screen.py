@@ -42,11 +42,10 @@ from flwr.common import log
 from . import records as R
 from .ops import NamedArrays, fold, is_float
 from .privacy import rewritten_reply_reason
+from .rejections import Kind, Rejection
 from .robust import COORDINATE_RULES, SELECTION_RULES, TooFewReplies, byzantine_count, check_replies, \
     centre_cosines, clip_scales, clipped, krum_select, lower_median, robust_aggregate
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
-
-CLIENT_HALF_REASON = "reply was not produced by the client half of fedadapt method"
 
 #: A usable reply: the message and its parsed records (zero-copy views of the payload).
 Parsed = tuple[Message, dict[str, NamedArrays]]
@@ -120,18 +119,16 @@ class ScreenPolicy:
 @dataclass
 class Screened:
     """What :meth:`ReplyScreen.run` kept: usable replies, their (clipped) weights, ``{record: aggregate}`` and the
-    rejections (``"node <id>: <reason>"``, in the order they were decided)."""
+    rejections (:class:`~.rejections.Rejection`, in the order they were decided)."""
 
     kept: list[Parsed]
     weights: list[float]
     aggregates: dict[str, NamedArrays]
-    rejections: list[str] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
     #: Each kept reply's cap on ``num-steps`` (:meth:`ScreenPolicy.step_caps`; empty = none).
     step_caps: list[float] = field(default_factory=list)
     #: How many kept replies the norm clip scaled (``update_clip_ratio``).
     updates_clipped: int = 0
-    #: The rejections (as in :attr:`rejections`) of replies whose records hold NaN/Inf.
-    nonfinite: list[str] = field(default_factory=list)
 
     def reply_metrics(self) -> tuple[list[dict[str, Any]], int]:
         """``(each kept reply's metrics with its weight as num-examples, its num-steps capped and its node-id,
@@ -178,8 +175,8 @@ class ReplyScreen:
             if reason is None:
                 reason, parsed = parse_reply(msg, expected)
             if reason is not None:
-                missing_half += reason.startswith(CLIENT_HALF_REASON) or (
-                    self.needs_client_half and reason.startswith("missing ArrayRecord"))
+                missing_half += reason.kind is Kind.CLIENT_HALF or (
+                    self.needs_client_half and reason.kind is Kind.MISSING_RECORD)
                 self._reject(out, server_round, msg, reason)
                 continue
             kept.append((msg, parsed))
@@ -203,8 +200,9 @@ class ReplyScreen:
                 bound = ratio * median
                 for j in [j for j in survivors if not norms[i][j] <= bound]:
                     survivors.remove(j)
-                    self._reject(out, server_round, kept[j][0], f"record '{spec.name}' norm {norms[i][j]:.4g} exceeds "
-                                 f"update-norm-ratio {ratio:g} × the round's median {median:.4g}")
+                    self._reject(out, server_round, kept[j][0], Rejection(
+                        None, Kind.NORM_RATIO, f"record '{spec.name}' norm {norms[i][j]:.4g} exceeds update-norm-ratio "
+                                               f"{ratio:g} × the round's median {median:.4g}"))
         for j in list(survivors):  # last of the validity checks, so that a corrupt reply is named for what it holds
             info = R.get(kept[j][0].content, R.REPLY_INFO, ConfigRecord)
             if info is not None and (reason := rewritten_reply_reason(kept[j][0].content, info)) is not None:
@@ -227,7 +225,7 @@ class ReplyScreen:
         out.step_caps = self._step_caps(server_round, kept, weights)
         return out
 
-    def client_half_reason(self, msg: Message) -> str | None:
+    def client_half_reason(self, msg: Message) -> Rejection | None:
         """A reply naming another method is rejected; a reply naming none is rejected when nothing else shows the
         method's client half ran (its declared uplink is only the model)."""
         if msg.has_error():
@@ -240,7 +238,9 @@ class ReplyScreen:
                 return None
         elif produced_by == self.method:
             return None
-        return f"{CLIENT_HALF_REASON} '{self.method}' (its '{R.REPLY_INFO}' ConfigRecord names {produced_by!r})"
+        return Rejection(msg.metadata.src_node_id, Kind.CLIENT_HALF,
+                         f"reply was not produced by the client half of fedadapt method '{self.method}' (its "
+                         f"'{R.REPLY_INFO}' ConfigRecord names {produced_by!r})")
 
     def _fold(
         self, kept: Sequence[Parsed], measure: bool
@@ -279,8 +279,9 @@ class ReplyScreen:
             for j, cos in list(zip(survivors, cosines)):
                 if cos < floor:
                     survivors.remove(j)
-                    self._reject(out, server_round, kept[j][0], f"record '{spec.name}' update points against the "
-                                 f"round's centre (cosine {cos:.3f} < update-cosine-floor {floor:g})")
+                    self._reject(out, server_round, kept[j][0], Rejection(
+                        None, Kind.DIRECTION, f"record '{spec.name}' update points against the round's centre "
+                                              f"(cosine {cos:.3f} < update-cosine-floor {floor:g})"))
         return survivors
 
     def _clip(self, server_round: int, kept: Sequence[Parsed], norms: list[list[float]]) -> int:
@@ -316,7 +317,7 @@ class ReplyScreen:
             check_replies(aggregator, t, len(kept), fraction)
         except TooFewReplies as err:
             for msg, _ in kept:
-                self._reject(out, server_round, msg, str(err))
+                self._reject(out, server_round, msg, Rejection(None, Kind.TOO_FEW, str(err)))
             return []
         if aggregator not in SELECTION_RULES:
             return kept
@@ -327,8 +328,9 @@ class ReplyScreen:
         chosen, scores = krum_select(vectors, t, multi=aggregator == "multi-krum")
         for j, (msg, _) in enumerate(kept):
             if j not in chosen:
-                self._reject(out, server_round, msg, f"left out by aggregator {aggregator} (score {scores[j]:.4g}, "
-                             f"best {min(scores):.4g}; byzantine-fraction {fraction:g})")
+                self._reject(out, server_round, msg, Rejection(
+                    None, Kind.LEFT_OUT, f"left out by aggregator {aggregator} (score {scores[j]:.4g}, best "
+                                         f"{min(scores):.4g}; byzantine-fraction {fraction:g})"))
         return [kept[j] for j in chosen]
 
     def byzantine_left(self, received: int, rejected: int) -> int:
@@ -352,7 +354,6 @@ class ReplyScreen:
         reason = nonfinite_reason(parsed, norms, [s.name for s in self.specs])
         if reason is not None:
             self._reject(out, server_round, msg, reason)
-            out.nonfinite.append(out.rejections[-1])
             return False
         if self.policy.max_update_norm > 0:
             reason = check_update_norms(parsed, self.specs, self.current, self.policy.max_update_norm, norms)
@@ -361,6 +362,8 @@ class ReplyScreen:
         return reason is None
 
     @staticmethod
-    def _reject(out: Screened, server_round: int, msg: Message, reason: str) -> None:
-        out.rejections.append(f"node {msg.metadata.src_node_id}: {reason}")
-        log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id, reason)
+    def _reject(out: Screened, server_round: int, msg: Message, reason: Rejection) -> None:
+        """Record ``reason`` as the rejection of ``msg`` (its node) and log it."""
+        out.rejections.append(reason.at(msg.metadata.src_node_id))
+        log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id,
+            reason.detail)

@@ -39,10 +39,11 @@ from . import records as R
 from .binding import ReplyBinder
 from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer
-from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers
 from .loop import run_rounds
+from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers
 from .policy import RunFailed
-from .privacy import privatize, refuse_flower_dp
+from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
+from .rejections import Kind, Rejection
 from .robust import TooFewReplies, byzantine_count, check_replies
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
                      weighted_mean)
@@ -53,9 +54,10 @@ from .validation import RecordSpec
 __all__ = ["ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState",
            "cast_like", "weighted_mean"]
 
-#: The settings a strategy reads as attributes (``self.client_lr``, …); ``method`` is the class's registry name and
-#: ``weighting`` resolves ``"default"`` to the method's own (see :attr:`FedAdaptStrategy.weighting`).
-SETTINGS = frozenset(f.name for f in dataclasses.fields(StrategyConfig)) - {"method", "num_server_rounds", "weighting"}
+#: The settings a strategy takes as keyword arguments (``FedAvg(client_lr=0.1)``) and reads as ``self.settings.x``;
+#: ``method`` is the class's registry name and ``weighting`` resolves ``"default"`` to the method's own (see
+#: :attr:`FedAdaptStrategy.weighting`).
+SETTINGS = frozenset(f.name for f in dataclasses.fields(StrategyConfig)) - {"method", "num_server_rounds"}
 
 
 class FedAdaptStrategy(Strategy):
@@ -69,9 +71,9 @@ class FedAdaptStrategy(Strategy):
         The method's frozen hyper-parameter dataclass (paper defaults when omitted).
     settings
         The run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig` or an app's extension of it,
-        documented as the run-config keys).  Every field reads as an attribute of the strategy (``self.client_lr``;
-        a ``defence`` key left unset reads as the profile's value, :meth:`.StrategyConfig.setting`);
-        assigning one (``s.max_update_norm = 5.0``) replaces the settings with a validated copy.
+        documented as the run-config keys), kept as :attr:`settings` and read there (``self.settings.client_lr``;
+        a key left unset for a profile to decide, e.g. ``aggregator``, through :meth:`.StrategyConfig.setting`).
+        A change is an explicit, validated copy: ``s.settings = s.settings.replace(max_update_norm=5.0)``.
     overrides
         Settings fields by name, applied to ``settings`` (default ``StrategyConfig()``) in one validated replace.
     trainable_keys
@@ -96,8 +98,9 @@ class FedAdaptStrategy(Strategy):
     needs_train_loss_before: ClassVar[bool] = False
     #: Whether ``client-lr = 0`` is a meaningful setting (LocalUpdate's γ = 0); elsewhere clients would not train.
     accepts_zero_client_lr: ClassVar[bool] = False
-    #: The field defaults given to :func:`.registry.register` for this class's own registry name (set there only).
-    registered_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: Hyper-parameter defaults of this class (and its registry name) that differ from :attr:`hparams_class`'s
+    #: declaration, by field name: an alias class's (``FedAdam``: ``{"server_opt": "adam", "server_lr": 0.01}``).
+    hparam_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     #: Set when :meth:`summary` runs outside :meth:`driven`: another strategy's ``start()`` (a wrapper's, e.g. one
     #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
     started_by_another: bool = False
@@ -105,9 +108,9 @@ class FedAdaptStrategy(Strategy):
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
-        """This class's hyper-parameters: the declaration's defaults, those registered for :attr:`method`, then
+        """This class's hyper-parameters: the declaration's defaults, then :attr:`hparam_defaults`, then
         ``changes``."""
-        return cls.hparams_class(**{**cls.registered_defaults, **changes})
+        return cls.hparams_class(**{**cls.hparam_defaults, **changes})
 
     def __init__(
         self,
@@ -123,10 +126,10 @@ class FedAdaptStrategy(Strategy):
         self.hparams = hparams if hparams is not None else self.make_hparams()
         if not isinstance(self.hparams, self.hparams_class):
             raise TypeError(f"{type(self).__name__} needs {self.hparams_class.__name__}, got {self.hparams!r}")
-        unknown = sorted(set(overrides) - SETTINGS - {"weighting"})
+        unknown = sorted(set(overrides) - SETTINGS)
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unknown setting(s) {unknown}; "
-                            f"settings: {', '.join(sorted(SETTINGS | {'weighting'}))}")
+                            f"settings: {', '.join(sorted(SETTINGS))}")
         if "weighting" in overrides and overrides["weighting"] is None:
             overrides["weighting"] = "default"
         base = settings if settings is not None else StrategyConfig(method=method or self.method or "fedavg")
@@ -144,22 +147,12 @@ class FedAdaptStrategy(Strategy):
         self.current: NamedArrays | None = None
         self.server_state: ServerState | None = None
 
-    # ------------------------------------------------------------------ settings as attributes
-    def __getattr__(self, name: str) -> Any:  # only for names not found the normal way
-        if name in SETTINGS and "settings" in self.__dict__:
-            return self.__dict__["settings"].setting(name)  # a defence key left unset: its profile's value
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in SETTINGS:  # validated: one path for every setting
-            self.settings = self.settings.replace(**{name: value})
-        else:
-            super().__setattr__(name, value)
-
     @property
     def weighting(self) -> str:
-        """``"examples"`` or ``"uniform"``: the settings' ``weighting``, ``"default"`` = :attr:`default_weighting`."""
-        return self.default_weighting if self.settings.weighting == "default" else self.settings.weighting
+        """``"examples"`` or ``"uniform"``: the settings' ``weighting`` (:meth:`.StrategyConfig.setting`: native DP's
+        when left ``"default"``), else (``"default"``) the method's own, :attr:`default_weighting`."""
+        weighting = self.settings.setting("weighting")
+        return self.default_weighting if weighting == "default" else weighting
 
     # the parts' state, under the names callers use
     nodes_seen = property(lambda self: self.sampler.nodes_seen)
@@ -233,8 +226,8 @@ class FedAdaptStrategy(Strategy):
     def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
         """Wait (at most ``wait_for_nodes`` s) for ``min_available_nodes`` live nodes, then draw from them
         (:meth:`.NodeSampler.sample`: live = heartbeat since any missed reply; seeded; in :attr:`node_order`)."""
-        return self.sampler.sample(grid, fraction, minimum, min_available=self.min_available_nodes,
-                                   wait_s=self.wait_for_nodes)
+        return self.sampler.sample(grid, fraction, minimum, min_available=self.settings.min_available_nodes,
+                                   wait_s=self.settings.wait_for_nodes)
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
@@ -245,7 +238,7 @@ class FedAdaptStrategy(Strategy):
         for line in self.log_settings():
             log(INFO, "\t│\t├── %s", line)
         log(INFO, "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
-            s.client_lr, self.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
+            s.client_lr, s.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
@@ -304,7 +297,7 @@ class FedAdaptStrategy(Strategy):
         min_replies`) would refuse every round: before the run's first round that is a :class:`ConfigError` naming
         the fix (nothing has been sent); later (nodes lost) a warning, and the round's replies are refused with the
         reason as they arrive."""
-        aggregator, fraction = self.aggregator, self.settings.byzantine_fraction
+        aggregator, fraction = self.settings.setting("aggregator"), self.settings.byzantine_fraction
         if aggregator == "mean" or num_sampled <= 0:
             return
         try:
@@ -327,8 +320,14 @@ class FedAdaptStrategy(Strategy):
         rlog = self.rounds.take(server_round)
         replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
         rlog.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
-        screened = self.binder.run(server_round, replies, self.reply_screen(), self.settings.max_reply_bytes)
-        dp_metrics = privatize(self, screened, rlog.sampled)  # native DP: clipped, noised aggregates (or {})
+        screen = self.reply_screen()
+        screened = self.binder.run(server_round, replies, screen, self.settings.max_reply_bytes)
+        privacy = PrivacyPolicy.from_settings(self.settings)
+        dp_metrics: dict[str, float] = {}
+        if privacy.enabled and screened.kept:  # native DP: clipped, noised aggregates
+            screened.aggregates, dp_metrics = privacy.privatize(
+                self.method, screen.specs, [parsed for _, parsed in screened.kept], screen.current, rlog.sampled,
+                max(self.sampler.population, rlog.sampled), released_rounds(self.history))
         rlog.rejections += screened.rejections
         rlog.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
@@ -336,7 +335,8 @@ class FedAdaptStrategy(Strategy):
         metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
                                        "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped,
                                        "updates-clipped": screened.updates_clipped}
-        self._warn_divergence(server_round, reply_metrics, metrics_out, screened.nonfinite)
+        self._warn_divergence(server_round, reply_metrics, metrics_out,
+                              [r for r in screened.rejections if r.kind is Kind.NONFINITE])
         new_arrays: ArrayRecord | None = None
         if rlog.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
@@ -350,10 +350,10 @@ class FedAdaptStrategy(Strategy):
         return new_arrays, MetricRecord(metrics_out)
 
     def _warn_divergence(self, server_round: int, reply_metrics: list[dict[str, Any]], means: Mapping[str, Any],
-                         nonfinite: list[str]) -> None:
+                         nonfinite: list[Rejection]) -> None:
         """A warning naming the learning rates when the clients' training loss explodes (:func:`.rounds.loss_alarm`)
-        or replies were rejected for NaN/Inf values (``nonfinite``, :attr:`.Screened.nonfinite`): a run that goes on
-        would otherwise "complete" at chance."""
+        or replies were rejected for NaN/Inf values (``nonfinite``: the round's :attr:`.rejections.Kind.NONFINITE`
+        rejections): a run that goes on would otherwise "complete" at chance."""
         why = loss_alarm(reply_metrics, means, [h.train_metrics for h in self.history])
         if why is None and nonfinite:
             why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
@@ -430,6 +430,29 @@ class FedAdaptStrategy(Strategy):
                        f"MetricRecord({{'eval_acc': acc, '{R.NUM_EXAMPLES}': n}})}})")
             log(WARNING, "Round %d: no client-side evaluate metrics: %s", server_round, why)
         return MetricRecord({**mean_reply_metrics(usable)}) if usable else None
+
+
+class _InSettings:
+    """A run setting's name on a strategy (``strategy.client_lr``): reading or assigning it raises an AttributeError
+    that says where the setting lives (``strategy.settings``) and how to change it (``settings.replace``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _error(self, owner: type) -> AttributeError:
+        return AttributeError(f"{owner.__name__} keeps its run settings in .settings: read strategy.settings."
+                              f"{self.name}; change it with strategy.settings = strategy.settings.replace("
+                              f"{self.name}=...) (validated)")
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        raise self._error(owner)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise self._error(type(obj))
+
+
+for _name in SETTINGS - {"weighting"}:  # ``weighting`` is a real property (the method's default resolved)
+    setattr(FedAdaptStrategy, _name, _InSettings(_name))
 
 
 def evaluate_metrics(content: RecordDict) -> MetricRecord | None:

@@ -3,7 +3,8 @@
 A train reply is usable when it carries no error, a ``metrics`` MetricRecord with a whole ``num-examples`` ≥ 1
 (and, when present, a whole ``num-steps`` ≥ 1), and every declared uplink record with exactly the expected keys,
 shapes and dtypes, payloads that agree with their own metadata, and only finite values.  :func:`parse_reply`
-returns the reason it is not, or the records as zero-copy NumPy views of the payloads.
+returns the :class:`~.rejections.Rejection` saying why it is not, or the records as zero-copy NumPy views of the
+payloads.  The checks here that see no message return rejections of no node (``node=None``); the screen names it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.common.constant import ErrorCode
 
 from . import records as R
 from .ops import NamedArrays, all_finite, fold
+from .rejections import Kind, Rejection
 
 #: ``{key: (shape, dtype)}`` a record must match exactly.
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -53,44 +56,48 @@ def _number(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def check_num_examples(value: object) -> str | None:
+def check_num_examples(value: object) -> Rejection | None:
     """Why ``num-examples`` is unusable: it must be a finite whole number ≥ 1 (a count of examples)."""
     number = _number(value)
     if number is None or number < 1 or not number.is_integer():
-        return f"metric '{R.NUM_EXAMPLES}' missing or not a positive whole number: {value!r}"
+        return Rejection(None, Kind.METRICS, f"metric '{R.NUM_EXAMPLES}' missing or not a positive whole number: "
+                                             f"{value!r}")
     return None
 
 
-def check_num_steps(value: object) -> str | None:
+def check_num_steps(value: object) -> Rejection | None:
     """Why ``num-steps`` is unusable: absent is allowed (it then counts as 0 in K̄, as before), present it must be
     a finite whole number ≥ 1 (a client that trained took at least one step)."""
     if value is None:
         return None
     number = _number(value)
     if number is None or number < 1 or not number.is_integer():
-        return f"metric '{R.NUM_STEPS}' not a whole number >= 1: {value!r}"
+        return Rejection(None, Kind.METRICS, f"metric '{R.NUM_STEPS}' not a whole number >= 1: {value!r}")
     return None
 
 
-def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | None, dict[str, NamedArrays]]:
-    """``(reason, {})`` for a structurally unusable reply, else ``(None, {record: arrays})`` for the ``expected``
+def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[Rejection | None, dict[str, NamedArrays]]:
+    """``(rejection, {})`` for a structurally unusable reply, else ``(None, {record: arrays})`` for the ``expected``
     records (zero-copy read-only views).  Each Array's payload is checked against its own metadata and the expected
     layout before it is viewed (:func:`.records.checked_view`: header only, no pass over the data).  The values are
     checked later, from the update norms the strategy computes anyway (a finite norm proves every value finite, see
     :func:`nonfinite_reason`).  Nothing a client sends makes this raise."""
+    node = msg.metadata.src_node_id
     try:
-        return _parse_reply(msg, expected)
+        reason, parsed = _parse_reply(msg, expected)
     except Exception as err:  # noqa: BLE001  # a last line: a reply the checks below did not foresee is rejected
-        return f"unreadable reply ({type(err).__name__}: {err})", {}
+        reason, parsed = Rejection(None, Kind.UNREADABLE, f"unreadable reply ({type(err).__name__}: {err})"), {}
+    return (None if reason is None else reason.at(node)), parsed
 
 
-def _parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | None, dict[str, NamedArrays]]:
+def _parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[Rejection | None, dict[str, NamedArrays]]:
     if msg.has_error():
-        return f"client error: {msg.error.reason}", {}
+        kind = Kind.MOD_REFUSED if msg.error.code == ErrorCode.MOD_FAILED_PRECONDITION else Kind.CLIENT_ERROR
+        return Rejection(None, kind, f"client error: {msg.error.reason}"), {}
     content = msg.content
     metrics = R.get(content, R.METRICS, MetricRecord)
     if metrics is None:
-        return f"missing MetricRecord '{R.METRICS}'", {}
+        return Rejection(None, Kind.METRICS, f"missing MetricRecord '{R.METRICS}'"), {}
     reason = check_num_examples(metrics.get(R.NUM_EXAMPLES)) or check_num_steps(metrics.get(R.NUM_STEPS))
     if reason:
         return reason, {}
@@ -98,17 +105,18 @@ def _parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[str | No
     for name, want in expected.items():
         rec = R.get(content, name, ArrayRecord)
         if rec is None:
-            return f"missing ArrayRecord '{name}'", {}
+            return Rejection(None, Kind.MISSING_RECORD, f"missing ArrayRecord '{name}'"), {}
         if set(rec.keys()) != set(want):
             missing = sorted(set(want) - set(rec.keys()))[:3]
             extra = sorted(map(str, set(rec.keys()) - set(want)))[:3]
-            return f"record '{name}' has wrong keys (missing {missing}, unexpected {extra})", {}
+            return Rejection(None, Kind.BAD_RECORD,
+                             f"record '{name}' has wrong keys (missing {missing}, unexpected {extra})"), {}
         arrays: NamedArrays = {}
         for key, (shape, dtype) in want.items():
             arr = rec[key]
             got = R.checked_view(arr, shape, dtype) if isinstance(arr, Array) else f"is a {type(arr).__name__}"
             if isinstance(got, str):
-                return f"record '{name}' key '{key}' {got}", {}
+                return Rejection(None, Kind.BAD_RECORD, f"record '{name}' key '{key}' {got}"), {}
             arrays[key] = got  # zero-copy, read-only: validation and aggregation only read it
         parsed[name] = arrays
     return None, parsed
@@ -121,7 +129,8 @@ def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.nda
     return fold([arrays], None, None, reference, norms=True)[1][0]
 
 
-def nonfinite_reason(parsed: Mapping[str, NamedArrays], norms: Sequence[float], names: Sequence[str]) -> str | None:
+def nonfinite_reason(parsed: Mapping[str, NamedArrays], norms: Sequence[float],
+                     names: Sequence[str]) -> Rejection | None:
     """The NaN/Inf rejection of :func:`parse_reply`, decided from the records' update norms: a finite norm proves
     every value of its record finite; only a non-finite one (NaN/Inf, or a sum of squares that overflowed) is
     re-checked value by value."""
@@ -129,14 +138,14 @@ def nonfinite_reason(parsed: Mapping[str, NamedArrays], norms: Sequence[float], 
         if not np.isfinite(norm):
             bad = all_finite(parsed[name])
             if bad is not None:
-                return f"record '{name}' key '{bad}' holds NaN/Inf"
+                return Rejection(None, Kind.NONFINITE, f"record '{name}' key '{bad}' holds NaN/Inf")
     return None
 
 
 def check_update_norms(
     parsed: Mapping[str, NamedArrays], specs: Sequence[RecordSpec], current: Mapping[str, np.ndarray], bound: float,
     norms: Sequence[float] | None = None,
-) -> str | None:
+) -> Rejection | None:
     """Reason to reject when a record's norm exceeds ``bound``: a ``keys="model"`` record (a local model) is
     measured as the update ``record − current``, any other record (momenta, gradients, …) by its own norm
     (``norms``: the same, already computed, one per spec)."""
@@ -147,5 +156,6 @@ def check_update_norms(
         norm = norms[i] if norms is not None else update_norm(parsed[spec.name], reference)
         if not np.isfinite(norm) or norm > bound:
             what = "update norm" if spec.keys == "model" else "norm"
-            return f"record '{spec.name}' {what} {norm:.4g} exceeds max-update-norm {bound:g}"
+            return Rejection(None, Kind.MAX_NORM, f"record '{spec.name}' {what} {norm:.4g} exceeds max-update-norm "
+                                                  f"{bound:g}")
     return None

@@ -108,36 +108,41 @@ class FedAvgM(FedOpt):
     """FedAvgM (Hsu et al. 2019): heavy-ball server momentum ``u ← β1·u + D̄``, ``u₀ = 0``."""
 
     method: ClassVar[str] = "fedavgm"
+    hparam_defaults = {"server_opt": "sgdm"}
 
 
 class FedAdagrad(FedOpt):
     """FedAdagrad (Reddi et al. 2021): ``v ← v + D̄²``."""
 
     method: ClassVar[str] = "fedadagrad"
+    hparam_defaults = {"server_opt": "adagrad", "server_lr": 0.03}
 
 
 class FedAdam(FedOpt):
     """FedAdam (Reddi et al. 2021): ``v ← β2·v + (1−β2)·D̄²``."""
 
     method: ClassVar[str] = "fedadam"
+    hparam_defaults = {"server_opt": "adam", "server_lr": 0.01}
 
 
 class FedYogi(FedOpt):
     """FedYogi (Reddi et al. 2021): ``v ← v − (1−β2)·D̄²·sign(v − D̄²)``."""
 
     method: ClassVar[str] = "fedyogi"
+    hparam_defaults = {"server_opt": "yogi", "server_lr": 0.01}
 
 
 class FedProx(FedOpt):
     """FedProx (Li et al. 2020): FedAvg server; clients add ``mu·(w − x_t)`` to every local gradient."""
 
     method: ClassVar[str] = "fedprox"
+    hparam_defaults = {"mu": 0.01}
 
 
 _REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021"
 register(FedAvg, paper="McMahan et al., AISTATS 2017", summary="local SGD + (weighted) model averaging")
-register(FedAvgM, server_opt="sgdm", paper="Hsu et al., 2019", summary="FedAvg + server heavy-ball momentum")
-register(FedAdagrad, server_opt="adagrad", server_lr=0.03, paper=_REDDI, summary="local SGD + server AdaGrad")
-register(FedAdam, server_opt="adam", server_lr=0.01, paper=_REDDI, summary="local SGD + server Adam")
-register(FedYogi, server_opt="yogi", server_lr=0.01, paper=_REDDI, summary="local SGD + server Yogi")
-register(FedProx, mu=0.01, paper="Li et al., MLSys 2020", summary="local SGD with proximal term + FedAvg")
+register(FedAvgM, paper="Hsu et al., 2019", summary="FedAvg + server heavy-ball momentum")
+register(FedAdagrad, paper=_REDDI, summary="local SGD + server AdaGrad")
+register(FedAdam, paper=_REDDI, summary="local SGD + server Adam")
+register(FedYogi, paper=_REDDI, summary="local SGD + server Yogi")
+register(FedProx, paper="Li et al., MLSys 2020", summary="local SGD with proximal term + FedAvg")

@@ -292,7 +292,7 @@ class FedDA(FedAdaptStrategy):
 
     def __init__(self, hparams: FedDAHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        fixed = self.registered_defaults.get("variant")  # fedda-sgdm, -adam, -adagrad fix the server optimizer
+        fixed = self.hparam_defaults.get("variant")  # FedDASGDM, FedDAAdam, FedDAAdagrad fix the server optimizer
         if fixed is not None and self.hparams.variant != fixed:
             raise ConfigError(
                 f"{type(self).__name__} is FedDA with variant {fixed!r}, but its hparams say {self.hparams.variant!r}; "
@@ -348,25 +348,25 @@ class FedDASGDM(FedDA):
     """FedDA+SGDM (Algorithm 1): ``W ← W − η·α·P̄``."""
 
     method: ClassVar[str] = "fedda-sgdm"
+    hparam_defaults = {"variant": "sgdm", "server_lr": TABLE12_SERVER_LR["sgdm"]}
 
 
 class FedDAAdam(FedDA):
     """FedDA+Adam (Algorithm 2, Adam branch)."""
 
     method: ClassVar[str] = "fedda-adam"
+    hparam_defaults = {"variant": "adam", "server_lr": TABLE12_SERVER_LR["adam"]}
 
 
 class FedDAAdagrad(FedDA):
     """FedDA+AdaGrad (Algorithm 2, AdaGrad branch)."""
 
     method: ClassVar[str] = "fedda-adagrad"
+    hparam_defaults = {"variant": "adagrad", "server_lr": TABLE12_SERVER_LR["adagrad"]}
 
 
 _PAPER = "Jin et al., Accelerated Federated Learning with Decoupled Adaptive Optimization, ICML 2022"
 register(FedDA, paper=_PAPER, summary="local SGD + decoupled global momentum; server SGDM/Adam/AdaGrad (fedda.variant)")
-register(FedDASGDM, variant="sgdm", server_lr=TABLE12_SERVER_LR["sgdm"], paper=_PAPER,
-         summary="FedDA with server SGDM (Algorithm 1)")
-register(FedDAAdam, variant="adam", server_lr=TABLE12_SERVER_LR["adam"], paper=_PAPER,
-         summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
-register(FedDAAdagrad, variant="adagrad", server_lr=TABLE12_SERVER_LR["adagrad"], paper=_PAPER,
-         summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")
+register(FedDASGDM, paper=_PAPER, summary="FedDA with server SGDM (Algorithm 1)")
+register(FedDAAdam, paper=_PAPER, summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
+register(FedDAAdagrad, paper=_PAPER, summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")

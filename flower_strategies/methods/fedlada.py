@@ -143,19 +143,15 @@ class FedLADAHParams(HParams):
                 )
 
 
-class _PlannedStepsForKMinus1:
-    """``FedLADAOptimizer.needs_planned_steps``: True on the class (``train_reply`` then always passes the planned
-    K), on an instance only when a group uses ``local_updates = "K-1"`` (the only rule that needs K in advance)."""
-
-    def __get__(self, obj: Any, owner: type) -> bool:
-        return obj is None or any(g["local_updates"] == "K-1" for g in obj.param_groups)
-
-
 class FedLADAOptimizer(LocalOptimizer):
     """Local amended AMSGrad (Algorithm 3, lines 4–13) with the §3.6 flags; see the module docstring."""
 
     hparams_class = FedLADAHParams
-    needs_planned_steps = _PlannedStepsForKMinus1()
+    needs_planned_steps = True  # the driver always passes the planned K ...
+
+    def requires_planned_steps(self) -> bool:
+        """... which only ``local_updates = "K-1"`` needs (the one rule that needs K in advance)."""
+        return any(g["local_updates"] == "K-1" for g in self.param_groups)
 
     def downlink_records(self) -> tuple[str, ...]:
         return (VHAT, GLOBAL_OFFSET) if any(g["amend_weight"] < 1.0 for g in self.param_groups) else (VHAT,)
@@ -247,7 +243,7 @@ class FedLADA(FedAdaptStrategy):
         if mode == "consuming":
             return self.client_lr_at(server_round + 1)
         if mode == "initial":
-            return self.client_lr
+            return self.settings.client_lr
         return self.client_lr_at(server_round)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:

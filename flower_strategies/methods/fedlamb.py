@@ -343,7 +343,7 @@ class FedLAMB(FedAdaptStrategy):
         return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(V_LOCAL, "mean", "params"))
 
     def client_lr_at(self, server_round: int) -> float:
-        return self.client_lr * self.hparams.lr_gamma ** sum(server_round > m for m in self.milestones)
+        return self.settings.client_lr * self.hparams.lr_gamma ** sum(server_round > m for m in self.milestones)
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return {"v_hat": state_like(arrays, self.trainable(arrays)), "v_steps": 0.0}
@@ -367,6 +367,7 @@ class FedAMS(FedLAMB):
     """Fed-AMS (Chen et al. 2020, paper 004's baseline) = Fed-LAMB without the trust ratio: ``θ ← θ − α_r·(p + λθ)``."""
 
     method: ClassVar[str] = "fedams"
+    hparam_defaults = {"trust_ratio": False}
 
 
 class AdpFed(FedOpt):
@@ -378,13 +379,13 @@ class AdpFed(FedOpt):
     """
 
     method: ClassVar[str] = "adpfed"
+    hparam_defaults = {"server_opt": "adam", "server_lr": 0.01, "beta2": 0.999, "tau": 1e-8, "initial_v": 0.0}
     default_weighting: ClassVar[str] = "uniform"
 
 
 _PAPER = "Karimi, Li, Li: FED-LAMB: Layer-wise and Dimension-wise Locally Adaptive Optimization (2021)"
 register(FedLAMB, paper=_PAPER, summary="local AMSGrad + LAMB trust ratio; model averaging + max-merged v̂")
-register(FedAMS, trust_ratio=False, paper="Chen et al. 2020, as used in " + _PAPER,
+register(FedAMS, paper="Chen et al. 2020, as used in " + _PAPER,
          summary="local AMSGrad; model averaging + max-merged v̂")
-register(AdpFed, server_opt="adam", server_lr=0.01, beta2=0.999, tau=1e-8, initial_v=0.0,
-         paper="Reddi et al. 2021, as written in " + _PAPER,
+register(AdpFed, paper="Reddi et al. 2021, as written in " + _PAPER,
          summary="FedAdam with paper 004's settings (v₀ = 0, β2 = 0.999)")

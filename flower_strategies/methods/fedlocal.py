@@ -406,6 +406,7 @@ class FedLocalSync(FedLocal):
     """Comparison variant: clients start each round from the server-averaged optimizer states (m, v)."""
 
     method: ClassVar[str] = "fedlocal-sync"
+    hparam_defaults = {"sync": True}
 
 
 _PAPER = (
@@ -416,6 +417,6 @@ register(
     summary="restarted local SGD/SGDM/AdaGrad/Adam/Yogi + none/local/joint correction + FedOpt server",
 )
 register(
-    FedLocalSync, sync=True, paper=_PAPER,
+    FedLocalSync, paper=_PAPER,
     summary="FedLocal with server-averaged client optimizer states (paper's comparison; extra communication)",
 )

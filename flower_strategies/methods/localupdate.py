@@ -375,11 +375,11 @@ class LocalUpdate(FedAdaptStrategy):
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         return {
             **self.opt.init({k: arrays[k] for k in self.trainable(arrays)}),
-            "client-lr": self.client_lr, "server-lr": float(self.hparams.server_lr),
+            "client-lr": self.settings.client_lr, "server-lr": float(self.hparams.server_lr),
         }
 
     def client_lr_at(self, server_round: int) -> float:
-        return self.client_lr if self.server_state is None else float(self.server_state["client-lr"])
+        return self.settings.client_lr if self.server_state is None else float(self.server_state["client-lr"])
 
     def server_update(
         self, inputs: RoundInputs, state: ServerState
