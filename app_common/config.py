@@ -62,6 +62,9 @@ class AppConfig(StrategyConfig):
     test_max_examples: int = param(0, lo=0,
         help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all "
              "360; shakespeare-lstm: 2,000)")
+    root_set_size: int = param(300, lo=1,
+        help="aggregator fltrust (defence = robust): the server's trusted root set, this many examples of the task's "
+             "training split (never the test split), drawn with the run's seed; unused otherwise")
     train_loss_before: bool = param(True,
         help="clients report train-loss-before, the received model's loss on their data (one extra forward pass over "
              "it per round; localupdatedecay's controller needs it); false = skip it")

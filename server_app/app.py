@@ -43,11 +43,12 @@ from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.loop import exchange, run_rounds
 from flower_strategies.core.policy import RunFailed
+from flower_strategies.core.robust import TRUST_RULES
 from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
 from . import plots, presets, provenance, rundir, tracking
-from . import secure
+from . import root, secure
 from .metrics import MetricsWriter, Progress, progress_line
 
 app = ServerApp()
@@ -164,6 +165,10 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
+    aggregator = strategy.settings.setting("aggregator")
+    if aggregator in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)
+        strategy.root_update = root.root_update(fed)
+        log(INFO, "fedadapt: aggregator %s, root set of %d training examples", aggregator, fed.root_set_size)
     tracking.check_available(fed.tracking)  # a missing tracker package fails here, before anything is written
     if fed.secure_aggregation != "off":
         secure.check(fed, strategy)  # SecAgg+: eligible method and settings, or ConfigError naming what to use

@@ -129,7 +129,7 @@ def test_pure_helpers():
     new, off = averaging_step(x, mean, ["w"], 0.5, offset, 0.1, 5)
     np.testing.assert_array_equal(new["w"], [0.5, 3.0])
     np.testing.assert_allclose(off["w"], [2.0, -4.0])  # Δ̄ / (η_l·K̄)
-    assert new["w"] is mean["w"] and off["w"] is offset["w"]  # in the round's buffers / the state's, no new arrays
+    assert mean["w"].tolist() == [0.0, 4.0] and offset["w"].tolist() == [9.0, 9.0]  # pure: inputs untouched
     _, off = averaging_step(x, {"w": np.array([0.0, 4.0])}, ["w"], 0.5, offset, 0.0, 5)
     np.testing.assert_array_equal(off["w"], [0.0, 0.0])  # η_l·K̄ = 0: no direction
     # a read-only offset (e.g. a view) is not written: new arrays instead
@@ -138,7 +138,7 @@ def test_pure_helpers():
     _, off = averaging_step(x, {"w": np.array([0.0, 4.0])}, ["w"], 0.5, {"w": frozen}, 0.1, 5)
     np.testing.assert_allclose(off["w"], [2.0, -4.0])
     assert frozen.tolist() == [7.0, 7.0]
-    # an offset that would overflow is not written in place (the base then refuses the non-finite result)
+    # an offset that would overflow is returned, not written (the base then refuses the non-finite result)
     state = {"w": np.array([1.0, 1.0])}
     _, off = averaging_step(x, {"w": np.array([0.0, 4.0])}, ["w"], 0.5, state, 1e-308, 1e-10)
     assert state["w"].tolist() == [1.0, 1.0] and not np.isfinite(off["w"]).all()

@@ -8,7 +8,8 @@ from flwr.app import MessageType
 
 import flower_strategies as fs
 from flower_strategies.core import records as R
-from flower_strategies.core.ops import CHUNK, aggregate, fold, safe_divide
+from flower_strategies.core.aggregation import aggregate
+from flower_strategies.core.ops import fold, safe_divide, update_norms
 from flower_strategies.core.strategy import RecordSpec
 from tests.helpers import NodesGrid, config, error_reply, record, reply
 
@@ -135,20 +136,40 @@ def test_sampling_follows_node_order_not_node_ids():
 @pytest.mark.parametrize("rule,expected", [("wmean", [2.5]), ("umean", [2.0]), ("max", [3.0]), ("sum", [4.0])])
 def test_streaming_aggregation_rules(rule, expected):
     items = [({"a": np.array([1.0], np.float32)}, 1.0), ({"a": np.array([3.0], np.float32)}, 3.0)]
-    out = aggregate(items, rule)
+    out = aggregate([a for a, _ in items], [w for _, w in items], rule)
     assert out["a"].dtype == np.float32 and out["a"].tolist() == expected
+
+
+def test_one_entry_point_routes_to_the_robust_rules_and_native_dp():
+    from flower_strategies.core.aggregation import Private
+    from flower_strategies.core.robust import record_aggregate, robust_aggregate
+
+    rng = np.random.default_rng(1)
+    items = [{"w": rng.normal(size=5), "n": np.array(i, np.int64)} for i in range(5)]
+    for rule in ("median", "trimmed-mean"):
+        want = robust_aggregate(items, rule, 1)
+        got = aggregate(items, [1.0] * 5, rule, trim=1)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    ref = {"w": np.ones(5), "n": np.array(9, np.int64)}
+    for rule in ("centered-clip", "bucketing"):
+        want = record_aggregate(items, rule, ref, None, 7)
+        got = aggregate(items, [1.0] * 5, rule, reference=ref, seed=7)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    got = aggregate(items, [0.5] * 5, Private(0.0, 4, rng, ref))  # no noise: Σ s_i (a_i − ref) / 4 + ref
+    np.testing.assert_allclose(got["w"], sum(0.5 * (i["w"] - 1.0) for i in items) / 4 + 1.0, rtol=1e-15)
+    assert got["n"] == 9  # integer arrays keep the reference's value
 
 
 @pytest.mark.parametrize("rule", ["wmean", "umean", "max", "sum"])
 def test_fold_is_bit_identical_to_a_reply_by_reply_loop_and_measures_norms(rule):
-    """The chunk-major fold does, per element, exactly the operations of a reply-by-reply loop (acc = w_0·a_0;
-    acc += w_i·a_i), so its float32 result is bit-identical whatever the chunking; the norms are ‖a_i − ref‖."""
+    """The fold does, per element, exactly the operations of a reply-by-reply loop (acc = w_0·a_0; acc += w_i·a_i),
+    so its float32 result is bit-identical to it; the norms are ‖a_i − ref‖."""
     rng = np.random.default_rng(0)
-    size = 2 * CHUNK + 123  # three chunks, the last one partial
+    size = 2 * (1 << 16) + 123
     items = [{"w": rng.normal(size=size).astype(np.float32), "n": np.array(i, np.int64)} for i in range(5)]
     weights = [3.0, 1.0, 2.5, 7.0, 0.5]
     ref = {"w": rng.normal(size=size).astype(np.float32)}
-    out, norms = fold(items, weights, rule, ref, norms=True)
+    out, norms = fold(items, weights, rule), update_norms(items, ref)
     ws = weights if rule == "wmean" else [1.0] * 5
     acc = items[0]["w"] * np.float32(ws[0]) if ws[0] != 1.0 else items[0]["w"].copy()
     for item, w in zip(items[1:], ws[1:]):
@@ -162,14 +183,14 @@ def test_fold_is_bit_identical_to_a_reply_by_reply_loop_and_measures_norms(rule)
     assert out["n"].dtype == np.int64  # integer arrays: float64 accumulator, cast back
     np.testing.assert_allclose(norms, [np.linalg.norm((i["w"] - ref["w"]).astype(np.float64)) for i in items],
                                rtol=1e-5)
-    _, own = fold(items, None, None, None, norms=True)  # norms only, no reference: the arrays' own norms
+    own = update_norms(items)  # no reference: the arrays' own norms
     np.testing.assert_allclose(own, [np.linalg.norm(i["w"].astype(np.float64)) for i in items], rtol=1e-5)
 
 
 def test_fold_norm_is_nonfinite_for_nan_or_inf():
     bad = {"w": np.array([1.0, np.nan], np.float32)}
     inf = {"w": np.array([np.inf, 0.0], np.float32)}
-    _, norms = fold([{"w": np.ones(2, np.float32)}, bad, inf], None, None, None, norms=True)
+    norms = update_norms([{"w": np.ones(2, np.float32)}, bad, inf])
     assert np.isfinite(norms[0]) and not np.isfinite(norms[1]) and not np.isfinite(norms[2])
 
 

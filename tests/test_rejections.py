@@ -75,6 +75,12 @@ def _rewritten(_):
     return screened([forged])
 
 
+def _untrusted(_):
+    screen = ReplyScreen(CURRENT, MODEL, ["w"], ScreenPolicy(aggregator="fltrust-gate", update_norm_ratio=0),
+                         method="fedavg", root={R.MODEL: {"w": np.ones(4, np.float32)}})  # the server's update: +1
+    return screen.run(1, [model_reply(i, 1.0 + 0.1 * i) for i in range(1, 4)] + [model_reply(4, -1.0)]).rejections
+
+
 def _secure_aggregate(monkeypatch):
     from flower_strategies import FedAvg
     from flower_strategies.compat.secagg import SecAggStrategy
@@ -119,6 +125,8 @@ CASES = {
                                         ScreenPolicy(update_cosine_floor=0.0, update_norm_ratio=0)),
                      r"^node 5: record 'arrays' update points against the round's centre \(cosine -1.000 < "
                      r"update-cosine-floor 0\)$"),
+    Kind.UNTRUSTED: (_untrusted, r"^node 4: record 'arrays' update has FLTrust trust 0 \(its cosine with the "
+                                 r"server's root-set update is <= 0\)$"),
     Kind.LEFT_OUT: (lambda _: screened([model_reply(i, 1.0 + 0.1 * i) for i in range(1, 5)] + [model_reply(5, 9.0)],
                                        ScreenPolicy(aggregator="multi-krum", update_norm_ratio=0)),
                     r"^node 5: left out by aggregator multi-krum \(score "),

@@ -59,17 +59,17 @@ def test_defence_profiles_resolve_unset_keys_and_an_explicit_key_wins():
                                           aggregator="mean")
     robust = off.replace(defence="robust")
     assert {k: robust.setting(k) for k in DEFENCES["robust"]} == {
-        "max_weight_ratio": 1.5, "update_clip_ratio": 1.0, "update_cosine_floor": 0.0, "aggregator": "mean"}
+        "max_weight_ratio": 1.5, "update_clip_ratio": 3.0, "update_cosine_floor": -1.0, "aggregator": "fltrust-gate"}
     assert robust.replace(max_weight_ratio=0.0).setting("max_weight_ratio") == 0.0  # an explicit key wins
     assert off.replace(update_clip_ratio=2).setting("update_clip_ratio") == 2.0
-    fed, _, _ = parse_run_config({"defence": "robust", "max-weight-ratio": "", "update-clip-ratio": 3.0})
-    assert (fed.setting("max_weight_ratio"), fed.setting("update_clip_ratio")) == (1.5, 3.0)
+    fed, _, _ = parse_run_config({"defence": "robust", "max-weight-ratio": "", "update-clip-ratio": 2.0})
+    assert (fed.setting("max_weight_ratio"), fed.setting("update_clip_ratio")) == (1.5, 2.0)
     from server_app.provenance import resolved_config
 
     ran = resolved_config(fed, "fedavg", FedAvg.make_hparams())  # summary.json: the values the run ran with
     assert (ran["defence"], ran["max-weight-ratio"], ran["update-clip-ratio"], ran["aggregator"]) == (
-        "robust", 1.5, 3.0, "mean")
-    assert FedAvg(defence="robust").settings.setting("update_cosine_floor") == 0.0
+        "robust", 1.5, 2.0, "fltrust-gate")
+    assert FedAvg(defence="robust").settings.setting("aggregator") == "fltrust-gate"
     assert FedAvg().settings.setting("max_weight_ratio") == 0.0
     with pytest.raises(Exception, match="defence = 'strong' is not valid; choose one of: off, robust"):
         parse_run_config({"defence": "strong"})

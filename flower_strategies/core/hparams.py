@@ -25,7 +25,8 @@ from .robust import AGGREGATORS
 #: overrides its profile's value (:meth:`StrategyConfig.setting`).  ``"off"`` is every method's paper algorithm.
 DEFENCES: dict[str, dict[str, Any]] = {
     "off": {"max_weight_ratio": 0.0, "update_clip_ratio": 0.0, "update_cosine_floor": -1.0, "aggregator": "mean"},
-    "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 1.0, "update_cosine_floor": 0.0, "aggregator": "mean"},
+    "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 3.0, "update_cosine_floor": -1.0,
+               "aggregator": "fltrust-gate"},
 }
 DEFENCE_CHOICES = tuple(DEFENCES)
 
@@ -323,8 +324,9 @@ class StrategyConfig(HParams):
         "off", choices=DEFENCE_CHOICES,
         help="off = every method is its paper's algorithm, bit for bit (only the guards that never change an honest "
              "run: malformed, oversized, stale, replayed, NaN/Inf, 100× norm, metric validity, steps within the plan); "
-             "robust = the opt-in profile (max-weight-ratio 1.5, update-clip-ratio 1, update-cosine-floor 0; "
-             "docs/robustness.md). The four keys below override it when set",
+             "robust = the opt-in profile (aggregator fltrust-gate against the server's root-set update, "
+             "update-clip-ratio 3, max-weight-ratio 1.5; docs/robustness.md). The four keys below override it when "
+             "set",
     )
     max_weight_ratio: float | None = param(
         None, lo=0.0,
@@ -335,19 +337,23 @@ class StrategyConfig(HParams):
         None, lo=0.0,
         help="scale each reply's update (and every other uplink record) back onto this multiple of the round's "
              "median norm of that record (needs ≥ 3 replies; 0 = off); empty = the defence profile's (off: 0; "
-             "robust: 1)",
+             "robust: 3)",
     )
     update_cosine_floor: float | None = param(
         None, lo=-1.0, hi=1.0,
         help="reject a reply whose model update has a cosine below this with the round's robust centre (the mean of "
              "the updates, each scaled down onto the round's median norm; needs ≥ 3 replies; -1 = off); empty = the "
-             "defence profile's (off: -1; robust: 0)",
+             "defence profile's (-1 in both)",
     )
     aggregator: str | None = param(
         None, choices=AGGREGATORS,
         help="mean = the method's own rule; median / trimmed-mean = coordinate-wise robust aggregation of every "
-             "mean-rule record (O(N·model) memory); krum / multi-krum = use only the best-scored reply / the "
-             "N − ⌈byzantine-fraction·N⌉ best-scored replies; empty = the defence profile's (mean in both)",
+             "mean-rule record (O(N·model) memory); centered-clip / bucketing = centered clipping around the last "
+             "round's update, of the replies / of means of random pairs; krum / multi-krum = use only the "
+             "best-scored reply / the N − ⌈byzantine-fraction·N⌉ best-scored replies; fltrust = weigh each reply by "
+             "ReLU(cosine) with the server's own update on its root set (root-set-size) and rescale it to that "
+             "update's norm; fltrust-gate = only reject the replies of cosine <= 0 with it; empty = the defence "
+             "profile's (off: mean; robust: fltrust-gate)",
     )
     byzantine_fraction: float = param(
         0.2, lo=0.0, hi=0.49,

@@ -39,6 +39,7 @@ from flwr.app import ArrayRecord
 from flwr.common import log
 
 from . import records as R
+from .aggregation import Private, aggregate
 from .hparams import ConfigError
 from .ops import NamedArrays, is_float
 from .rejections import Kind, Rejection
@@ -216,24 +217,9 @@ def private_aggregates(kept: Sequence[Mapping[str, NamedArrays]], specs: Sequenc
     """``{record: aggregate}``: each record's scaled sum (model-keyed: of the updates) plus N(0, ``sum_std``²)
     per coordinate, over ``num_sampled`` for mean rules, added back onto ``x_t`` for model-keyed records, in each
     array's dtype.  Integer arrays of model-keyed records keep the server's value."""
-    out: dict[str, NamedArrays] = {}
-    for spec in specs:
-        agg: NamedArrays = {}
-        for key, first in kept[0][spec.name].items():
-            ref = np.asarray(current[key]) if spec.keys == "model" else None
-            if not is_float(first):
-                agg[key] = np.array(ref if ref is not None else first)
-                continue
-            acc = np.zeros(first.shape, np.float64)
-            for parsed, scale in zip(kept, scales):
-                acc += scale * (np.asarray(parsed[spec.name][key], np.float64) - (0.0 if ref is None else ref))
-            if sum_std > 0:
-                acc += rng.normal(0.0, sum_std, acc.shape)
-            if spec.rule in _MEAN_RULES:
-                acc /= num_sampled
-            agg[key] = (acc if ref is None else acc + ref).astype(first.dtype)
-        out[spec.name] = agg
-    return out
+    return {spec.name: aggregate([parsed[spec.name] for parsed in kept], scales, Private(
+        sum_std, num_sampled if spec.rule in _MEAN_RULES else 1, rng, current if spec.keys == "model" else None))
+        for spec in specs}
 
 
 def epsilon(events: Sequence[tuple[int, int]], noise_multiplier: float, delta: float) -> float:

@@ -127,8 +127,8 @@ def checked_view(array: Array, shape: tuple[int, ...], dtype: np.dtype) -> np.nd
     Checked: ``stype == "numpy.ndarray"``; metadata ``dtype``/``shape`` == the expected ones; the ``.npy`` magic,
     version and header parse; the header's dtype (not an object dtype) and shape == the expected ones; the payload
     length == header + ``prod(shape)·itemsize`` exactly.  A Fortran-ordered payload (Flower's ``Array`` of a
-    transposed ndarray) is checked the same way and read into one C-ordered read-only copy (:func:`.ops.fold`
-    flattens its arrays segment by segment: a non-C-contiguous view would be copied once per segment)."""
+    transposed ndarray) is checked the same way and read into one C-ordered read-only copy (the screen's norm pass
+    flattens every array: a non-C-contiguous view would be copied there again)."""
     try:
         if array.stype != "numpy.ndarray":
             return f"has stype {array.stype!r}, expected 'numpy.ndarray'"
@@ -153,7 +153,7 @@ def checked_view(array: Array, shape: tuple[int, ...], dtype: np.dtype) -> np.nd
         if len(data) != size:
             return f"has a payload of {len(data)} bytes, its .npy header says {size}"
         out = np.ndarray(got_shape, dtype=dtype, buffer=data, offset=offset, order="F" if fortran else "C")
-        if fortran and not out.flags.c_contiguous:  # one C-ordered copy: the fold flattens per segment
+        if fortran and not out.flags.c_contiguous:  # one C-ordered copy: the norm pass flattens it
             out = np.ascontiguousarray(out)
             out.flags.writeable = False
         return out

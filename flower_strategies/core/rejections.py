@@ -48,6 +48,8 @@ class Kind(str, Enum):
     REWRITTEN = "rewritten"
     #: The model update points against the round's robust centre (``update-cosine-floor``).
     DIRECTION = "update-cosine-floor"
+    #: FLTrust (``fltrust`` / ``fltrust-gate``): the update's cosine with the server's root-set update is <= 0.
+    UNTRUSTED = "fltrust-trust"
     #: Krum / multi-Krum left the reply out.
     LEFT_OUT = "left-out"
     #: The round has too few usable replies for the aggregator's ``byzantine-fraction``.

@@ -8,7 +8,12 @@
 * :func:`byzantine_count` — how many of ``n`` replies a tolerated Byzantine fraction ``f`` means, ``⌈f·n⌉``;
 * :func:`robust_aggregate` — coordinate-wise median / trimmed mean (trimming ``t`` values per side);
 * :func:`krum_select` — Krum / multi-Krum (Blanchard et al., 2017): the replies whose updates are closest to their
-  ``max(1, n − t − 2)`` nearest neighbours (as Flower's own ``Krum``).
+  ``max(1, n − t − 2)`` nearest neighbours (as Flower's own ``Krum``);
+* :func:`fltrust_scores` / :func:`fltrust_aggregate` — FLTrust (Cao et al., NDSS 2021): trust = ReLU(cosine) of each
+  update with the server's own update on its root set, each update rescaled to the server update's norm;
+* :func:`centered_clip` — centered clipping (Karimireddy, He, Jaggi, ICML 2021) around a momentum centre;
+* :func:`bucket_means` — bucketing (Karimireddy et al., ICLR 2022): means of random buckets of ``s`` replies, the
+  input of a robust rule on heterogeneous data.
 
 Each aggregator states the fewest replies it needs to tolerate ``t`` Byzantine ones (:func:`min_replies`);
 :class:`TooFewReplies` names the fix when a round has fewer.
@@ -25,9 +30,22 @@ from .ops import NamedArrays, is_float
 
 #: Coordinate-wise robust replacements of the (weighted) mean of ``"mean"``-rule records.
 COORDINATE_RULES = ("median", "trimmed-mean")
+#: Whole-record robust replacements of the mean (:func:`record_aggregate`): centered clipping around the last round's
+#: update, and the same on the means of random buckets of 2 replies.
+VECTOR_RULES = ("centered-clip", "bucketing")
+#: Every rule that replaces the aggregate of the ``"mean"``-rule records.
+RECORD_RULES = (*COORDINATE_RULES, *VECTOR_RULES)
 #: Reply selections: the kept replies are then aggregated with the method's own rules.
 SELECTION_RULES = ("krum", "multi-krum")
-AGGREGATORS = ("mean", *COORDINATE_RULES, *SELECTION_RULES)
+#: Rules against the server's own root-set update: ``fltrust`` (Cao et al.) weighs each kept reply's records by its
+#: trust and rescales its model update onto the server update's norm; ``fltrust-gate`` keeps FLTrust's gate only
+#: (a reply of trust 0 is rejected; the others keep the method's weights, their norms bounded by the norm clip).
+TRUST_RULES = ("fltrust", "fltrust-gate")
+AGGREGATORS = ("mean", *RECORD_RULES, *SELECTION_RULES, *TRUST_RULES)
+#: Bucket size of ``bucketing`` (Karimireddy et al. use s = 2 for a Byzantine fraction up to 1/4).
+BUCKET_SIZE = 2
+#: Iterations of centered clipping (Karimireddy, He, Jaggi: one or a few suffice when the centre is the momentum).
+CLIP_ITERATIONS = 3
 
 
 class TooFewReplies(ValueError):
@@ -167,3 +185,106 @@ def krum_select(vectors: np.ndarray, t: int, multi: bool) -> tuple[list[int], li
     m = len(vectors) - t if multi else 1
     best = sorted(range(len(scores)), key=lambda i: (scores[i], i))[:m]
     return sorted(best), scores
+
+
+# ------------------------------------------------------------------------------------------ vectors of named arrays
+def _float_keys(reference: Mapping[str, np.ndarray]) -> list[str]:
+    return [k for k, v in reference.items() if is_float(np.asarray(v))]
+
+
+def flat_updates(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping[str, np.ndarray] | None,
+                 keys: Sequence[str]) -> np.ndarray:
+    """One float64 row per item: its arrays of ``keys`` flattened, less ``reference`` (``None``: around zero)."""
+    def row(item: Mapping[str, np.ndarray]) -> np.ndarray:
+        parts = [np.asarray(item[k], np.float64).reshape(-1) for k in keys]
+        if reference is not None:
+            parts = [p - np.asarray(reference[k], np.float64).reshape(-1) for p, k in zip(parts, keys)]
+        return np.concatenate(parts) if parts else np.zeros(0)
+    return np.stack([row(item) for item in items])
+
+
+def unflatten(vector: np.ndarray, like: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray] | None
+              ) -> NamedArrays:
+    """The named arrays of ``like``'s layout holding ``reference + vector`` (floating keys, in their dtypes); the
+    integer arrays of ``like`` as they are."""
+    out: NamedArrays = {}
+    at = 0
+    for key, value in like.items():
+        arr = np.asarray(value)
+        if not is_float(arr):
+            out[key] = arr
+            continue
+        part = vector[at:at + arr.size].reshape(arr.shape)
+        at += arr.size
+        base = 0.0 if reference is None else np.asarray(reference[key], np.float64)
+        out[key] = (base + part).astype(arr.dtype, copy=False)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ FLTrust
+def fltrust_scores(updates: np.ndarray, root: np.ndarray) -> tuple[list[float], list[float]]:
+    """``(trust, scale)`` of each row of ``updates`` (FLTrust, Cao et al., NDSS 2021): trust = ReLU(cos(Δ_i, Δ_0)),
+    ``root`` = Δ_0 the server's own update on its root set; scale = ‖Δ_0‖ / ‖Δ_i‖ (each update is rescaled to the
+    server update's norm).  A zero update, or a zero Δ_0, has trust 0 (and scale 1)."""
+    root_norm = float(np.linalg.norm(root))
+    trust, scales = [], []
+    for row in updates:
+        n = float(np.linalg.norm(row))
+        if n == 0 or root_norm == 0:
+            trust.append(0.0)
+            scales.append(1.0)
+            continue
+        trust.append(max(0.0, float(np.dot(row, root)) / (n * root_norm)))
+        scales.append(root_norm / n)
+    return trust, scales
+
+
+def fltrust_aggregate(updates: np.ndarray, root: np.ndarray) -> np.ndarray:
+    """FLTrust's aggregate update ``Σ trust_i·scale_i·Δ_i / Σ trust_i`` (zero when every trust is 0)."""
+    trust, scales = fltrust_scores(updates, root)
+    total = sum(trust)
+    if total == 0:
+        return np.zeros_like(root, dtype=np.float64)
+    return sum(t * s * row for t, s, row in zip(trust, scales, updates)) / total
+
+
+# ------------------------------------------------------------------------------------ centered clipping, bucketing
+def centered_clip(updates: np.ndarray, centre: np.ndarray, tau: float, iterations: int = CLIP_ITERATIONS
+                  ) -> np.ndarray:
+    """Centered clipping (Karimireddy, He, Jaggi, ICML 2021): from ``v = centre`` (the momentum: last round's
+    aggregate), ``iterations`` times ``v ← v + mean_i (Δ_i − v)·min(1, τ/‖Δ_i − v‖)``.  One reply moves ``v`` by at
+    most τ/N per iteration, however large it is."""
+    v = np.asarray(centre, np.float64).copy()
+    for _ in range(iterations):
+        diff = updates - v
+        norms = np.linalg.norm(diff, axis=1)
+        factor = np.minimum(1.0, tau / np.maximum(norms, 1e-300)) if tau > 0 else np.zeros_like(norms)
+        v = v + (diff * factor[:, None]).mean(axis=0)
+    return v
+
+
+def bucket_means(updates: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """Bucketing (Karimireddy et al., ICLR 2022): the rows in a random order (``seed``), cut into ⌈N/size⌉ buckets
+    of ``size`` consecutive rows (the last may hold fewer), one mean per bucket."""
+    order = np.random.default_rng(seed).permutation(len(updates))
+    return np.stack([updates[order[i:i + size]].mean(axis=0) for i in range(0, len(updates), size)])
+
+
+def record_aggregate(items: Sequence[Mapping[str, np.ndarray]], rule: str, reference: Mapping[str, np.ndarray] | None,
+                     centre: Mapping[str, np.ndarray] | None, seed: int = 0) -> NamedArrays:
+    """A :data:`VECTOR_RULES` aggregate of one record: ``centered-clip`` clips the updates (``item − reference``;
+    ``reference=None``: around zero) around ``centre`` (an update; ``None``: zero) at τ = the lower-median distance of
+    the updates from the centre; ``bucketing`` does the same on :func:`bucket_means` of :data:`BUCKET_SIZE`.
+    Weights are ignored.  Memory: O(N·record) float64."""
+    if rule not in VECTOR_RULES:
+        raise ValueError(f"unknown vector rule {rule!r}; valid: {', '.join(VECTOR_RULES)}")
+    if not items:
+        raise ValueError("no arrays were folded into the aggregate")
+    like = items[0]
+    keys = _float_keys(like)
+    updates = flat_updates(items, reference, keys)
+    start = np.zeros(updates.shape[1]) if centre is None else flat_updates([centre], None, keys)[0]
+    if rule == "bucketing":
+        updates = bucket_means(updates, BUCKET_SIZE, seed)
+    tau = lower_median(list(np.linalg.norm(updates - start, axis=1)))
+    return unflatten(centered_clip(updates, start, tau), like, reference)

@@ -11,16 +11,20 @@ Every defence of the server sits here, in this order:
    (:meth:`ScreenPolicy.weights`) and epochs-mode ``num-steps`` at the plan of the clipped weight
    (:meth:`ScreenPolicy.step_caps`), so that one reply cannot move the weights or K̄, the mean step count the server
    math reads;
-4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured in
-   the same chunk-major pass that folds the replies into the aggregates (:func:`.ops.fold`);
+4. **norm screening** — NaN/Inf, ``max_update_norm``, ``update_norm_ratio`` × the round's median norm, measured
+   before anything is aggregated (:func:`.ops.update_norms`);
 5. **direction screen** — with ``update_cosine_floor`` > −1 (opt-in), a reply whose model update has a cosine
    below it with the round's robust centre (:func:`.robust.centre_cosines`) is rejected;
 6. **norm clip** — each surviving reply's record scaled back onto ``update_clip_ratio`` × the round's median norm
    (:func:`.robust.clip_scales`; a model record around the global model, i.e. its update);
 7. **robust aggregation** — ``aggregator`` = krum / multi-krum keeps the best-scored replies
-   (:func:`.robust.krum_select`), median / trimmed-mean replaces the mean of every ``"mean"``-rule record; each needs
-   enough replies for ``byzantine_fraction`` (:func:`.robust.min_replies`), else the round's replies are rejected
-   with the reason.
+   (:func:`.robust.krum_select`), median / trimmed-mean / centered-clip / bucketing replaces the aggregate of every
+   ``"mean"``-rule record; each needs enough replies for ``byzantine_fraction`` (:func:`.robust.min_replies`), else
+   the round's replies are rejected with the reason.  ``aggregator = fltrust`` (before step 5) weighs each reply by
+   its trust, ReLU(cosine) of its model update with the server's own update on its root set (``root``), rescales its
+   model update onto that update's norm and rejects a reply of trust 0 (:func:`.robust.fltrust_scores`);
+   ``fltrust-gate`` (the ``defence = "robust"`` profile) only rejects the replies of trust 0 — the kept ones keep
+   the method's weights, and their norms are bounded by the norm clip.
 
 :class:`ReplyScreen` is built per round from the round's model, the method's uplink specs and a
 :class:`ScreenPolicy`; :meth:`ReplyScreen.run` returns a :class:`Screened`.  No strategy state is read or written.
@@ -40,11 +44,12 @@ from flwr.app import ConfigRecord, Message, MetricRecord
 from flwr.common import log
 
 from . import records as R
-from .ops import NamedArrays, fold, is_float
+from .aggregation import aggregate
+from .ops import NamedArrays, is_float, update_norms
 from .privacy import rewritten_reply_reason
 from .rejections import Kind, Rejection
-from .robust import COORDINATE_RULES, SELECTION_RULES, TooFewReplies, byzantine_count, check_replies, \
-    centre_cosines, clip_scales, clipped, krum_select, lower_median, robust_aggregate
+from .robust import RECORD_RULES, SELECTION_RULES, TRUST_RULES, TooFewReplies, byzantine_count, centre_cosines, \
+    check_replies, clip_scales, clipped, flat_updates, fltrust_scores, krum_select, lower_median
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 #: A usable reply: the message and its parsed records (zero-copy views of the payload).
@@ -87,7 +92,7 @@ class ScreenPolicy:
     def rule(self, spec: RecordSpec) -> str:
         """The aggregation rule of ``spec`` under this policy."""
         if spec.rule == "mean":
-            if self.aggregator in COORDINATE_RULES:
+            if self.aggregator in RECORD_RULES:
                 return self.aggregator
             return "wmean" if self.weighting == "examples" else "umean"
         return spec.rule
@@ -157,14 +162,19 @@ class ReplyScreen:
     policy: ScreenPolicy = ScreenPolicy()
     method: str = ""
     needs_client_half: bool = False
+    #: ``aggregator = fltrust``: the server's own reply (``{record: arrays}``) after the round's local procedure on
+    #: its root set.
+    root: dict[str, NamedArrays] | None = None
+    #: ``aggregator = centered-clip / bucketing``: the centre of the model record's clipping (an update: the last
+    #: round's, ``x_t − x_{t−1}``; ``None``: zero) and the seed of the buckets.
+    centre: NamedArrays | None = None
+    seed: int = 0
 
     def run(self, server_round: int, replies: Sequence[Message]) -> Screened:
         """Validate the replies, screen their update norms and aggregate the usable ones.
 
-        One chunk-major pass (:func:`.ops.fold`) both measures every reply's norms and folds the replies into the
-        aggregates; a finite norm proves the record finite.  Only when the norms reject a reply (NaN/Inf,
-        ``max-update-norm``, more than ``update-norm-ratio`` × the round's median) are the survivors folded again —
-        the same operations in the same order as if the rejected replies had never arrived."""
+        The replies' norms are measured first (:func:`.ops.update_norms`; a finite norm proves the record finite); the
+        replies that pass every check are then aggregated once (:func:`.aggregation.aggregate`)."""
         out = Screened([], [], {})
         expected = {s.name: layout(self.current, self.trainable if s.keys == "params" else None) for s in self.specs}
         kept: list[Parsed] = []
@@ -191,7 +201,8 @@ class ReplyScreen:
                 f"RecordDict of your own. Or build the reply with flower_strategies.train_reply(...) (legacy apps: "
                 f"FedAdaptNumPyClient); see docs/plugin.md ('Use fedadapt in your own Flower app')."
             )
-        weights, aggregates, norms = self._fold(kept, measure=True)
+        norms = [update_norms([parsed[spec.name] for _, parsed in kept], self.current if spec.keys == "model" else None)
+                 for spec in self.specs]
         survivors = [j for j in range(len(kept)) if self._norm_ok(out, server_round, kept[j], [n[j] for n in norms])]
         ratio = self.policy.update_norm_ratio
         if ratio > 0 and len(survivors) > 2:
@@ -208,20 +219,17 @@ class ReplyScreen:
             if info is not None and (reason := rewritten_reply_reason(kept[j][0].content, info)) is not None:
                 survivors.remove(j)  # a DP mod rewrote a well-formed reply after the client half built it
                 self._reject(out, server_round, kept[j][0], reason)
+        trust = self._trust(out, server_round, kept, survivors)
         survivors = self._direction_screen(out, server_round, kept, survivors, norms)
-        changed = len(survivors) < len(kept)
         kept = [kept[j] for j in survivors]
+        trusted = [trust[j] for j in survivors] if trust else None
         out.updates_clipped = self._clip(server_round, kept, [[n[j] for j in survivors] for n in norms])
-        selected = self._select(out, server_round, kept, len(replies))
-        if changed or out.updates_clipped or len(selected) < len(kept):
-            kept = selected
-            weights, aggregates, _ = self._fold(kept, measure=False)
+        kept = self._select(out, server_round, kept, len(replies))
+        weights = self.policy.weights([float(_metrics(msg)[R.NUM_EXAMPLES]) for msg, _ in kept])
         trim = self.byzantine_left(len(replies), len(out.rejections))
-        for spec in self.specs:
-            rule = self.policy.rule(spec)
-            if rule in COORDINATE_RULES and kept:
-                aggregates[spec.name] = robust_aggregate([p[spec.name] for _, p in kept], rule, trim)
-        out.kept, out.weights, out.aggregates = kept, weights, aggregates
+        out.kept, out.weights = kept, weights
+        out.aggregates = {spec.name: self._aggregate(server_round, spec, kept, weights, trusted, trim)
+                          for spec in self.specs} if kept else {}
         out.step_caps = self._step_caps(server_round, kept, weights)
         return out
 
@@ -242,26 +250,54 @@ class ReplyScreen:
                          f"reply was not produced by the client half of fedadapt method '{self.method}' (its "
                          f"'{R.REPLY_INFO}' ConfigRecord names {produced_by!r})")
 
-    def _fold(
-        self, kept: Sequence[Parsed], measure: bool
-    ) -> tuple[list[float], dict[str, NamedArrays], list[list[float]]]:
-        """``(weights, {record: aggregate}, norms[spec][reply])`` of the streaming-rule records (robust rules: norms
-        only, the aggregate comes after screening)."""
-        reported = [float(_metrics(msg)[R.NUM_EXAMPLES]) for msg, _ in kept]
-        weights = self.policy.weights(reported)
-        aggregates: dict[str, NamedArrays] = {}
-        norms: list[list[float]] = []
-        for spec in self.specs:
-            rule: str | None = self.policy.rule(spec)
-            rule = None if rule in COORDINATE_RULES or not kept else rule
-            if rule is None and not measure:
+    def _aggregate(self, server_round: int, spec: RecordSpec, kept: Sequence[Parsed], weights: Sequence[float],
+                   trust: Sequence[float] | None, trim: int) -> NamedArrays:
+        """The aggregate of one record of the kept replies under the policy's rule (:func:`.aggregation.aggregate`);
+        with ``trust`` (FLTrust) a mean is weighted by it instead of ``weights``."""
+        rule, by = self.policy.rule(spec), weights
+        if trust is not None and rule in ("wmean", "umean"):
+            rule, by = "wmean", trust
+        model = spec.keys == "model"
+        reference, centre = (self.current, self.centre) if model else (None, None)
+        return aggregate([p[spec.name] for _, p in kept], by, rule, trim=trim, reference=reference, centre=centre,
+                         seed=self.seed + server_round)
+
+    def _trust(self, out: Screened, server_round: int, kept: Sequence[Parsed], survivors: list[int]
+               ) -> dict[int, float]:
+        """FLTrust (``aggregator = fltrust``): ``{reply: trust}`` of the survivors, trust = ReLU(cosine) of the
+        model update (:meth:`trust_spec`) with the server's (:attr:`root`); each such update is rescaled, in place in
+        ``kept``, onto that update's norm; a reply of trust 0 is rejected (and removed from ``survivors``).
+        ``fltrust-gate``: only the rejections (``{}``: the method's own weights)."""
+        if self.policy.aggregator not in TRUST_RULES or not survivors:
+            return {}
+        if self.root is None:
+            raise RuntimeError("aggregator fltrust needs the server's root-set model of the round (ReplyScreen.root; "
+                               "FedAdaptStrategy.root_update)")
+        spec = self.trust_spec()
+        reference = self.current if spec.keys == "model" else None
+        like = self.root[spec.name]
+        keys = [k for k, v in like.items() if is_float(np.asarray(v))]
+        updates = flat_updates([kept[j][1][spec.name] for j in survivors], reference, keys)
+        trust, scales = fltrust_scores(updates, flat_updates([like], reference, keys)[0])
+        weights: dict[int, float] = {}
+        for j, t, scale in zip(list(survivors), trust, scales):
+            if t <= 0:
+                survivors.remove(j)
+                self._reject(out, server_round, kept[j][0], Rejection(
+                    None, Kind.UNTRUSTED, f"record '{spec.name}' update has FLTrust trust 0 (its cosine with the "
+                    f"server's root-set update is <= 0)"))
                 continue
-            items = [parsed[spec.name] for _, parsed in kept]
-            agg, n = fold(items, weights, rule, self.current if spec.keys == "model" else None, norms=measure)
-            if rule is not None:
-                aggregates[spec.name] = agg
-            norms.append(n)
-        return weights, aggregates, norms
+            if self.policy.aggregator != "fltrust":
+                continue  # fltrust-gate: only the gate; weights and the norm clip stay the method's and the policy's
+            parsed = kept[j][1]
+            parsed[spec.name] = clipped(parsed[spec.name], scale, reference)
+            weights[j] = t
+        return weights
+
+    def trust_spec(self) -> RecordSpec:
+        """The record FLTrust compares with the server's: the model record (its update), else (a method whose
+        uplink has none, e.g. FedDA's momenta) the first record."""
+        return next((s for s in self.specs if s.keys == "model" and s.name == R.MODEL), self.specs[0])
 
     def _direction_screen(self, out: Screened, server_round: int, kept: Sequence[Parsed], survivors: list[int],
                           norms: list[list[float]]) -> list[int]:
@@ -293,6 +329,8 @@ class ReplyScreen:
             return 0
         hit: set[int] = set()
         for spec, record_norms in zip(self.specs, norms):
+            if self.policy.aggregator == "fltrust" and spec == self.trust_spec():
+                continue  # FLTrust has rescaled every model update onto the server update's norm
             scales, bound = clip_scales(record_norms, ratio)
             for j, scale in enumerate(scales):
                 if scale < 1.0:

@@ -22,10 +22,8 @@ Flags (each ambiguity of the sources is explicit):
 ``m₀ = 0`` always.
 
 State (``m``, ``v``) lives in each parameter's dtype (float64 exactness runs: float64; float32 models: float32) and
-every update is computed in that dtype, a cache-sized chunk at a time, without model-sized temporaries;
-``step(..., in_place=True)`` (what the strategies use) writes the new parameters into the pseudo-gradient's buffer
-and updates ``m``/``v`` in place once a check pass has shown every new value finite.  For float64 parameters the
-operations (and so the bits) are those of the textbook float64 expressions above.
+every update is computed in that dtype, in new arrays.  For float64 parameters the operations (and so the bits) are
+those of the textbook float64 expressions above.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import NamedArrays, apply_update, dtype_of, owned
+from .ops import NamedArrays, dtype_of
 
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adagrad", "adam", "yogi")
 BIAS_CORRECTIONS = ("none", "adam", "flower")
@@ -95,61 +93,30 @@ class ServerOptimizer:
         *,
         step: int,
         server_round: int,
-        in_place: bool = False,
     ) -> tuple[NamedArrays, ServerState]:
-        """Return ``(new_params, new_state)``.  ``in_place=False``: pure (new arrays; inputs untouched).
-        ``in_place=True``: the new parameters go into ``pseudo_grad``'s arrays (a caller-owned temporary) and the
-        state arrays are updated in place — after a check pass that proves every new value finite
-        (:func:`~.ops.chunked`); if one would not be, nothing is written and the pure path's (non-finite) result is
-        returned, which the strategy base then refuses to commit."""
+        """Return ``(new_params, new_state)`` in new arrays (inputs untouched; the strategy base commits them only
+        when every value is finite)."""
         lr_s = float(self.effective_lr(step, server_round))
-        kernel = self._kernel(lr_s)
-        names = [n for n in ("m_t", "v_t") if n in state]
-        keys = list(params)
-        jobs = []
-        for k in keys:
-            x, d = np.asarray(params[k]), np.asarray(pseudo_grad[k])
-            olds = [state[n][k] for n in names]
-            outs = [d if in_place and owned(d, x) else None] + [o if in_place and owned(o, x) else None for o in olds]
-            jobs.append((outs, [x, d, *olds]))
-        results = apply_update(kernel, jobs, temps=3, persistent=range(1, 1 + len(names)))
-        new_state: ServerState = {name: {k: outs[1 + j] for k, outs in zip(keys, results)}
-                                  for j, name in enumerate(names)}
-        return {k: outs[0] for k, outs in zip(keys, results)}, new_state
-
-    def _kernel(self, lr_s: float):
-        """The elementwise update on chunks: ``o = [x_new, m, v]``, ``i = [x, D̄, m_old, v_old]`` (as present),
-        ``t`` three scratch chunks.  Alias-safe: ``x_new`` may be ``D̄``'s memory, ``m``/``v`` the old state's."""
-        kind, b1, b2, tau = self.kind, self.beta1, self.beta2, self.tau
-
-        def kernel(o, i, t):
-            x, dc = i[0], i[1]
-            tc, t2c, t3c = t
-            if kind == "sgd":
-                upd = dc
-            elif kind == "sgdm":  # u = β1·u + D̄
-                mc = o[1]
-                np.multiply(i[2], b1, out=mc)
-                np.add(mc, dc, out=mc)
-                upd = mc
-            else:
-                mc, vc, m_old, v_old = o[1], o[2], i[2], i[3]
-                np.multiply(m_old, b1, out=mc)  # m = β1·m + (1−β1)·D̄
-                np.add(mc, np.multiply(dc, 1.0 - b1, out=tc), out=mc)
-                d2 = np.multiply(dc, dc, out=t2c)  # D̄²
-                if kind == "adagrad":  # v = v + D̄²
-                    np.add(v_old, d2, out=vc)
-                elif kind == "adam":  # v = β2·v + (1−β2)·D̄²
-                    np.multiply(v_old, b2, out=vc)
-                    np.add(vc, np.multiply(d2, 1.0 - b2, out=d2), out=vc)
-                else:  # yogi: v = v − (1−β2)·D̄²·sign(v − D̄²)
-                    sign = np.sign(np.subtract(v_old, d2, out=t3c), out=t3c)
-                    np.multiply(d2, 1.0 - b2, out=d2)
-                    np.subtract(v_old, np.multiply(d2, sign, out=d2), out=vc)
-                upd = np.sqrt(vc, out=tc)  # m / (√v + τ)
-                np.add(upd, tau, out=upd)
-                np.divide(mc, upd, out=upd)
-            step_ = np.multiply(upd, lr_s, out=tc)  # x − lr_s·upd
-            np.subtract(x, step_, out=o[0])
-
-        return kernel
+        b1, b2, tau = self.beta1, self.beta2, self.tau
+        new_params: NamedArrays = {}
+        new_state: ServerState = {name: {} for name in state}
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for k, x in params.items():
+                d = np.asarray(pseudo_grad[k], dtype_of(x))
+                if self.kind == "sgd":
+                    upd = d
+                elif self.kind == "sgdm":
+                    upd = new_state["m_t"][k] = state["m_t"][k] * b1 + d
+                else:
+                    m = new_state["m_t"][k] = state["m_t"][k] * b1 + d * (1.0 - b1)
+                    v_old, d2 = state["v_t"][k], d * d
+                    if self.kind == "adagrad":
+                        v = v_old + d2
+                    elif self.kind == "adam":
+                        v = v_old * b2 + d2 * (1.0 - b2)
+                    else:  # yogi
+                        v = v_old - d2 * (1.0 - b2) * np.sign(v_old - d2)
+                    new_state["v_t"][k] = v
+                    upd = m / (np.sqrt(v) + tau)
+                new_params[k] = np.asarray(x) - upd * lr_s
+        return new_params, new_state

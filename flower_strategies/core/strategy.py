@@ -12,8 +12,8 @@ The base wires four parts around them, each usable and tested on its own:
 
 * :class:`.sampler.NodeSampler` — live nodes (heartbeats), the seeded draw, node order, silent nodes;
 * :class:`.binding.ReplyBinder` — each reply bound to its round: stale, oversized and replayed replies rejected;
-* :class:`.screen.ReplyScreen` — client half, reply validation, weight clipping, norm screening, the fold into the
-  aggregates (:func:`.ops.fold`) and robust aggregation;
+* :class:`.screen.ReplyScreen` — client half, reply validation, weight clipping, norm screening, robust selection,
+  then one aggregation of the kept replies (:func:`.aggregation.aggregate`);
 * :class:`.rounds.RoundBook` — round logs and history, the finite check before a commit, the update counter.
 
 Memory and the in-place update contract: see :meth:`~FedAdaptStrategy.server_update`.  Everything a resumed run
@@ -44,7 +44,7 @@ from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers
 from .policy import RunFailed
 from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
 from .rejections import Kind, Rejection
-from .robust import TooFewReplies, byzantine_count, check_replies
+from .robust import TRUST_RULES, VECTOR_RULES, TooFewReplies, byzantine_count, check_replies
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
                      weighted_mean)
 from .sampler import NodeSampler
@@ -105,6 +105,11 @@ class FedAdaptStrategy(Strategy):
     #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
     started_by_another: bool = False
     _driving: int = 0
+    #: ``aggregator = fltrust`` (``defence = "robust"``): the server's own local procedure on its trusted root set —
+    #: given a round's train content (what the clients receive), the reply's records it trains from it
+    #: (``{record name: named arrays}``, e.g. ``{"arrays": model}``: at least the records :meth:`uplink_specs` names
+    #: first).  The fedadapt ServerApp sets it from the task and ``root-set-size``; a library user sets their own.
+    root_update: Callable[[RecordDict], dict[str, NamedArrays]] | None = None
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
@@ -146,6 +151,9 @@ class FedAdaptStrategy(Strategy):
         self.binder = ReplyBinder()  # replies bound to their round (stale, oversized, replayed: rejected)
         self.current: NamedArrays | None = None
         self.server_state: ServerState | None = None
+        self.root: dict[str, NamedArrays] | None = None  # the server's root-set reply of the round (FLTrust)
+        self.centre: NamedArrays | None = None  # the last round's model update (centered clipping's momentum)
+        self._previous: NamedArrays | None = None
 
     @property
     def weighting(self) -> str:
@@ -186,8 +194,8 @@ class FedAdaptStrategy(Strategy):
 
     def server_update(self, inputs: RoundInputs, state: ServerState) -> ServerUpdate:
         """The server math: ``(new global arrays, new server state, round metrics)``.  It may write into
-        ``inputs.aggregates`` (the round's own buffers) and update state arrays in place only through
-        :func:`.ops.apply_update`; the base commits the result only when every value is finite."""
+        ``inputs.aggregates`` (the round's own buffers) but returns its new state in new arrays; the base commits the
+        result only when every value is finite."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for subclasses
@@ -290,7 +298,28 @@ class FedAdaptStrategy(Strategy):
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
         rlog.bytes_down = R.arrays_nbytes(content) * num_sampled
+        self.robust_references(content)
         return content
+
+    def robust_references(self, content: RecordDict) -> None:
+        """What a robust aggregator compares the round's replies with: FLTrust's root-set model (:attr:`root`, from
+        :attr:`root_update` on the round's train ``content``), centered clipping's centre (:attr:`centre`, the last
+        round's model update).  Nothing under the other aggregators."""
+        assert self.current is not None
+        aggregator = self.settings.setting("aggregator")
+        if aggregator in TRUST_RULES:
+            if self.root_update is None:
+                raise ConfigError(
+                    f"aggregator {aggregator} (defence = robust) needs the server's own update on a trusted root set: "
+                    f"set root-set-size > 0 (the fedadapt ServerApp), or give the strategy a root_update callable "
+                    f"(docs/robustness.md); or choose another aggregator")
+            self.root = dict(self.root_update(content))
+        if aggregator in VECTOR_RULES:
+            previous = self._previous
+            self.centre = None if previous is None else {
+                k: np.asarray(v, np.float64) - previous[k] for k, v in self.current.items()
+                if is_float(np.asarray(v)) and k in previous}
+            self._previous = {k: np.array(v, np.float64) for k, v in self.current.items() if is_float(np.asarray(v))}
 
     def check_sample_size(self, num_sampled: int) -> None:
         """A robust ``aggregator`` whose sample is too small for its ``byzantine-fraction`` (:func:`.robust.
@@ -312,7 +341,7 @@ class FedAdaptStrategy(Strategy):
         assert self.current is not None
         policy = ScreenPolicy.from_settings(self.settings, self.weighting)
         return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current), policy, self.method,
-                           self.needs_client_half)
+                           self.needs_client_half, root=self.root, centre=self.centre, seed=self.settings.seed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.common.constant import ErrorCode
 
 from . import records as R
-from .ops import NamedArrays, all_finite, fold
+from .ops import NamedArrays, all_finite, update_norms
 from .rejections import Kind, Rejection
 
 #: ``{key: (shape, dtype)}`` a record must match exactly.
@@ -124,9 +124,9 @@ def _parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[Rejectio
 
 def update_norm(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray] | None) -> float:
     """L2 norm over the floating arrays of ``arrays − reference`` (``reference=None``: of ``arrays`` itself), in each
-    array's dtype, a cache-sized chunk at a time (:func:`.ops.fold`).  Non-finite exactly when some value is NaN/Inf
+    array's dtype (:func:`.ops.update_norms`).  Non-finite exactly when some value is NaN/Inf
     or the sum of squares overflows (screening, not math: that is a rejection, as it should be)."""
-    return fold([arrays], None, None, reference, norms=True)[1][0]
+    return update_norms([arrays], reference)[0]
 
 
 def nonfinite_reason(parsed: Mapping[str, NamedArrays], norms: Sequence[float],

@@ -90,10 +90,9 @@ class FedOpt(FedAdaptStrategy):
     ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates["arrays"]
         params = {k: current[k] for k in inputs.trainable}
-        pseudo_grad = pseudo_gradient(current, mean, inputs.trainable)  # in mean's buffers (model dtype)
+        pseudo_grad = pseudo_gradient(current, mean, inputs.trainable)  # (model dtype)
         new_params, new_state = self.opt.step(
             params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round,
-            in_place=True,
         )
         return self.merge_buffers(new_params, current, mean), dict(new_state), {}
 

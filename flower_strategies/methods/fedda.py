@@ -68,7 +68,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import ConfigError, HParams, param
 from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, apply_update, owned, state_like
+from ..core.ops import NamedArrays, dtype_of, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 
@@ -99,17 +99,13 @@ def fedda_server_step(
     eta_in_server: bool = True,
     bias_step: int | None = 1,
     v_hat: str = "new",
-    in_place: bool = False,
 ) -> tuple[NamedArrays, NamedArrays]:
-    """One FedDA server update (Algorithms 1–2); returns ``(new_params, new_V)``.
+    """One FedDA server update (Algorithms 1–2); returns ``(new_params, new_V)`` in new arrays (inputs untouched).
 
     ``params`` – ``W_r``; ``p_bar`` – aggregated ``P``; ``m_prev`` – the momentum ``m_r`` broadcast this round;
     ``v`` – ``V_r`` (ignored by SGDM); ``bias_step`` – Adam's bias-correction exponent ``s`` (``None`` = no
     correction).  The step size is ``server_lr·client_lr`` if ``eta_in_server`` else ``server_lr``.
-    The math runs in each parameter's dtype, a cache-sized chunk at a time (float64 runs: the float64 expressions
-    of the algorithm box, bit for bit).  ``in_place=False``: inputs untouched, new arrays.  ``in_place=True``:
-    ``W_{r+1}`` is written into ``p_bar``'s buffers (the round's aggregate) and ``V`` updated in place, once every
-    new value is known to be finite (:func:`~flower_strategies.core.ops.apply_update`).
+    The math runs in each parameter's dtype (float64 runs: the float64 expressions of the algorithm box, bit for bit).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown FedDA variant {variant!r}; valid: {', '.join(VARIANTS)}")
@@ -118,43 +114,27 @@ def fedda_server_step(
     lr = server_lr * client_lr if eta_in_server else server_lr
     c1 = 1.0 - beta1**bias_step if bias_step is not None else 1.0
     c2 = 1.0 - beta2**bias_step if bias_step is not None else 1.0
-
-    def kernel(o, i, t):  # o = [W_new, V_new]; i = [W, P̄, m_r, V_r]; V_new may alias V_r, W_new P̄
-        w, p = i[0], i[1]
-        if variant == "sgdm":
-            upd = np.multiply(p, lr, out=t[1])
-        else:
-            m, v_old = i[2], i[3]
-            g = np.divide(np.subtract(p, np.multiply(m, beta1, out=t[0]), out=t[0]), 1.0 - beta1, out=t[0])
+    new_params: NamedArrays = {}
+    new_v: NamedArrays = {}
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for k, w in params.items():
+            dt = dtype_of(w)
+            p = np.asarray(p_bar[k], dt)
+            if variant == "sgdm":
+                new_params[k] = np.asarray(w) - p * lr
+                continue
+            m, v_old = np.asarray(m_prev[k], dt), np.asarray(v[k], dt)
+            g = (p - m * beta1) / (1.0 - beta1)
             if variant == "adam":
-                m_hat = np.multiply(m, beta1, out=t[1])  # (β1·m + (1−β1)·G) / c1
-                np.divide(np.add(m_hat, np.multiply(g, 1.0 - beta1, out=t[2]), out=m_hat), c1, out=m_hat)
-                if v_hat == "stale":
-                    den = np.divide(v_old, c2, out=t[3])
-                gg = np.multiply(np.multiply(g, 1.0 - beta2, out=t[2]), g, out=t[2])  # V = β2·V + (1−β2)·G·G
-                np.add(np.multiply(v_old, beta2, out=o[1]), gg, out=o[1])
-                if v_hat == "new":
-                    den = np.divide(o[1], c2, out=t[3])
-                upd = np.divide(m_hat, np.add(np.sqrt(den, out=den), eps, out=den), out=m_hat)
+                m_hat = (m * beta1 + g * (1.0 - beta1)) / c1
+                new_v[k] = v_old * beta2 + g * (1.0 - beta2) * g  # V = β2·V + (1−β2)·G·G
+                den = (new_v[k] if v_hat == "new" else v_old) / c2
+                upd = m_hat / (np.sqrt(den) + eps)
             else:  # adagrad: V = V + G·G; G / (√V + ε)
-                np.add(v_old, np.multiply(g, g, out=t[2]), out=o[1])
-                den = np.add(np.sqrt(o[1], out=t[3]), eps, out=t[3])
-                upd = np.divide(g, den, out=t[1])
-            np.multiply(upd, lr, out=upd)
-        np.subtract(w, upd, out=o[0])  # W − lr·upd
-
-    keys = list(params)
-    jobs = []
-    for k in keys:
-        w = np.asarray(params[k])
-        ins = [w, np.asarray(p_bar[k])] + ([] if variant == "sgdm" else [np.asarray(m_prev[k]), np.asarray(v[k])])
-        outs = [ins[1] if in_place and owned(ins[1], w) else None]
-        if variant != "sgdm":  # V: persistent state, updated in place only when every key is (and finite)
-            outs.append(ins[3] if in_place and owned(ins[3], w) else None)
-        jobs.append((outs, ins))
-    results = apply_update(kernel, jobs, temps=4, persistent=(1,) if variant != "sgdm" else ())
-    new_params = {k: outs[0] for k, outs in zip(keys, results)}
-    return new_params, ({k: outs[1] for k, outs in zip(keys, results)} if variant != "sgdm" else {})
+                new_v[k] = v_old + g * g
+                upd = g / (np.sqrt(new_v[k]) + eps)
+            new_params[k] = np.asarray(w) - upd * lr
+    return new_params, new_v
 
 
 # ------------------------------------------------------------------------------------------ hyper-parameters
@@ -338,7 +318,6 @@ class FedDA(FedAdaptStrategy):
             eta_in_server=hp.eta_in_server,
             bias_step=hp.bias_step(inputs.num_updates, inputs.server_round),
             v_hat=hp.v_hat,
-            in_place=True,
         )
         m_next = {k: inputs.aggregates[MOMENTUM][k] for k in inputs.trainable}  # m_{r+1}: the round's aggregate
         return self.merge_buffers(new_params, inputs.current, None), {"m_t": m_next, "v_t": new_v}, {}

@@ -393,7 +393,7 @@ class FedLocal(FedAdaptStrategy):
         sync_keys = (*self.hparams.sync_records(), STEP_OFFSET)
         new_params, opt_state = self.opt.step(
             {k: current[k] for k in keys}, d_bar, {k: v for k, v in state.items() if k not in sync_keys},
-            step=inputs.num_updates + 1, server_round=inputs.server_round, in_place=True,
+            step=inputs.num_updates + 1, server_round=inputs.server_round,
         )
         new_state: ServerState = dict(opt_state)
         if self.hparams.sync:

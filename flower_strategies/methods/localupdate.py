@@ -388,7 +388,7 @@ class LocalUpdate(FedAdaptStrategy):
         opt = dataclasses.replace(self.opt, lr=state["server-lr"])
         new_params, opt_state = opt.step(
             {k: current[k] for k in inputs.trainable}, {k: qbar[k] for k in inputs.trainable},
-            _optimizer_state(state), step=inputs.num_updates + 1, server_round=inputs.server_round, in_place=True,
+            _optimizer_state(state), step=inputs.num_updates + 1, server_round=inputs.server_round,
         )
         metrics = {"client-lr": state["client-lr"], "server-lr": state["server-lr"]}
         return self.merge_buffers(new_params, current, None), {**state, **opt_state}, metrics

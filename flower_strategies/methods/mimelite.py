@@ -44,7 +44,7 @@ from torch import Tensor
 from ..core import records as R
 from ..core.hparams import HParams, param
 from ..core.local import LocalOptimizer, Named
-from ..core.ops import NamedArrays, apply_update, averaging_step, owned, state_like
+from ..core.ops import NamedArrays, averaging_step, state_like
 from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
@@ -75,39 +75,18 @@ def mimelite_direction(base: str, g: Any, m: Any, v: Any, *, beta1: float, beta2
 
 def update_statistics(
     base: str, state: Mapping[str, NamedArrays], g_bar: NamedArrays, *, beta1: float, beta2: float,
-    in_place: bool = False,
 ) -> dict[str, NamedArrays]:
-    """The server statistics after a round (in the statistics' dtype = the model's): ``m ← β1·m + (1−β1)·ḡ``;
-    Adam ``v ← β2·v + (1−β2)·ḡ²``; AdaGrad ``v ← v + ḡ²`` — a cache-sized chunk at a time.  ``in_place=True``:
-    the new ``m`` goes into ``g_bar``'s buffers (the round's aggregate) and ``v`` is updated in place, once every new
-    value is known to be finite; otherwise new arrays (inputs untouched)."""
-    names = [r for r in (MOMENTUM, SECOND_MOMENT) if r in state]
-
-    def kernel(o, i, t):  # i = [m?, v?, ḡ], o = [m?, v?]; m may alias ḡ, v the old v
-        g, olds = i[-1], dict(zip(names, i[:-1]))
-        outs = dict(zip(names, o))
-        if SECOND_MOMENT in outs:
-            if base == "adam":
-                gg = np.multiply(np.multiply(g, 1.0 - beta2, out=t[0]), g, out=t[0])
-                np.add(np.multiply(olds[SECOND_MOMENT], beta2, out=outs[SECOND_MOMENT]), gg, out=outs[SECOND_MOMENT])
-            else:  # adagrad
-                np.add(olds[SECOND_MOMENT], np.multiply(g, g, out=t[0]), out=outs[SECOND_MOMENT])
-        if MOMENTUM in outs:  # ḡ is read before the m written over it
-            scaled = np.multiply(g, 1.0 - beta1, out=t[0])
-            np.add(np.multiply(olds[MOMENTUM], beta1, out=outs[MOMENTUM]), scaled, out=outs[MOMENTUM])
-
-    keys = list(g_bar)
-    jobs = []
-    for k in keys:
-        g, olds = np.asarray(g_bar[k]), [state[r][k] for r in names]
-        outs: list[np.ndarray | None] = [None] * len(names)
-        if in_place:
-            outs = [(g if owned(g, old) else None) if r == MOMENTUM else (old if owned(old, old) else None)
-                    for r, old in zip(names, olds)]
-        jobs.append((outs, [*olds, g]))  # new arrays take the statistics' shape and dtype (ins[0])
-    results = apply_update(kernel, jobs, temps=1,
-                           persistent=[j for j, r in enumerate(names) if r == SECOND_MOMENT])
-    return {r: {k: outs[j] for k, outs in zip(keys, results)} for j, r in enumerate(names)}
+    """The server statistics after a round, in new arrays (in the statistics' dtype = the model's):
+    ``m ← β1·m + (1−β1)·ḡ``; Adam ``v ← β2·v + (1−β2)·ḡ²``; AdaGrad ``v ← v + ḡ²``."""
+    out: dict[str, NamedArrays] = {}
+    with np.errstate(over="ignore", invalid="ignore"):
+        if MOMENTUM in state:
+            out[MOMENTUM] = {k: m * beta1 + g_bar[k] * (1.0 - beta1) for k, m in state[MOMENTUM].items()}
+        if SECOND_MOMENT in state:
+            v, g = state[SECOND_MOMENT], g_bar
+            out[SECOND_MOMENT] = {k: v[k] * beta2 + g[k] * (1.0 - beta2) * g[k] if base == "adam"  # else adagrad
+                                  else v[k] + g[k] * g[k] for k in v}
+    return out
 
 
 # ------------------------------------------------------------------------------------------ hyper-parameters
@@ -177,8 +156,7 @@ class MimeLite(FedAdaptStrategy):
         hp = self.hparams
         mean = inputs.aggregates[R.MODEL]
         new_params, _ = averaging_step(inputs.current, mean, inputs.trainable, hp.server_lr)
-        new_state = update_statistics(hp.base, state, inputs.aggregates[FULL_GRADIENT], beta1=hp.beta1, beta2=hp.beta2,
-                                      in_place=True)
+        new_state = update_statistics(hp.base, state, inputs.aggregates[FULL_GRADIENT], beta1=hp.beta1, beta2=hp.beta2)
         return self.merge_buffers(new_params, inputs.current, mean), new_state, {}
 
 

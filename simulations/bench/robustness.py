@@ -1,11 +1,15 @@
 """Attack × aggregator × partitioning matrix on digits-mlp (in-process engine, real ServerApp and ClientApp).
 
-    flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness            # the table of docs/robustness.md
-    python -m simulations.bench.robustness --rounds 5 --attacks flip-50x --aggregators mean mean-off
+    flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness --write-docs   # docs/robustness.md's matrix
+    python -m simulations.bench.robustness --rounds 5 --attacks flip-50x --aggregators mean mean-clip1
 
 One or two of 5 clients (partitions 0 and 1) rewrite their train replies (:data:`ATTACKS`); every other client is
 honest.  Each cell is the final test accuracy; the clean column is the same aggregator without an attacker.  The
 attacks and aggregators are the ones ``tests/test_robustness_matrix.py`` asserts.
+
+``--write-docs`` runs the issue-36 matrix instead (:data:`SCENARIOS` × :data:`KINDS` × :data:`PROFILES`: 1 and 2
+attackers of 5, 4 and 6 of 20, iid and Dirichlet-0.3) and rewrites the part of docs/robustness.md between its
+``matrix`` markers: per cell the gap to the clean ``defence = "off"`` run of the same clients and partitioning.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import contextlib
 import io
 import json
 import logging
+import os
+import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, Error, Message
 from flwr.common.logger import FLOWER_LOGGER
 
 import flower_strategies  # noqa: F401 - registers the methods
@@ -122,15 +128,26 @@ class Coordinated:
         return rep
 
 
-def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rounds: int) -> dict[str, Any]:
-    """One run; ``{"accuracy", "rejected", "clipped", "status"}`` (status: completed, or the failure's type)."""
-    name = f"{partition}-{aggregator}-{attack or 'clean'}"
-    cfg = {**DIGITS, **PARTITIONS[partition], **AGGREGATORS[aggregator], "num-server-rounds": rounds,
+def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rounds: int, nodes: int = NODES,
+             attackers: int = 0, engine: str = "inprocess") -> dict[str, Any]:
+    """One run; ``{"accuracy", "rejected", "clipped", "status"}`` (status: completed, or the failure's type).
+    ``attackers`` > 0: ``attack`` is a :data:`KINDS` name played by partitions ``0 … attackers − 1``; else an
+    :data:`ATTACKS` name; ``aggregator``: an :data:`AGGREGATORS` or :data:`PROFILES` name."""
+    name = f"{DIGITS.get('method', 'fedavg')}-{partition}-{aggregator}-{attack or 'clean'}-{attackers}of{nodes}"
+    table = {**AGGREGATORS, **PROFILES}
+    assert len(table) == len(AGGREGATORS) + len(PROFILES), "a profile name shadows an aggregator row"
+    cfg = {**DIGITS, **PARTITIONS[partition], **table[aggregator], "num-server-rounds": rounds,
            "output-dir": str(out), "run-name": name}
-    intercept = Coordinated(ATTACKS[attack]) if attack else None
+    intercept: Any = None
+    if attack == "absent":
+        intercept = Absent(tuple(range(attackers)))
+    elif attack and attackers:
+        intercept = KINDS[attack](tuple(range(attackers)), cfg, nodes)
+    elif attack:
+        intercept = Coordinated(ATTACKS[attack])
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # the ServerApp's per-round lines
-            run_inprocess(cfg, NODES, intercept=intercept)
+            run_inprocess(cfg, nodes, engine=engine, intercept=intercept)
         status = "completed"
     except Exception as err:  # noqa: BLE001 - a failed run is a result of the matrix
         status = type(err).__name__
@@ -141,6 +158,198 @@ def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rou
             "clipped": sum(r.get("updates-clipped", 0) for r in rows[1:])}
 
 
+# ------------------------------------------------------------------------------------------ the issue-36 matrix
+def ipm(epsilon: float = 0.5):
+    """Inner-product manipulation (Xie, Koyejo, Gupta, UAI 2020): every attacker sends x_t − ε·(the mean of the
+    attackers' own honest updates)."""
+    def fn(cur, models):
+        mean = {k: np.mean([m[k] - cur[k] for m in models.values()], axis=0) for k in cur}
+        return {p: {k: cur[k] - epsilon * mean[k] for k in cur} for p in models}
+    return fn
+
+
+class NearReplay:
+    """Each attacker sends its round-1 reply again every later round, one float nudged to the next representable
+    value (a different element each round), so that no two of its replies have the same bytes."""
+
+    def __init__(self, who: tuple[int, ...]) -> None:
+        self.who, self.calls = who, 0
+        self.first: dict[int, dict[str, np.ndarray]] = {}
+
+    def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
+        if partition_id not in self.who or rep.has_error() or "arrays" not in rep.content.array_records:
+            return rep
+        if partition_id not in self.first:
+            self.first[partition_id] = {k: v.numpy().copy() for k, v in rep.content.array_records["arrays"].items()}
+            return rep
+        self.calls += 1
+        old = {k: v.copy() for k, v in self.first[partition_id].items()}
+        key = next(iter(old))
+        flat = old[key].reshape(-1)
+        at = self.calls % flat.size
+        flat[at] = np.nextafter(flat[at], np.inf)
+        rep.content["arrays"] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in old.items()})
+        return rep
+
+
+class LabelFlip:
+    """Data poisoning: each attacker trains with the real client half on its own partition with every label y
+    replaced by 9 − y (its reply is otherwise honest)."""
+
+    def __init__(self, who: tuple[int, ...], cfg: dict[str, Any], nodes: int) -> None:
+        from app_common.config import AppConfig
+        from app_common.task import TASK_SPECS, build_model, load_client_data
+
+        fed = AppConfig(**{k.replace("-", "_"): v for k, v in cfg.items()
+                           if k.replace("-", "_") in AppConfig.__dataclass_fields__})
+        self.who, self.fed = who, fed
+        self.data = {p: load_client_data(fed.task, p, nodes, partitioner=fed.partitioner, seed=fed.seed,
+                                         alpha=fed.dirichlet_alpha, classes_per_client=fed.classes_per_client)
+                     for p in who}
+        self.model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
+        self.loss = TASK_SPECS[fed.task].loss_fn()
+        self.state: dict[int, Any] = {}
+
+    def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
+        from flwr.app import RecordDict
+
+        from flower_strategies.core.client import train_reply
+
+        if partition_id not in self.who or rep.has_error():
+            return rep
+        x, y = self.data[partition_id]
+        state = self.state.setdefault(partition_id, RecordDict())
+        content = train_reply(self.model, request.content, x, 9 - y, self.loss, state=state, seed=self.fed.seed,
+                              client_key=partition_id, loss_before=False)
+        return Message(content=content, reply_to=request)
+
+
+class Absent:
+    """The attackers' replies never arrive (a client error each round): what the honest clients alone reach, the
+    ceiling of any defence that leaves the attackers out (on label-skewed data their classes go with them)."""
+
+    def __init__(self, who: tuple[int, ...]) -> None:
+        self.who = who
+
+    def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
+        if partition_id not in self.who:
+            return rep
+        return Message(Error(code=0, reason="absent (bench_robustness)"), reply_to=request)
+
+
+class Hijack:
+    """Each attacker reports 1e12 examples with its honest model (the weight hijack)."""
+
+    def __init__(self, who: tuple[int, ...]) -> None:
+        self.who = who
+
+    def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
+        if partition_id in self.who and not rep.has_error() and "metrics" in rep.content.metric_records:
+            rep.content.metric_records["metrics"]["num-examples"] = 1e12
+        return rep
+
+
+#: The issue's attacks: name → ``(attacking partitions, run-config, nodes) -> intercept``.
+KINDS: dict[str, Callable[[tuple[int, ...], dict[str, Any], int], Any]] = {
+    "flip-1x": lambda who, cfg, n: Coordinated((who, scaled(-1.0))),
+    "flip-50x": lambda who, cfg, n: Coordinated((who, scaled(-50.0))),
+    "boost-9x": lambda who, cfg, n: Coordinated((who, scaled(9.0))),
+    "boost-50x": lambda who, cfg, n: Coordinated((who, scaled(50.0))),
+    "alie": lambda who, cfg, n: Coordinated((who, alie(1.0))),
+    "ipm": lambda who, cfg, n: Coordinated((who, ipm(0.5))),
+    "near-replay": lambda who, cfg, n: NearReplay(who),
+    "label-flip": LabelFlip,
+    "hijack": lambda who, cfg, n: Hijack(who),
+}
+#: ``(nodes, attackers)`` of the matrix.
+SCENARIOS = ((5, 1), (5, 2), (20, 4), (20, 6))
+#: Rows of the matrix: the two ``defence`` profiles and the literature's rules (run-config overrides).
+PROFILES: dict[str, dict[str, Any]] = {
+    "off": {"defence": "off"},
+    "robust": {"defence": "robust"},
+    "fltrust": {"aggregator": "fltrust"},
+    "centered-clip": {"aggregator": "centered-clip"},
+    "bucketing": {"aggregator": "bucketing"},
+    "multi-krum-f0.3": {"aggregator": "multi-krum", "byzantine-fraction": 0.3},
+    "robust-before": {"max-weight-ratio": 1.5, "update-clip-ratio": 1.0, "update-cosine-floor": 0.0},
+}
+#: Rows run on every scenario; the other profiles on the 5-client scenarios only.
+EVERY_SCENARIO = ("off", "robust")
+TARGET, CLEAN_TARGET = 0.05, 0.01
+BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
+
+
+def matrix(out: Path, rounds: int, profiles: list[str], engine: str) -> list[str]:
+    """The matrix as markdown lines: per scenario and partitioning, per profile, the gap of each cell to the clean
+    ``off`` run (``—``: the run failed)."""
+    kinds = list(KINDS)
+    lines = ["| clients | data | profile | clean | attackers absent | " + " | ".join(kinds) + " | worst |",
+             "|---|---|---|" + "---|" * (len(kinds) + 3)]
+    for nodes, k in SCENARIOS:
+        for partition in PARTITIONS:
+            base = run_case(out, partition, "off", None, rounds, nodes, 0, engine)["accuracy"]
+            absent = run_case(out, partition, "off", "absent", rounds, nodes, k, engine)["accuracy"] - base
+            for profile in profiles:
+                if nodes != NODES and profile not in EVERY_SCENARIO:
+                    continue
+                clean = run_case(out, partition, profile, None, rounds, nodes, 0, engine)
+                cells, gaps = [], []
+                for kind in kinds:
+                    r = run_case(out, partition, profile, kind, rounds, nodes, k, engine)
+                    if r["accuracy"] is None or r["status"] != "completed":
+                        cells.append(f"— ({r['status']})")
+                        continue
+                    gap = r["accuracy"] - base
+                    gaps.append(gap)
+                    cells.append(f"{gap:+.3f}" if gap >= -TARGET else f"**{gap:+.3f}**")
+                cgap = clean["accuracy"] - base
+                ctxt = f"{clean['accuracy']:.3f} ({cgap:+.3f})"
+                lines.append(f"| {k} of {nodes} | {partition} | {profile} | {ctxt} | {absent:+.3f} | "
+                             + " | ".join(cells)
+                             + f" | {min(gaps):+.3f} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def default_jobs(out: Path, engine: str, seeds: tuple[int, ...] = (0, 2)) -> list[str]:
+    """Every registered method's default job (the run-config defaults: 10 Dirichlet-0.3 digits clients, the
+    method's presets) clean under ``defence = "off"`` and ``"robust"``, as markdown lines."""
+    from flower_strategies.core.registry import METHODS
+
+    lines = ["| method | " + " | ".join(f"off / robust (seed {s})" for s in seeds) + " | worst gap |",
+             "|---|" + "---|" * (len(seeds) + 1)]
+    for method in sorted(METHODS):
+        cells, gaps = [], []
+        for seed in seeds:
+            acc = {}
+            for defence in ("off", "robust"):
+                cfg = {"method": method, "seed": seed, "defence": defence, "output-dir": str(out),
+                       "run-name": f"default-{method}-{seed}-{defence}", "learning-curve": False}
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        acc[defence] = run_inprocess(cfg, 10, engine=engine)["final"]["test-accuracy"]
+                except Exception as err:  # noqa: BLE001 - a failed run is a result
+                    acc[defence] = type(err).__name__
+            if all(isinstance(a, float) for a in acc.values()):
+                gaps.append(acc["robust"] - acc["off"])
+                cells.append(f"{acc['off']:.3f} / {acc['robust']:.3f} ({gaps[-1]:+.3f})")
+            else:
+                cells.append(f"{acc['off']} / {acc['robust']}")
+        worst = f"{min(gaps):+.3f}" if gaps else "—"
+        if gaps and min(gaps) < -CLEAN_TARGET:
+            worst = f"**{worst}**"
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {worst} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def write_docs(path: Path, lines: list[str], header: str) -> None:
+    """Replace docs/robustness.md's text between :data:`BEGIN` and :data:`END` with ``header`` + ``lines``."""
+    text = path.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    path.write_text(text[:start] + "\n" + header + "\n\n" + "\n".join(lines) + "\n" + text[end:])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -149,6 +358,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra run-config overrides for every run (e.g. update-clip-ratio=1.5)")
+    parser.add_argument("--write-docs", nargs="?", const="docs/robustness.md", default=None, metavar="PATH",
+                        help="run the issue-36 matrix and write it into PATH between its matrix markers")
+    parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
+    parser.add_argument("--engine", default="vectorized", choices=("inprocess", "vectorized"),
+                        help="engine of --write-docs (the vectorized engine runs the same strategy, ~5× faster)")
     args = parser.parse_args(argv)
     for item in args.set:
         key, value = item.split("=", 1)
@@ -156,6 +370,23 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     FLOWER_LOGGER.setLevel(logging.ERROR)
     t0 = time.monotonic()
+    if args.write_docs:
+        with tempfile.TemporaryDirectory() as tmp:
+            jobs = default_jobs(Path(tmp), args.engine)
+            lines = matrix(Path(tmp), args.rounds, args.profiles, args.engine)
+        doc_header = (f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness --write-docs` "
+                  f"({platform.machine()}, {os.cpu_count()} cores shared with other jobs, torch 1 thread, "
+                  f"{args.engine} engine, {time.monotonic() - t0:.0f} s): digits-mlp, {args.rounds} rounds × 2 "
+                  f"epochs, client-lr 0.1, batch 32, FedAvg.  Each cell: final test accuracy minus the clean "
+                  f"`defence = \"off\"` run's of the same clients and partitioning; **bold** = more than "
+                  f"{TARGET} below it (the target).  The clean column: the profile's clean accuracy (its gap; "
+                  f"target within {CLEAN_TARGET}).")
+        jobs_header = (f"Every method's default job (the run-config defaults: FedAvg's is 10 Dirichlet-0.3 digits "
+                       f"clients, 10 rounds × 5 epochs, client-lr 0.5; each method with its presets), clean, final "
+                       f"test accuracy under `defence = \"off\"` / `\"robust\"` (gap; **bold** = more than "
+                       f"{CLEAN_TARGET} below):")
+        write_docs(Path(args.write_docs), [*lines, "", jobs_header, "", *jobs], doc_header)
+        return
     header = ["partition", "aggregator", "clean", *args.attacks]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

@@ -8,6 +8,10 @@ entropies: the ``SeedSequence`` hash of all of them in a few NumPy operations ov
 entropy), then the ``PCG64`` seeding in Python integers, then one reused ``Generator`` whose bit generator is set to
 each entropy's state in turn (≈ 1.5 µs).
 
+Measured reason (docs/results/vectorized/README.md, "Seeding by NumPy itself"): without it the 100-client vectorized
+benchmark round took 0.34 s instead of 0.26 s (3 rounds; 0.72 / 0.51 s at 10); its plain twin is ``default_rng``
+itself (the fallback below), tested equal in tests/test_vectorized_plan.py.
+
 NumPy documents both steps as stable (a seed gives the same stream in every release); the arithmetic here is
 checked against ``default_rng`` itself at import (:data:`EXACT`), and an entropy this module does not handle
 (a value outside ``[0, 2**32)``, entropies of unequal lengths) or a failed import check gives ``default_rng`` itself.

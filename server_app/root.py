@@ -1,0 +1,62 @@
+"""FLTrust's trusted root set (``aggregator = fltrust``, the ``defence = "robust"`` profile): the server's own small
+training split and its local procedure on it.
+
+The root set is ``root-set-size`` examples of the task's *training* split (never the test split the run is
+evaluated on), drawn iid with the run's seed: a server that has collected a small clean sample of the clients'
+distribution, as Cao et al. (NDSS 2021) assume.  It is not any client's partition (its examples are spread over
+all of them, as every example of the training split is).  Digits: a seeded sample of the 1,437 training images;
+other tasks: the first ``root-set-size`` examples of iid partition 0 of 10.
+
+:func:`root_update` is the server's :attr:`~flower_strategies.FedAdaptStrategy.root_update`: each round it runs
+the method's own client half (:func:`flower_strategies.core.client.train_reply`, the clients' code) on the round's
+train content over the root set, with the server's own client state, and returns the trained model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+from app_common.config import AppConfig
+from app_common.task import TASK_SPECS, build_model, digits_split, load_client_data
+from flower_strategies.core import records as R
+from flower_strategies.core.client import train_reply
+from flower_strategies.core.ops import NamedArrays
+
+#: The root set's client key: its batch order is seeded apart from every client's (partition ids are small).
+ROOT_KEY = 2**32 - 1
+
+
+def load_root_set(fed: AppConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """``root-set-size`` examples of the task's training split (see the module docstring)."""
+    size = fed.root_set_size
+    if fed.task.startswith("digits"):
+        x_tr, y_tr, _, _ = digits_split(fed.seed)
+        pick = np.sort(np.random.default_rng([fed.seed, 36]).choice(len(x_tr), min(size, len(x_tr)), replace=False))
+        x, y = torch.from_numpy(x_tr[pick]), torch.from_numpy(y_tr[pick])
+        return (x.double(), y) if fed.precision == "float64" else (x, y)
+    x, y = load_client_data(fed.task, 0, 10, partitioner="iid", seed=fed.seed, alpha=fed.dirichlet_alpha,
+                            classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
+                            synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision,
+                            data_dir=fed.data_dir, dataset_path=fed.dataset_path)
+    return x[:size], y[:size]
+
+
+def root_update(fed: AppConfig) -> Callable[[RecordDict], dict[str, NamedArrays]]:
+    """The server's local procedure on its root set: ``content`` (a round's train content) → its reply's array
+    records (``{"arrays": the trained model, …}``: what a client of the method sends)."""
+    x, y = load_root_set(fed)
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
+    state = RecordDict()  # the server's own client state (stateful methods), kept across rounds
+    loss_fn = TASK_SPECS[fed.task].loss_fn()
+
+    def update(content: RecordDict) -> dict[str, NamedArrays]:
+        reply: Any = train_reply(model, content, x, y, loss_fn, state=state, seed=fed.seed, client_key=ROOT_KEY,
+                                 loss_before=False)
+        return {name: {k: np.asarray(v.numpy()) for k, v in record.items()}
+                for name, record in R.of_type(reply, ArrayRecord)}
+    return update
