@@ -13,7 +13,7 @@ from typing import Any
 
 from flower_strategies.core.hparams import ConfigError, StrategyConfig, param
 
-TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm",  # then five on hub data:
+TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm", "leaf-synthetic",  # five on hub data:
          "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")
 PARTITIONERS = ("iid", "dirichlet", "classes")
 TRACKING = ("none", "tensorboard", "mlflow", "wandb")
@@ -42,6 +42,8 @@ class AppConfig(StrategyConfig):
     synthetic_clients: int = param(10, lo=1, help="clients of the synthetic task (partitions)")
     synthetic_dim: int = param(10, lo=1, help="dimension of the synthetic least-squares task")
     synthetic_heterogeneity: float = param(1.0, lo=0.0, help="spread of the clients' optima (synthetic task)")
+    synthetic_alpha: float = param(1.0, lo=0.0, help="leaf-synthetic: spread of the clients' models, Synthetic(α, β)")
+    synthetic_beta: float = param(1.0, lo=0.0, help="leaf-synthetic: spread of the clients' inputs, Synthetic(α, β)")
     precision: str = param("float32", choices=("float32", "float64"),
         help="model/data dtype (float64 for exactness checks)")
     round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")

@@ -12,14 +12,24 @@ run used to stop.  :func:`fit_partitioner` makes the assignment at once and, for
 
 Steps 2 and 3 log one WARNING saying what was done and how to choose for oneself.  Other partitioners are not
 changed: their failure names what to change (:func:`partition_hint`).
+
+:func:`disk_cached` keeps what such a computation gives (the digits' split, a partitioning's row indices) on disk per
+configuration, so that a run does not pay the import of ``datasets``/scikit-learn and the partitioning again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from logging import WARNING
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 #: min_partition_size of the second rung (the first is the task's own: 5 for the digits, 2 for hub data).
 NON_EMPTY = 1
@@ -75,3 +85,61 @@ def fit_partitioner(kind: str, make: Callable[[int], Any], dataset: Any, num_par
         return _assign(IidPartitioner(num_partitions=num_partitions), dataset)
     assert err is not None
     raise ValueError(partition_hint(kind, num_partitions, len(dataset), alpha, err)) from None
+
+
+#: Bump when what a cached computation gives changes (the key also names the package versions it depends on).
+CACHE_FORMAT = 1
+
+
+def disk_cached(data_dir: str | None, name: str, key: Mapping[str, Any],
+                compute: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``compute()`` (a dict of arrays), kept in ``<data_dir>/cache/<name>-<hash of key>.npz``: read from there when
+    present (data only, never unpickled), else computed and written (atomically; a directory that cannot be written
+    only costs the cache).  The WARNINGs ``compute`` logs are stored with it and logged again on every read, so a
+    cached run says what an uncached one says.  ``data_dir`` None: no cache."""
+    from flwr.common import log
+    from flwr.common.logger import FLOWER_LOGGER
+
+    if data_dir is None:
+        return compute()
+    digest = hashlib.sha256(json.dumps({"format": CACHE_FORMAT, **key}, sort_keys=True).encode()).hexdigest()[:20]
+    path = Path(data_dir).expanduser() / "cache" / f"{name}-{digest}.npz"
+    if path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                out = {k: z[k] for k in z.files}
+            for note in json.loads(out.pop("_warnings").tobytes().decode("utf-8")):
+                log(WARNING, "%s", note)
+            return out
+        except (OSError, ValueError, KeyError, EOFError) as err:
+            log(WARNING, "fedadapt: ignoring the unreadable cache file %s (%s)", path, err)
+    notes: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= WARNING:
+                notes.append(record.getMessage())
+
+    handler = Collect()
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        out = compute()
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    buf = io.BytesIO()
+    np.savez(buf, _warnings=np.frombuffer(json.dumps(notes).encode("utf-8"), dtype=np.uint8),
+             **out)  # type: ignore[arg-type]  # numpy's stub reads **kwds as its allow_pickle flag
+    try:
+        from flower_strategies.core.checkpoint import write_atomic
+
+        write_atomic(path, buf.getvalue())
+    except OSError:
+        pass
+    return out
+
+
+def package_version(name: str) -> str:
+    """The installed version of distribution ``name`` (without importing it)."""
+    from importlib.metadata import version
+
+    return version(name)

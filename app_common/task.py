@@ -10,6 +10,10 @@
 * the hub tasks (:data:`HUB_TASKS`: CIFAR-10/100, MNIST, Fashion-MNIST, FEMNIST) — the papers' image data sets,
   downloaded from the Hugging Face hub or read from the local copy that the run-config ``dataset-path`` names
   (:mod:`app_common.hub_data`).  fedadapt never sets ``HF_HUB_OFFLINE``: the user's environment decides.
+* ``leaf-synthetic`` — FedProx's / LEAF's Synthetic(α, β) (Li et al., MLSys 2020): 60 features, 10 classes, one
+  softmax-regression "teacher" per client, power-law client sizes; client ``i`` is generated on demand from
+  ``(seed, i)`` (:func:`leaf_synthetic_client`), so a population can hold 100,000 clients.  Model: multinomial logistic
+  regression (the paper's).  Formulas and the held-out test set: ``docs/leaf_synthetic.md``.
 * ``synthetic-linear`` — heterogeneous least squares: client ``i`` has ``A_i ∈ R^{n_i×d}``, its own optimum
   ``w_i* = w* + h·ξ_i`` and ``y_i = A_i w_i* + 0.01·noise``; loss ``½·mean (a·w − y)²``.  Deterministic from the seed;
   a full batch is the exact local objective.
@@ -19,6 +23,7 @@ Everything is seeded by the run-config ``seed``.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -26,7 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from app_common.partitions import fit_partitioner, partition_hint  # noqa: F401 - partition_hint: re-exported
+from app_common.partitions import disk_cached, fit_partitioner, package_version
+from app_common.partitions import partition_hint  # noqa: F401 - re-exported
 from app_common.sampling import seeded_subset
 
 
@@ -95,6 +101,7 @@ TASK_SPECS = {
     "digits-cnn": TaskSpec("digits-cnn", True),
     "synthetic-linear": TaskSpec("synthetic-linear", False),
     "shakespeare-lstm": TaskSpec("shakespeare-lstm", True),
+    "leaf-synthetic": TaskSpec("leaf-synthetic", True),
 }
 #: Tasks on the papers' own data sets, from the Hugging Face hub or (run-config ``dataset-path``) a local copy saved by
 #: ``datasets``; without either they fail with :class:`app_common.hub_data.DatasetUnavailable`, which names
@@ -126,6 +133,8 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
         elif task == "synthetic-linear":
             model = LinearModel(synthetic_dim)
             nn.init.zeros_(model.w.weight)
+        elif task == "leaf-synthetic":
+            model = nn.Linear(LEAF_DIM, LEAF_CLASSES)  # multinomial logistic regression
         elif task == "shakespeare-lstm":
             from app_common.shakespeare import CharLSTM
 
@@ -143,16 +152,23 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
 
 # ------------------------------------------------------------------------------------------ digits
 @lru_cache(maxsize=4)
-def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(x_train, y_train, x_test, y_test)``: pixels scaled to [0, 1], stratified 80/20 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def digits_split(seed: int = 0, data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x_train, y_train, x_test, y_test)``: pixels scaled to [0, 1], stratified 80/20 split.  ``data_dir``: keep
+    the split in its cache (:func:`~app_common.partitions.disk_cached`; no scikit-learn import on a hit)."""
 
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    return x_tr, y_tr, x_te, y_te
+    def compute() -> dict[str, np.ndarray]:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        d = load_digits()
+        x = (d.data / 16.0).astype(np.float32)
+        y = d.target.astype(np.int64)
+        x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+        return {"x_tr": x_tr, "y_tr": y_tr, "x_te": x_te, "y_te": y_te}
+
+    key = {"seed": seed, "scikit-learn": package_version("scikit-learn")}
+    out = disk_cached(data_dir, "digits-split", key, compute)
+    return out["x_tr"], out["y_tr"], out["x_te"], out["y_te"]
 
 
 #: Smallest digits partition the Dirichlet partitioner aims for (then 1, then IID: :mod:`app_common.partitions`).
@@ -179,33 +195,39 @@ def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0
 
 
 @lru_cache(maxsize=8)
-def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int):
+def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int,
+                       data_dir: str | None = None):
     """Every partition of the digits training split as ``(x, y)`` tensors, materialised once per split setting (the
     flwr-datasets partitioners are lazy, and each ``load_partition`` re-shards the Arrow table: ~3 ms per call).
     A ``dirichlet`` split its minimum partition size cannot reach falls back, logged (:mod:`app_common.partitions`).
-    """
-    from datasets import Dataset
+    ``data_dir``: keep the partitions' row indices in its cache (:func:`~app_common.partitions.disk_cached`: a hit
+    needs neither ``datasets`` nor the partitioner; the same rows in the same order)."""
+    x_tr, y_tr, _, _ = digits_split(seed, data_dir)
 
-    x_tr, y_tr, _, _ = digits_split(seed)
-    ds = Dataset.from_dict({"x": x_tr, "label": y_tr})
-    part = fit_partitioner(
-        kind, lambda m: make_partitioner(kind, num_partitions, seed, alpha, classes_per_client, m),
-        ds, num_partitions, alpha, DIGITS_MIN_PARTITION)
-    out = []
-    for i in range(num_partitions):
-        rows = part.load_partition(i).with_format("numpy")[:]
-        out.append((torch.from_numpy(np.asarray(rows["x"], dtype=np.float32)),
-                    torch.from_numpy(np.asarray(rows["label"], dtype=np.int64))))
-    return tuple(out)
+    def compute() -> dict[str, np.ndarray]:
+        from datasets import Dataset
+
+        ds = Dataset.from_dict({"row": np.arange(len(y_tr)), "label": y_tr})
+        part = fit_partitioner(
+            kind, lambda m: make_partitioner(kind, num_partitions, seed, alpha, classes_per_client, m),
+            ds, num_partitions, alpha, DIGITS_MIN_PARTITION)
+        return {str(i): np.asarray(part.load_partition(i)["row"], dtype=np.int64) for i in range(num_partitions)}
+
+    key = {"kind": kind, "partitions": num_partitions, "seed": seed, "alpha": alpha, "classes": classes_per_client,
+           "min-size": DIGITS_MIN_PARTITION, "labels": hashlib.sha256(y_tr.tobytes()).hexdigest(),
+           "flwr-datasets": package_version("flwr-datasets")}
+    rows = disk_cached(data_dir, "digits-partitions", key, compute)
+    return tuple((torch.from_numpy(x_tr[rows[str(i)]]), torch.from_numpy(y_tr[rows[str(i)]]))
+                 for i in range(num_partitions))
 
 
 def digits_partition(
     partition_id: int, num_partitions: int, *, partitioner: str = "dirichlet", seed: int = 0,
-    alpha: float = 0.3, classes_per_client: int = 2,
+    alpha: float = 0.3, classes_per_client: int = 2, data_dir: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
-    return _digits_partitions(partitioner, num_partitions, seed, alpha, classes_per_client)[partition_id]
+    return _digits_partitions(partitioner, num_partitions, seed, alpha, classes_per_client, data_dir)[partition_id]
 
 
 # ------------------------------------------------------------------------------------------ synthetic
@@ -222,6 +244,42 @@ def synthetic_client(i: int, dim: int, heterogeneity: float, seed: int) -> tuple
     n_tr = int(0.8 * n)
     f = lambda v: np.asarray(v, dtype=np.float32)  # noqa: E731
     return f(a[:n_tr]), f(y[:n_tr, None]), f(a[n_tr:]), f(y[n_tr:, None])
+
+
+LEAF_DIM, LEAF_CLASSES = 60, 10
+#: Client sizes of Synthetic(α, β): ``int(lognormal(4, 2)) + 50`` (FedProx's generator), at most this many examples
+#: (LEAF's generator caps its sizes too; the lognormal's tail would give a few clients of 10^5-10^6 examples in a
+#: population of 100,000).
+LEAF_MAX_EXAMPLES = 1000
+#: Share of each client's examples held out for testing (the first ``int(0.9·n)`` train, as in FedProx's code).
+LEAF_TRAIN_FRACTION = 0.9
+#: Clients whose held-out examples make the central test set (the first ones of the population).
+LEAF_TEST_CLIENTS = 100
+_LEAF_STD = np.arange(1, LEAF_DIM + 1, dtype=np.float64) ** -0.6  # sqrt(Σ_jj), Σ_jj = j^-1.2
+
+
+def leaf_synthetic_size(i: int, seed: int) -> int:
+    """Client ``i``'s number of examples (train + held-out): ``min(int(lognormal(4, 2)) + 50, LEAF_MAX_EXAMPLES)``."""
+    draw = np.random.default_rng([seed, 39, 0, i]).lognormal(4.0, 2.0)
+    return int(min(int(draw) + 50, LEAF_MAX_EXAMPLES))
+
+
+@lru_cache(maxsize=64)
+def leaf_synthetic_client(i: int, alpha: float, beta: float, seed: int) -> tuple[np.ndarray, ...]:
+    """``(x_train, y_train, x_test, y_test)`` of client ``i`` of Synthetic(α, β), float64 x and int64 y, generated
+    from ``(seed, i)`` alone: u ~ N(0, α), B ~ N(0, β); W ~ N(u, 1)^{60×10}, b ~ N(u, 1)^{10}; v ~ N(B, 1)^{60};
+    x ~ N(v, Σ) with Σ = diag(j^-1.2); y = argmax(softmax(xW + b)).  (α, β are the normals' variances in the paper;
+    FedProx's code passes them as standard deviations, and so does this.)"""
+    rng = np.random.default_rng([seed, 39, 1, i])
+    u, big_b = rng.normal(0.0, alpha), rng.normal(0.0, beta)
+    w = rng.normal(u, 1.0, (LEAF_DIM, LEAF_CLASSES))
+    b = rng.normal(u, 1.0, LEAF_CLASSES)
+    v = rng.normal(big_b, 1.0, LEAF_DIM)
+    n = leaf_synthetic_size(i, seed)
+    x = v + _LEAF_STD * rng.standard_normal((n, LEAF_DIM))
+    y = np.argmax(x @ w + b, axis=1).astype(np.int64)  # softmax is monotone: its argmax is the logits'
+    n_tr = int(LEAF_TRAIN_FRACTION * n)
+    return x[:n_tr], y[:n_tr], x[n_tr:], y[n_tr:]
 
 
 # ------------------------------------------------------------------------------------------ hub tasks
@@ -250,6 +308,7 @@ def load_client_data(
     task: str, partition_id: int, num_partitions: int, *, partitioner: str, seed: int, alpha: float,
     classes_per_client: int, synthetic_dim: int = 10, synthetic_heterogeneity: float = 1.0,
     precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR, dataset_path: str = "",
+    synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     if task == "shakespeare-lstm":  # integer character codes: no dtype cast
         from app_common.shakespeare import load_client
@@ -262,45 +321,58 @@ def load_client_data(
     if task.startswith("digits"):
         x, y = digits_partition(
             partition_id, num_partitions, partitioner=partitioner, seed=seed, alpha=alpha,
-            classes_per_client=classes_per_client,
+            classes_per_client=classes_per_client, data_dir=data_dir,
         )
         return _cast(x, y, precision)
     if task == "synthetic-linear":
         a, t, _, _ = synthetic_client(partition_id, synthetic_dim, synthetic_heterogeneity, seed)
         return _cast(torch.from_numpy(a), torch.from_numpy(t), precision)
+    if task == "leaf-synthetic":
+        x, y, _, _ = leaf_synthetic_client(partition_id, synthetic_alpha, synthetic_beta, seed)
+        return _leaf_tensors(x, y, precision)
     raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
 
 
 def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim: int = 10,
                    synthetic_heterogeneity: float = 1.0, precision: str = "float32",
                    data_dir: str = DEFAULT_DATA_DIR, max_examples: int = 0,
-                   dataset_path: str = "") -> tuple[Tensor, Tensor]:
+                   dataset_path: str = "", synthetic_alpha: float = 1.0,
+                   synthetic_beta: float = 1.0) -> tuple[Tensor, Tensor]:
     """The central held-out test set; ``max_examples > 0``: a seeded sample of at most that many examples
     (0 = the task's default: all of it, Shakespeare 2,000 windows); ``dataset_path``: hub tasks' local copy."""
     if task == "shakespeare-lstm":  # a seeded sample of every client's test windows
         from app_common.shakespeare import load_test
 
         return load_test(data_dir, seed=seed, **({"max_examples": max_examples} if max_examples > 0 else {}))
+    if task == "leaf-synthetic":  # the held-out parts of the population's first LEAF_TEST_CLIENTS clients
+        parts = [leaf_synthetic_client(i, synthetic_alpha, synthetic_beta, seed) for i in range(LEAF_TEST_CLIENTS)]
+        x, y = _leaf_tensors(np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]), precision)
+        return seeded_subset(x, y, max_examples, seed)
     x, y = _full_test_data(task, seed=seed, num_clients=num_clients, synthetic_dim=synthetic_dim,
                            synthetic_heterogeneity=synthetic_heterogeneity, precision=precision,
-                           dataset_path=dataset_path)
+                           dataset_path=dataset_path, data_dir=data_dir)
     return seeded_subset(x, y, max_examples, seed)
 
 
 def _full_test_data(task: str, *, seed: int, num_clients: int, synthetic_dim: int, synthetic_heterogeneity: float,
-                    precision: str, dataset_path: str = "") -> tuple[Tensor, Tensor]:
+                    precision: str, dataset_path: str = "", data_dir: str | None = None) -> tuple[Tensor, Tensor]:
     if task in HUB_TASKS:  # the hub's test split (FEMNIST: the test parts of the first clients)
         hub = hub_data(task, num_clients, "iid", seed, 0.3, 2, dataset_path)
         x, y = hub.test(num_clients=num_clients)
         return _cast(x, y, precision)
     if task.startswith("digits"):
-        _, _, x_te, y_te = digits_split(seed)
+        _, _, x_te, y_te = digits_split(seed, data_dir)
         return _cast(torch.from_numpy(x_te), torch.from_numpy(y_te), precision)
     if task == "synthetic-linear":
         parts = [synthetic_client(i, synthetic_dim, synthetic_heterogeneity, seed) for i in range(num_clients)]
         x = torch.from_numpy(np.concatenate([p[2] for p in parts]))
         return _cast(x, torch.from_numpy(np.concatenate([p[3] for p in parts])), precision)
     raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
+
+
+def _leaf_tensors(x: np.ndarray, y: np.ndarray, precision: str) -> tuple[Tensor, Tensor]:
+    dtype = np.float64 if precision == "float64" else np.float32
+    return torch.from_numpy(x.astype(dtype)), torch.from_numpy(y)
 
 
 @torch.no_grad()

@@ -79,5 +79,5 @@ def client_data(context: Context):
     x, y = load(fed.task, pid, n, partitioner=fed.partitioner, seed=fed.seed, alpha=fed.dirichlet_alpha,
                 classes_per_client=fed.classes_per_client, synthetic_dim=fed.synthetic_dim,
                 synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
-                dataset_path=fed.dataset_path)
+                dataset_path=fed.dataset_path, synthetic_alpha=fed.synthetic_alpha, synthetic_beta=fed.synthetic_beta)
     return fed, pid, x, y

@@ -75,8 +75,13 @@ def run_dir(fed: AppConfig, run_config: Mapping[str, Any] | None = None,
 
 
 def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, poll_interval: float = 0.0) -> None:
-    """Ask connected nodes for their partition id; order sampling by it (fallback: node id)."""
-    nodes = strategy.sample(grid, 1.0, strategy.settings.min_available_nodes)
+    """Ask connected nodes for their partition id; order sampling by it (fallback: node id).  An in-process grid
+    that holds a large population out of core knows them without asking (``partition_order``)."""
+    nodes = strategy.sample(grid, 1.0, strategy.settings.min_available_nodes)  # a draw from the sampling RNG either way
+    known = getattr(grid, "partition_order", lambda: None)()
+    if known is not None:
+        strategy.order_nodes(known)
+        return
     msgs = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
     order: dict[int, Any] = {}
     for reply in exchange(grid, msgs, timeout, poll_interval):
@@ -212,7 +217,8 @@ def _load_test_split(fed: AppConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return load_test_data(
         fed.task, seed=fed.seed, num_clients=fed.synthetic_clients, synthetic_dim=fed.synthetic_dim,
         synthetic_heterogeneity=fed.synthetic_heterogeneity, precision=fed.precision, data_dir=fed.data_dir,
-        max_examples=fed.test_max_examples, dataset_path=fed.dataset_path,
+        max_examples=fed.test_max_examples, dataset_path=fed.dataset_path, synthetic_alpha=fed.synthetic_alpha,
+        synthetic_beta=fed.synthetic_beta,
     )
 
 

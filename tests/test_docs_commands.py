@@ -91,6 +91,9 @@ IN_PROCESS: dict[str, str] = {
     """python -m simulations.launch sim --engine vectorized --num-supernodes 100 --run-config """
     """"method='scaffold'\"""": "",
     """python -m simulations.launch sim --engine vectorized --seeds 3""": "",
+    # docs/population.md: the population of 100,000 as documented, 1 round of 1 local step (about 10 s)
+    """python -m simulations.launch sim --engine vectorized --num-supernodes 100000 --run-config """
+    """"task='leaf-synthetic' method='scaffold' fraction-train=0.01 num-server-rounds=3\"""": "local-steps=1",
 }
 
 #: Documented commands that the default partitioner cannot run yet (issue 37 item 6: Dirichlet(0.3) cannot split the

@@ -97,7 +97,7 @@ class NodeSampler:
         self.population = len(ordered)
         k = min(len(ordered), max(int(len(ordered) * fraction), minimum))
         picked = self.rng.sample(ordered, k)
-        return sorted(picked, key=ordered.index)
+        return sorted(picked, key=self.sort_key)  # the order of ``ordered`` (its keys are distinct)
 
     def expect(self, nodes: Iterable[int]) -> None:
         """The nodes a round's messages went to (a node among them without a reply becomes silent)."""

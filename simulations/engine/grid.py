@@ -1,8 +1,9 @@
 """The in-process grid: the real Strategy drives the real ClientApp without Ray or a SuperLink.
 
 A :class:`LoopbackGrid` hands each message straight to ``client_app(message, context)`` (one persistent
-``Context`` per node, so ``context.state`` works as on a SuperNode).  Deterministic and fast: used for the
-exactness tests and for sweeps.  It complements – never replaces – the Ray simulation and the deployment,
+``Context`` per node, so ``context.state`` works as on a SuperNode; made when the node is first addressed, and
+with a population store released after each exchange: :mod:`simulations.engine.population`).  Deterministic and fast:
+used for the exactness tests and for sweeps.  It complements – never replaces – the Ray simulation and the deployment,
 which the test suite also runs for real.
 """
 
@@ -12,9 +13,11 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
+
+from .population import NodeContexts, population_store
 
 # Outside a Flower runtime, Flower >= 1.38 builds a message only once a task identity is set (``TaskIdentity``);
 # older releases have no such step.  ``Run`` moved from ``flwr.common.typing`` to ``flwr.supercore.run``.
@@ -35,6 +38,8 @@ class LoopbackGrid(Grid):
 
     ``node_ids`` defaults to ``1..num_nodes``; node ``i`` gets ``partition-id = i-1``.  ``intercept`` (optional)
     may replace a reply (fault-injection in tests): ``intercept(request, reply, partition_id) -> reply``.
+    ``state_dir``: keep the clients' state out of core there (:class:`simulations.engine.population.RowStore`); by
+    default a temporary store above :data:`~simulations.engine.population.RESIDENT_LIMIT` nodes, else none.
     """
 
     def __init__(
@@ -45,21 +50,24 @@ class LoopbackGrid(Grid):
         *,
         node_ids: Iterable[int] | None = None,
         intercept: Interceptor | None = None,
+        state_dir: str | None = None,
     ) -> None:
         if TaskIdentity is not None:
             TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-        ids = list(node_ids) if node_ids is not None else list(range(1, num_nodes + 1))
+        ids = list(node_ids) if node_ids is not None else range(1, num_nodes + 1)
         self._app = client_app
         self._run: Run | None = Run.create_empty(1)
         self._inbox: dict[str, Message] = {}
         self.intercept = intercept
-        self.contexts = {
-            n: Context(
-                run_id=1, node_id=n, state=RecordDict(), run_config=dict(run_config or {}),
-                node_config={"partition-id": p, "num-partitions": len(ids)},
-            )
-            for p, n in enumerate(ids)
-        }
+        self.store, self._store_dir = population_store(len(ids), state_dir)
+        self.contexts = NodeContexts(ids, run_config or {}, self.store)
+
+    def partition_order(self) -> dict[int, int] | None:
+        """``{node id: partition id}`` without asking every node (``server_app.app.discover_partitions``), for a
+        population kept out of core (a query message per node would make every node's context); None otherwise."""
+        if self.store is None:
+            return None
+        return {n: p for p, n in enumerate(self.contexts.ids)}
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -91,6 +99,7 @@ class LoopbackGrid(Grid):
             if self.intercept is not None:
                 reply = self.intercept(msg, reply, int(ctx.node_config["partition-id"]))
             self._inbox[mid] = reply
+        self.contexts.release()
         return ids
 
     def prepared_replies(self, messages: list[Message]) -> dict[int, Message]:
