@@ -1,1 +1,1 @@
-"""fedadapt's method-agnostic ClientApp, its offline tasks (data + models)."""
+"""fedadapt's method-agnostic ClientApp (the tasks it trains live in ``app_common``)."""

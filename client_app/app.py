@@ -18,15 +18,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from app_common.config import AppConfig
+from app_common.task import TASK_SPECS, build_model, evaluate
+from app_common.wire import BASE, KEEP, KEY, STATUS
 from flower_strategies.compat.secagg import secagg_mod
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors, train_reply
-from .client_state import BASE, KEEP, KEY, STATUS, store_for
-from .config import AppConfig
 
+from .client_state import store_for
 from .node import client_data, node_partition
 from .node_data import NODE_DATA_KEY
-from .task import TASK_SPECS, build_model, evaluate
 
 #: ``secagg_mod``: Flower's SecAgg+ client mod for the messages of a ``secure-aggregation = secaggplus`` run (their
 #: train step, a legacy FitIns, is answered by :mod:`client_app.legacy`); every other message passes it unchanged.
@@ -80,7 +81,7 @@ def _holds_state(context: Context) -> bool:
 @dataclass
 class TrainJob:
     """What :func:`train` knows about one train message before the round's training (shared with the vectorized
-    engine, :mod:`simulations.vectorized`, which trains many of them at once and finishes each with
+    engine, :mod:`simulations.engine.vectorized`, which trains many of them at once and finishes each with
     :func:`finish_train`)."""
 
     fed: AppConfig

@@ -38,17 +38,10 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, RecordDict
 from flwr.common import log
 
+from app_common.wire import KEY
 from flower_strategies.core import records as R
 from flower_strategies.core.checkpoint import write_atomic
 
-#: Round-config key: the run token naming the run's client state (sent only by runs that write checkpoints).
-KEY = "client-state-key"
-#: Round-config key: the last round whose server checkpoint was written (0: none yet).
-KEEP = "client-state-keep"
-#: Round-config key: the round the run resumed after (0: a fresh run).
-BASE = "client-state-base"
-#: Reply-info key (``fedadapt`` ConfigRecord of a train reply): where the client's state came from this round.
-STATUS = "client-state"
 NODE_CONFIG_KEY = "client-state-dir"
 ENV_VAR = "FEDADAPT_CLIENT_STATE_DIR"
 FORMAT = "fedadapt-client-state"

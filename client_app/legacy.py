@@ -9,10 +9,10 @@ from __future__ import annotations
 from flwr.app import Context
 from flwr.client import Client, ClientApp
 
+from app_common.task import TASK_SPECS, build_model
 from flower_strategies.compat.legacy import FedAdaptNumPyClient
 
 from .node import client_data
-from .task import TASK_SPECS, build_model
 
 
 def client_fn(context: Context) -> Client:

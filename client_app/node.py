@@ -12,10 +12,11 @@ from typing import Any
 
 from flwr.app import Context
 
-from .config import AppConfig
-from .config import parse as app_config
+from app_common.config import AppConfig
+from app_common.config import parse as app_config
+from app_common.task import HUB_TASKS, TASK_SPECS, load_client_data
+
 from .node_data import NODE_DATA_KEY, load_node_data
-from .task import HUB_TASKS, TASK_SPECS, load_client_data
 
 
 def node_partition(context: Context) -> tuple[int, int]:
@@ -42,7 +43,7 @@ _MAX_RUNS = 8
 
 
 def run_settings(context: Context) -> AppConfig:
-    """The run's :class:`~client_app.config.AppConfig`, parsed once per run and process (it is frozen): later
+    """The run's :class:`~app_common.config.AppConfig`, parsed once per run and process (it is frozen): later
     messages of the run find it by run id.  A copy of the run-config it was parsed from is kept and compared (a
     dict comparison, no parse), so that an in-process engine reusing a run id with another run-config gets that
     config's settings."""

@@ -12,7 +12,7 @@ node id is used).  The file is a NumPy ``.npz`` archive (``np.savez``) with two 
     floating regression targets ``[n]`` or ``[n, 1]`` for ``synthetic-linear``.
 
 The arrays are converted to the run's ``precision`` (float32/float64) like the bundled data.
-``python -m simulations.convert_data`` writes such files from the bundled data sets (one per partition).
+``python -m simulations.tools.convert_data`` writes such files from the bundled data sets (one per partition).
 The server never reads these files: only the node that holds one does.
 """
 

@@ -12,7 +12,7 @@
 4. With ``checkpoint-every > 0`` writes a data-only ``checkpoint.npz`` (:mod:`flower_strategies.core.checkpoint`)
    on that cadence, after the last round and on SIGINT/SIGTERM; ``resume`` continues a run from one.  Such runs
    carry a run token (in the checkpoint; a resumed run sends the same one) that names the clients' node-local
-   saved state (:mod:`client_app.client_state`), so that stateful methods resume exactly.
+   saved state (:mod:`client_app.client_state`, keys :mod:`app_common.wire`), so that stateful methods resume exactly.
 """
 
 from __future__ import annotations
@@ -26,21 +26,22 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from client_app import client_state
-from client_app.config import AppConfig, run_name_problem
-from client_app.hub_data import DatasetUnavailable
-from client_app.task import build_model, evaluate, load_test_data
+from app_common import wire
+from app_common.config import AppConfig, run_name_problem
+from app_common.hub_data import DatasetUnavailable
+from app_common.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.loop import exchange, run_rounds
 from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.robust import TRUST_RULES
 from flower_strategies.core.registry import parse_run_config, run_config_defaults
@@ -48,7 +49,6 @@ from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy,
 
 from . import plots, presets, provenance, rundir, tracking
 from . import root, secure
-from .loop import exchange, run_rounds
 from .metrics import MetricsWriter, Progress, progress_line
 
 app = ServerApp()
@@ -87,7 +87,7 @@ def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, 
     for reply in exchange(grid, msgs, timeout, poll_interval):
         metrics = None if reply.has_error() else R.get(reply.content, R.METRICS, MetricRecord)
         if metrics is not None and "partition-id" in metrics:  # nodes with their own data may have none
-            order[reply.metadata.src_node_id] = int(metrics["partition-id"])
+            order[reply.metadata.src_node_id] = int(cast(int, metrics["partition-id"]))
     if len(order) < len(nodes):
         log(WARNING, "Only %d of %d nodes reported a partition id; the others are ordered by node id",
             len(order), len(nodes))
@@ -143,8 +143,8 @@ class Checkpointer:
         try:
             yield
         finally:
-            for sig, prev in previous.items():
-                signal.signal(sig, prev)
+            for signum, prev in previous.items():
+                signal.signal(signum, prev)
 
 
 def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, writer: MetricsWriter,
@@ -164,7 +164,8 @@ def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, wri
 # ------------------------------------------------------------------------------------------ the run, in steps
 def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, FedAdaptStrategy]:
     """Validate the whole run-config (one clear error before anything is sent) and build model + strategy."""
-    fed, spec, hp = parse_run_config(run_config, AppConfig)  # the run's one parse of its run-config
+    parsed, spec, hp = parse_run_config(run_config, AppConfig)  # the run's one parse of its run-config
+    fed = cast(AppConfig, parsed)  # an instance of the settings class it was given
     model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
@@ -271,7 +272,8 @@ def run_token(payload: Mapping[str, Any] | None) -> str:
 
 
 class ClientStateReport:
-    """After a resume, which clients continued their saved state (:mod:`client_app.client_state`); printed once."""
+    """After a resume, which clients continued their saved state (:mod:`client_app.client_state`, keys
+    :mod:`app_common.wire`); printed once."""
 
     def __init__(self, resumed_after: int | None) -> None:
         self.resumed_after = resumed_after
@@ -282,8 +284,8 @@ class ClientStateReport:
             return
         for msg in replies:
             info = None if msg.has_error() else R.get(msg.content, R.REPLY_INFO, ConfigRecord)
-            if info is not None and client_state.STATUS in info:
-                key = str(info[client_state.STATUS])
+            if info is not None and wire.STATUS in info:
+                key = str(info[wire.STATUS])
                 self.counts[key] = self.counts.get(key, 0) + 1
         fresh = self.counts.get("fresh", 0)
         if fresh:
@@ -372,7 +374,7 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
             if checkpointer is None:
                 return {}
             keep = checkpointer.written_round if checkpointer.written_round >= 0 else (resumed_after or 0)
-            return {client_state.KEY: token, client_state.KEEP: keep, client_state.BASE: resumed_after or 0}
+            return {wire.KEY: token, wire.KEEP: keep, wire.BASE: resumed_after or 0}
 
         failure: RunFailed | None = None
         final = initial

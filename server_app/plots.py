@@ -42,7 +42,7 @@ def write_learning_curve(rows: Sequence[dict[str, Any]], out_dir: Path, title: s
             ax_acc.set_ylabel("test accuracy", color="tab:blue")
             ax_acc.set_ylim(0.0, 1.0)
             handles = [*handles, *ax_acc.get_lines()]
-        ax_loss.legend(handles, [h.get_label() for h in handles], loc="center right")
+        ax_loss.legend(handles, [str(h.get_label()) for h in handles], loc="center right")
         ax_loss.set_title(title)
         ax_loss.grid(alpha=0.3)
         fig.tight_layout()

@@ -2,7 +2,7 @@
 
 The library's defaults are the papers' values (tuned for other models, data and round budgets); on the app's
 default job — ``task = "digits-mlp"``, Dirichlet(0.3) over 10 nodes, 10 rounds, E = 5 local epochs, B = 16
-(:class:`client_app.config.AppConfig`) — several of them barely move the model in 10 rounds (FedDA's server lr,
+(:class:`app_common.config.AppConfig`) — several of them barely move the model in 10 rounds (FedDA's server lr,
 adaptive clients' lrs).  ``PRESETS[task][method]`` holds the values that make ``method`` learn there; the
 ServerApp applies them with :func:`apply` before it builds the strategy:
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from flwr.common import log
 
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from flower_strategies.core.registry import run_config_defaults
 
 # task → method → run-config values (comment: the grid tried).  What each reaches: docs/results/presets.md.

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from client_app.config import AppConfig
-from client_app.task import TASK_SPECS, build_model, digits_split, load_client_data
+from app_common.config import AppConfig
+from app_common.task import TASK_SPECS, build_model, digits_split, load_client_data
 from flower_strategies.core import records as R
 from flower_strategies.core.client import train_reply
 from flower_strategies.core.ops import NamedArrays

@@ -121,7 +121,7 @@ def earlier_files(out: Path) -> list[Path]:
 def move_aside(out: Path) -> Path | None:
     """Move the files of an earlier run in ``out`` (:func:`earlier_files`) to ``<out>.prev-<n>``; return that
     path.  Only ``out``'s own files move: ``out`` is one path component inside ``output-dir`` (``run-name``,
-    :func:`client_app.config.run_name_problem`), and another run's directory inside it stays where it is."""
+    :func:`app_common.config.run_name_problem`), and another run's directory inside it stays where it is."""
     entries = earlier_files(out)
     if not entries:
         return None

@@ -17,13 +17,13 @@ from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from flower_strategies.compat.secagg import SecAggStrategy, check_secagg, run_secagg, secaggplus_workflow
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.loop import exchange
 from flower_strategies.core.strategy import FedAdaptStrategy
 
-from .loop import exchange
 
 
 def workflow(fed: AppConfig) -> Any:
@@ -53,7 +53,7 @@ def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: 
     def central(server_round: int, arrays: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         record = R.to_record(arrays)
         result.arrays = record
-        metrics = dict(evaluate_fn(server_round, record))
+        metrics: dict[str, Any] = dict(evaluate_fn(server_round, record))
         return float(metrics.get("loss", 0.0)), metrics
 
     legacy = SecAggStrategy(strategy, R.to_numpy(initial), evaluate_fn=central, num_rounds=fed.num_server_rounds,
@@ -67,8 +67,8 @@ def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: 
 
 
 class PollingGrid:
-    """``grid`` whose ``send_and_receive`` polls every ``interval`` s (:func:`server_app.loop.exchange`): each SecAgg+
-    round is four exchanges, and Flower's deployment grid waits a fixed 3 s per poll."""
+    """``grid`` whose ``send_and_receive`` polls every ``interval`` s (:func:`flower_strategies.core.loop.exchange`):
+    each SecAgg+ round is four exchanges, and Flower's deployment grid waits a fixed 3 s per poll."""
 
     def __init__(self, grid: Grid, interval: float) -> None:
         self.grid, self.interval = grid, interval

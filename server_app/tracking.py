@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -169,8 +169,8 @@ class WandbTracker(Tracker):
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
 
-BACKENDS: dict[str, type[Tracker]] = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker,
-                                      "wandb": WandbTracker}
+BACKENDS: dict[str, Callable[[Path, Mapping[str, Any]], Tracker]] = {
+    "tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandbTracker}
 
 
 def start(backend: str, run_dir: Path, config: Mapping[str, Any]) -> Tracker:

@@ -1,1 +1,1 @@
-"""Launchers (Ray simulation, local deployment), the in-process engine, presets and benchmarks."""
+"""Launchers (Ray simulation, local deployment), in-process engines, paper reproductions, benchmarks and tools."""

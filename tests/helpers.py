@@ -141,7 +141,7 @@ def synthetic_initial_arrays() -> ArrayRecord:
     """The synthetic-linear model (float64) started at :data:`SYNTH_X0`."""
     import torch
 
-    from client_app.task import build_model
+    from app_common.task import build_model
 
     model = build_model("synthetic-linear", 0, SYNTH_DIM, "float64")
     with torch.no_grad():
@@ -156,7 +156,7 @@ def recorded_run(cls, hp, rounds, capture, *, fraction=0.5, client_lr=0.05, loca
     Returns ``(weights per round, sampled partition ids per round, [capture(new server state) of each server update],
     strategy, grid)``.
     """
-    from simulations.engine import simulate
+    from simulations.engine.inprocess import simulate
 
     schedule: list[list[int]] = []
     captured: list = []
@@ -320,7 +320,7 @@ def read_digits_once(monkeypatch, *task_modules) -> None:
 def children_in_process(monkeypatch, bench, real: int = 1) -> list[str]:
     """Let the benchmark module ``bench`` run its measurement children in this process, except the first ``real``.
 
-    The benchmarks (``simulations/bench_*.py``) start ``python -m <bench> --child …`` for every measurement, so that
+    The benchmarks (``simulations/bench/*.py``) start ``python -m <bench> --child …`` for every measurement, so that
     imports and first-call initialisation are nobody's measured cost; each child costs 5–8 CPU-s of imports (torch,
     Flower, scikit-learn) on top of a smoke run's fraction of a second.  Here the first ``real`` children are real
     processes (the child entry point and the parent's reading of its stdout are checked end to end); each later one

@@ -15,8 +15,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 
 from client_app.app import app as client_app
 from flower_strategies.core import records as R
-from client_app.task import build_model
-from simulations.engine import run_inprocess
+from app_common.task import build_model
+from simulations.engine.inprocess import run_inprocess
 from tests.helpers import client_keys
 
 BASE = {"num-server-rounds": 3, "local-steps": 4, "batch-size": 16}
@@ -134,7 +134,7 @@ def test_every_client_failing_stops_the_run_with_their_error(tmp_path):
 
 def test_client_side_evaluation_when_requested(tmp_path):
     from server_app.app import run
-    from simulations.engine import LoopbackGrid
+    from simulations.engine.inprocess import LoopbackGrid
 
     grid = LoopbackGrid(client_app, 4, {})
     cfg = {**BASE, "num-server-rounds": 1, "fraction-evaluate": 1.0, "output-dir": str(tmp_path), "run-name": "e"}
@@ -174,7 +174,7 @@ def test_clientapp_without_partition_in_node_config_explains_the_fix():
 
 
 def _loss_before_reply(extra_config, partition=1, server_round=2):
-    from client_app.task import load_client_data
+    from app_common.task import load_client_data
 
     model = build_model("digits-mlp", 0)
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(
@@ -289,14 +289,15 @@ def test_metrics_csv_appended_per_round_equals_a_full_rewrite(tmp_path):
 
 
 def test_exchange_polls_at_its_own_interval_and_returns_every_reply():
-    """server_app.loop.exchange: Grid.push_messages + Grid.pull_messages every ``interval`` s (Flower's deployment grid
+    """flower_strategies.core.loop.exchange: Grid.push_messages + Grid.pull_messages every ``interval`` s (Flower's
+    deployment grid
     sleeps 3 s between polls); replies arriving over several polls are all returned, a timeout ends the wait."""
     import time as _time
     from types import SimpleNamespace
 
     from flwr.app import Message, RecordDict
 
-    from server_app.loop import exchange
+    from flower_strategies.core.loop import exchange
 
     class SlowGrid:
         def __init__(self, ready_after: int) -> None:

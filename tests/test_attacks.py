@@ -1,7 +1,7 @@
 """Fault/attack matrix: what a lying or broken client can do to a run, with the defences on and off.
 
 Every end-to-end case runs the real ServerApp logic against the real ClientApp in-process
-(:func:`simulations.engine.run_inprocess`); one client (partition 0 of 5) is rewritten by ``intercept``.
+(:func:`simulations.engine.inprocess.run_inprocess`); one client (partition 0 of 5) is rewritten by ``intercept``.
 Setting: digits-mlp, 5 clients, 10 rounds × 2 local epochs (the clean run clearly learns: 0.09 → 0.79–0.91).
 "Within noise" = |Δ test accuracy| ≤ :data:`NOISE` against the clean run of the same seed and partition (the
 clean accuracy itself varies by ≈ 0.08 over seeds 0–4 on Dirichlet partitions, ≈ 0.04 on iid ones).
@@ -26,7 +26,7 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.validation import RecordSpec
 from flower_strategies.methods.baselines import FedAvg
 from server_app.app import RunFailed
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 from tests.helpers import NodesGrid, config, record, reply
 
 pytestmark = pytest.mark.slow  # the attack matrix runs many short federated runs; the full suite (CI) runs it

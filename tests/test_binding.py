@@ -18,7 +18,7 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.rejections import Kind
 from flower_strategies.core.screen import ReplyScreen
 from flower_strategies.core.validation import RecordSpec
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 
 INIT = {"w": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)}
 ROUNDS = 4

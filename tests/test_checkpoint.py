@@ -19,14 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from flwr.serverapp.strategy import Strategy
 
 import flower_strategies  # noqa: F401 - registers the methods
 from client_app.app import app as client_app
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core.registry import METHODS
 from server_app.app import run
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 from tests.helpers import every_method, rewrite_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +178,7 @@ def test_kill_9_of_the_server_process_then_resume(tmp_path):
     run_cfg = {**cfg, "output-dir": str(tmp_path), "run-name": "ck", "checkpoint-every": 1}
     script = textwrap.dedent(f"""
         import os, signal
-        from simulations.engine import run_inprocess
+        from simulations.engine.inprocess import run_inprocess
         def kill_in_round_4(request, reply, partition_id):
             cfg = request.content.config_records.get("config")
             if cfg is not None and int(cfg["server-round"]) == 4:
@@ -362,7 +363,7 @@ def test_loaded_state_dict_equals_the_strategys(tmp_path):
     """state_dict → checkpoint → load_state_dict → state_dict is the identity (arrays bit-exact, scalars equal)."""
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from client_app.task import build_model
+    from app_common.task import build_model
     from flower_strategies.core.registry import build_strategy
 
     for method in sorted(METHODS):
@@ -390,14 +391,14 @@ def test_loaded_state_dict_equals_the_strategys(tmp_path):
 
 
 def test_start_round_loop_equals_flowers_loop():
-    """server_app.loop.run_rounds with on_round_end (our resumable loop) gives exactly what Flower's
-    Strategy.start gives."""
+    """flower_strategies.core.loop.run_rounds with on_round_end (our resumable loop, which FedAdaptStrategy.start
+    runs) gives exactly what Flower's own Strategy.start loop gives."""
     from flwr.app import ArrayRecord
 
-    from client_app.task import build_model
+    from app_common.task import build_model
     from flower_strategies.core.records import to_numpy
     from flower_strategies.core.registry import build_strategy
-    from server_app.loop import run_rounds
+    from flower_strategies.core.loop import run_rounds
 
     cfg = {**BASE, "method": "fedadam"}
     out = []
@@ -409,8 +410,9 @@ def test_start_round_loop_equals_flowers_loop():
         if ours:
             res = run_rounds(strategy, grid, init, 4, 60.0, on_round_end=lambda r, a: ends.append(r))
             assert ends == [1, 2, 3, 4]
-        else:
-            res = strategy.start(grid=grid, initial_arrays=init, num_rounds=4)
+        else:  # Flower's loop itself, not the strategy's override
+            with strategy.driven():
+                res = Strategy.start(strategy, grid=grid, initial_arrays=init, num_rounds=4)
         out.append((to_numpy(res.arrays), sorted(res.train_metrics_clientapp)))
     assert out[0][1] == out[1][1] == [1, 2, 3, 4]
     for k in out[0][0]:

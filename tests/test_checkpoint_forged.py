@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flower_strategies.core import checkpoint as ckpt
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 from tests.helpers import rewrite_checkpoint
 
 CFG = {"task": "synthetic-linear", "synthetic-dim": 4, "precision": "float64", "local-steps": 2,

@@ -16,7 +16,7 @@ from client_app.app import app as client_app
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
 from server_app.app import run
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 from tests.test_checkpoint import BASE, NODES, Crash, assert_same_run, crash_in_round, rows
 
 

@@ -1,4 +1,4 @@
-"""``python -m simulations.compare``: a figure and a table of final metrics from real run directories.
+"""``python -m simulations.tools.compare``: a figure and a table of final metrics from real run directories.
 
 Three tiny real runs (the in-process engine, digits-mlp, 2 nodes, 2 rounds of 2 local steps): FedAvg with seeds 0 and 1
 and FedAdam with seed 0 at another client learning rate.  The two FedAvg runs differ only in the seed, so they are one
@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 
-from simulations import compare
+from simulations.tools import compare
 
 BASE = {"task": "digits-mlp", "num-server-rounds": 2, "min-available-nodes": 2, "min-train-nodes": 2, "local-steps": 2,
         "tracking": "none"}
@@ -24,7 +24,7 @@ BASE = {"task": "digits-mlp", "num-server-rounds": 2, "min-available-nodes": 2, 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     out = tmp_path_factory.mktemp("runs")
     flwr_logger = logging.getLogger("flwr")

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord
 
 import flower_strategies as fs
-from client_app.config import AppConfig
-from client_app.task import build_model
+from app_common.config import AppConfig
+from app_common.task import build_model
 from flower_strategies.core.client import full_gradient_from, num_local_steps
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, register, run_config_defaults
-from simulations import configgen
+from simulations.tools import configgen
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def test_valid_method_list_is_in_the_error():
 
 def test_bad_config_fails_before_any_message_is_sent(tmp_path):
     from server_app.app import run
-    from simulations.engine import LoopbackGrid
+    from simulations.engine.inprocess import LoopbackGrid
 
     calls = []
     grid = LoopbackGrid(lambda m, c: calls.append(m), 3)

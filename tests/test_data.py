@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from client_app import task
+from app_common import task
 
 
 def test_digits_split_is_stratified_and_fixed():

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import flower_strategies as fs
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from flower_strategies.core.hparams import StrategyConfig
 from flower_strategies.core.registry import METHODS, get_method
 from server_app import presets

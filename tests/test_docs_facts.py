@@ -4,7 +4,7 @@
 * every default in docs/run-config.md's table, and every "`key` (value)" default quoted in prose, is the code's;
 * every ``python -m <module>`` the docs name exists, and every repository path they name exists;
 * every dotted name in the project's packages (``flower_strategies.core.client.train_reply``,
-  ``simulations.engine.run_inprocess``, …), every ``from flower_strategies import …`` name and every
+  ``simulations.engine.inprocess.run_inprocess``, …), every ``from flower_strategies import …`` name and every
   ``<PublicClass>.<attribute>`` the docs mention resolves;
 * the default job's test accuracy is the same in the README's and the docs' quick start, the speed table and the
   per-method table;
@@ -53,8 +53,8 @@ def layer_sizes(model) -> list[int]:
 
 
 def test_readme_model_shape_is_the_built_model():
-    from client_app.config import AppConfig
-    from client_app.task import build_model
+    from app_common.config import AppConfig
+    from app_common.task import build_model
 
     stated = re.findall(r"a (\d+(?:-\d+)+) MLP", text(README))
     assert stated, "the README no longer states the default model's shape"
@@ -67,7 +67,7 @@ def test_readme_model_shape_is_the_built_model():
 # --- defaults ------------------------------------------------------------------------------------------------------
 
 def code_defaults() -> dict:
-    from client_app.config import AppConfig
+    from app_common.config import AppConfig
 
     return AppConfig.defaults(None)
 
@@ -318,7 +318,7 @@ def test_the_quoted_default_job_accuracy_is_what_the_default_job_reaches(tmp_pat
     in-process engine, which gives the same model as the Ray run.  The test set has 360 images, so accuracy moves in
     steps of 1/360; two steps of slack keep the check true where another CPU's BLAS rounds a borderline prediction
     the other way, and still fail on any real change of the job or the number."""
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     quoted = float(re.search(r"The default job reaches a test accuracy of \*\*([0-9.]+)\*\*", text(README)).group(1))
     run_inprocess({"output-dir": str(tmp_path), "learning-curve": False}, 10)

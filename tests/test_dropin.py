@@ -15,7 +15,7 @@ from flwr.clientapp import ClientApp
 
 import flower_strategies as fs
 from flower_strategies.core.strategy import ClientHalfMissing
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "pytorch_app"
 sys.path.insert(0, str(APP))

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 from simulations.launch import launch_sim
+from simulations.launch.flwr_cli import format_run_config
 from tests.helpers import our_processes
 
 pytestmark = pytest.mark.slow
@@ -30,10 +31,6 @@ CONFIG = {"method": "fedadam", "num-server-rounds": 3, "local-steps": 3, "batch-
           "fraction-train": 0.5, "seed": 4, "fedadam.server-lr": 0.05}
 
 
-def _toml(v):
-    return f"'{v}'" if isinstance(v, str) else repr(v)
-
-
 def test_ray_simulation_with_10_supernodes_matches_the_inprocess_engine(tmp_path, monkeypatch):
     # as with `.venv/bin/python -m simulations.launch` from a shell where the venv is NOT activated: Flower's own
     # processes must still find flower-superexec / flwr-serverapp (the launcher puts the venv's scripts on PATH)
@@ -41,7 +38,7 @@ def test_ray_simulation_with_10_supernodes_matches_the_inprocess_engine(tmp_path
     monkeypatch.setenv("PATH", os.pathsep.join(x for x in os.environ["PATH"].split(os.pathsep) if x != scripts))
     out = tmp_path / "out"
     cfg = {**CONFIG, "output-dir": str(out)}
-    rc = launch_sim(NODES, " ".join(f"{k}={_toml(v)}" for k, v in {**cfg, "run-name": "ray"}.items()),
+    rc = launch_sim(NODES, format_run_config({**cfg, "run-name": "ray"}),
                     tmp_path / "flwr", timeout=600, ray_cpus=1)
     assert rc == 0
     assert our_processes(tmp_path / "flwr") == []

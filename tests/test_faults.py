@@ -22,7 +22,7 @@ import flower_strategies  # noqa: F401 - registers the methods
 from client_app.app import app as client_app
 from flower_strategies.methods.baselines import FedAvg
 from server_app.app import run
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 from tests.helpers import NodesGrid, config, every_method, reply
 
 NODES = 6

@@ -26,7 +26,7 @@ from tests.helpers import (
     recorded_run,
     synthetic_initial_arrays, with_server_state,
 )
-from simulations.engine import simulate
+from simulations.engine.inprocess import simulate
 from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada
 
 DIM, NODES, RC, X0 = SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0

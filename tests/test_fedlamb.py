@@ -12,13 +12,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 
 import flower_strategies  # noqa: F401  (registers the core methods)
 import flower_strategies.methods.fedlamb as FL
-from client_app.task import build_model, load_client_data
+from app_common.task import build_model, load_client_data
 from flower_strategies.core import records as R
 from flower_strategies.core.client import batch_indices
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import get_method, parse_run_config
 from flower_strategies.core.strategy import RoundInputs
-from simulations.engine import simulate
+from simulations.engine.inprocess import simulate
 from tests.reference.fedlamb_ref import RefConfig, linear_grad, mlp_grad, run_reference
 
 torch.set_num_threads(1)  # tiny models: intra-op threads only contend on the shared CPUs

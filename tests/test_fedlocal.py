@@ -20,7 +20,7 @@ import torch
 
 import flower_strategies  # noqa: F401 - registers the core methods
 import flower_strategies.methods.fedlocal as FL
-from client_app.task import build_model, load_client_data
+from app_common.task import build_model, load_client_data
 from flower_strategies.core import records as R
 from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.core.client import batch_indices, train_reply
@@ -28,7 +28,7 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy, get_method, parse_run_config
 from flower_strategies.core.server_opt import ServerOptimizer
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
-from simulations.engine import LoopbackGrid, simulate
+from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import fedlocal_ref as ref
 
 DIM = 5
@@ -559,7 +559,7 @@ def _batches(content, n):
 
 
 def _steps(model, opt, x, y, batches):
-    from client_app.task import half_mse
+    from app_common.task import half_mse
 
     for idx in batches:
         opt.zero_grad()
@@ -576,7 +576,7 @@ def _reply_arrays(model, opt) -> dict[str, dict[str, np.ndarray]]:
 
 @pytest.mark.parametrize("method", list(API_CASES))
 def test_plain_torch_loop_equals_train_reply(method):
-    from client_app.task import half_mse
+    from app_common.task import half_mse
 
     spec, content = _train_content(method)
     x, y = _client_xy()

@@ -9,9 +9,9 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import strategy as flwr_strategy
 
 import flower_strategies as fs
-from client_app.task import build_model
+from app_common.task import build_model
 from flower_strategies.core.server_opt import ServerOptimizer
-from simulations.engine import simulate
+from simulations.engine.inprocess import simulate
 from tests.helpers import NodesGrid, config, record, reply
 from tests.reference import fedopt_ref
 

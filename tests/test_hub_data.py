@@ -1,4 +1,4 @@
-"""Hub loaders (``client_app/hub_data.py``) on tiny local ``datasets`` with the hub datasets' schemas (offline):
+"""Hub loaders (``app_common/hub_data.py``) on tiny local ``datasets`` with the hub datasets' schemas (offline):
 in memory, and saved with ``save_to_disk`` for the run-config ``dataset-path``; the unreachable hub's error."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 
-from client_app import hub_data as H
+from app_common import hub_data as H
 
 
 def images(n: int, size: int, channels: int, seed: int) -> list[np.ndarray]:
@@ -119,7 +119,7 @@ def test_femnist_from_the_hub_counts_writers_before_any_partition_is_loaded(monk
 def test_task_loaders_read_dataset_path_for_clients_and_the_test_split(tmp_path):
     """``load_client_data`` / ``load_test_data`` (what the ClientApp and the ServerApp call) read ``dataset_path``;
     FEMNIST through its writers, CIFAR-10 through the run-config partitioner and its own test split."""
-    from client_app import task as T
+    from app_common import task as T
 
     fem, cif = saved_copy(tmp_path, "femnist", n_train=80), saved_copy(tmp_path, "cifar10", n_train=30, n_test=12)
     T.hub_data.cache_clear()
@@ -162,8 +162,8 @@ def unknown_hub_name(monkeypatch):
 def test_unreachable_hub_fails_the_run_fast_naming_dataset_path(unknown_hub_name, monkeypatch, tmp_path):
     """Hub unreachable, no ``dataset-path``: the ServerApp fails before round 1 within seconds, and the error names
     ``dataset-path`` and the conversion command (no hub traceback chained to it)."""
-    from client_app import task as T
-    from simulations.engine import run_inprocess
+    from app_common import task as T
+    from simulations.engine.inprocess import run_inprocess
 
     monkeypatch.setattr(H, "hub_offline", lambda: False)
     monkeypatch.setattr(H, "hub_unreachable", lambda: "https://huggingface.co is unreachable (ConnectError: test)")
@@ -204,7 +204,7 @@ def test_fedadapt_never_sets_the_hub_offline_variables():
 
     assert not any(k.startswith("HF_") for k in BASE_ENV)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    code = ("import os, client_app.task, client_app.hub_data, simulations.launch.processes; "
+    code = ("import os, app_common.task, app_common.hub_data, simulations.launch.processes; "
             "print([k for k in ('HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE') if k in os.environ])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -248,8 +248,8 @@ def test_hub_tasks_run_through_the_real_apps(task, tmp_path, monkeypatch):
     split (FEMNIST: its writers' held-out parts); the hub is never asked.  cifar10-resnet18 trains a small GroupNorm
     CNN in ResNet-18's place (one ResNet-18 step takes seconds on a shared CPU; the model has its own test above)."""
     from client_app import app as client_mod
-    from client_app import task as task_mod
-    from simulations.engine import run_inprocess
+    from app_common import task as task_mod
+    from simulations.engine.inprocess import run_inprocess
 
     name = task_mod.HUB_TASKS[task][0]
     path = saved_copy(tmp_path, name, n_train=16, n_test=4)

@@ -9,11 +9,11 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 import flower_strategies as fs
-from client_app.task import build_model
+from app_common.task import build_model
 from flower_strategies.core import records as R
 from flower_strategies.compat.legacy import LAYOUT, LegacyStrategy, pack, unpack
 from flower_strategies.core.registry import METHODS
-from simulations.engine import simulate, simulate_legacy
+from simulations.engine.inprocess import simulate, simulate_legacy
 from tests.helpers import every_method
 
 RUN_CONFIG = {"task": "synthetic-linear", "seed": 2, "precision": "float64", "synthetic-dim": 4}
@@ -107,7 +107,7 @@ def test_legacy_client_side_evaluation_runs_the_numpyclients_evaluate_fn():
 
     from client_app.node import client_data
     from flower_strategies.compat.legacy import FedAdaptNumPyClient
-    from simulations.engine import LoopbackGrid
+    from simulations.engine.inprocess import LoopbackGrid
 
     calls: list[int] = []
 

@@ -15,11 +15,11 @@ from flwr.common.constant import HEARTBEAT_INTERVAL_INF, HEARTBEAT_PATIENCE, Err
 from flwr.proto.node_pb2 import NodeInfo
 
 from client_app.app import app as client_app
-from client_app.config import AppConfig
-from client_app.task import build_model
+from app_common.config import AppConfig
+from app_common.task import build_model
 from flower_strategies.core.registry import build_strategy
 from flower_strategies.core.hparams import ConfigError
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 
 CFG = {"task": "synthetic-linear", "synthetic-dim": 3, "local-steps": 1, "num-server-rounds": 3, "seed": 0}
 

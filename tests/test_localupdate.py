@@ -17,9 +17,9 @@ from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config
 
-from client_app.task import build_model, half_mse
+from app_common.task import build_model, half_mse
 from flower_strategies.core.client import batch_indices, train_reply
-from simulations.engine import LoopbackGrid, simulate
+from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import localupdate_ref as ref
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
@@ -497,7 +497,7 @@ def test_registry_and_run_config():
 
 
 def test_surrogate_plot_script(tmp_path):
-    from simulations import surrogate_plot
+    from simulations.tools import surrogate_plot
 
     out = tmp_path / "fp.png"
     surrogate_plot.main([str(out)])
@@ -506,7 +506,7 @@ def test_surrogate_plot_script(tmp_path):
 
 def test_server_app_path(tmp_path):
     """Registry → ServerApp logic → ClientApp in-process: K(Θ) overrides the common local-epochs/steps."""
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     summary = run_inprocess(
         {"method": "localupdatedecay", "task": "synthetic-linear", "synthetic-clients": 3, "synthetic-dim": DIM,

@@ -28,7 +28,7 @@ from flwr.common.logger import FLOWER_LOGGER
 import flower_strategies  # noqa: F401 - registers the methods
 from flower_strategies.core.rounds import robust_mean, weighted_mean
 from flower_strategies.core.screen import ScreenPolicy
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 
 NODES = 5
 BASE = {

@@ -12,7 +12,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 import flower_strategies.methods.mimelite as ml
-from client_app.task import TASK_SPECS, build_model
+from app_common.task import TASK_SPECS, build_model
 from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, build_strategy

@@ -14,8 +14,8 @@ import torch
 from flwr.app import ArrayRecord
 
 import flower_strategies as fs
-from client_app.task import build_model
-from simulations.engine import simulate
+from app_common.task import build_model
+from simulations.engine.inprocess import simulate
 
 # ------------------------------------------------------------------ the contributor's module (methods/clipped.py)
 from flower_strategies.core.hparams import HParams, param

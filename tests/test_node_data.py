@@ -18,10 +18,10 @@ import torch
 import client_app.node as client_module
 from client_app.app import app as client_app
 from client_app.node_data import load_node_data
-from client_app.task import load_client_data
+from app_common.task import load_client_data
 from server_app.app import run
-from simulations.convert_data import convert
-from simulations.engine import LoopbackGrid
+from simulations.tools.convert_data import convert
+from simulations.engine.inprocess import LoopbackGrid
 from simulations.launch import node_config, node_data_paths
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ def test_converter_writes_exactly_the_bundled_partitions(tmp_path):
 @pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 def test_converter_command_line(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "simulations.convert_data", "--out", str(tmp_path), "--num-partitions", "3",
+        [sys.executable, "-m", "simulations.tools.convert_data", "--out", str(tmp_path), "--num-partitions", "3",
          "--task", "synthetic-linear", "--synthetic-dim", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
@@ -108,7 +108,7 @@ def test_the_file_really_is_the_training_data(tmp_path):
 def _train(cfg):
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-    from client_app.task import build_model
+    from app_common.task import build_model
     from tests.helpers import client_keys, train_message
 
     model = build_model("digits-mlp", 0)

@@ -1,4 +1,4 @@
-"""Partitions that scale (client_app/partitions.py): the default partitioner at every documented client count.
+"""Partitions that scale (app_common/partitions.py): the default partitioner at every documented client count.
 
 The docs run the default job (Dirichlet(0.3) over the digits' 1,437 training examples) with 3, 5, 10 and 20 SuperNodes,
 docs/vectorized.md and docs/deployment.md with 100; 1,000 is the scale a researcher tries next.  Every count must give
@@ -15,8 +15,8 @@ import logging
 import numpy as np
 import pytest
 
-from client_app import task
-from client_app.partitions import fit_partitioner
+from app_common import task
+from app_common.partitions import fit_partitioner
 
 #: sha256 (first 16 hex digits) of every (x, y) of the digits Dirichlet partitions, in partition order, as made before
 #: the fallback existed (git 9f9757e): n/seed/alpha → hash.  Unchanged = the same examples in the same order.
@@ -99,7 +99,7 @@ def test_more_partitions_than_examples_names_what_to_change() -> None:
 
 
 def test_hub_data_falls_back_too(flwr_warnings) -> None:
-    from client_app import hub_data as H
+    from app_common import hub_data as H
     from tests.test_hub_data import local_copy
 
     src = local_copy("mnist", n_train=60)

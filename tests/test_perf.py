@@ -52,7 +52,7 @@ REL = 1e-5
 
 
 def run_rows(name: str, out: Path) -> list[dict]:
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     cfg, nodes = CASES[name]
     run_inprocess({**cfg, "output-dir": str(out), "run-name": name}, nodes)
@@ -89,7 +89,7 @@ def test_metrics_match_golden(name: str, tmp_path: Path, one_thread: None) -> No
 
 @pytest.mark.slow  # a real child process: the full suite runs it
 def test_bench_aggregation_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from simulations import bench_aggregation
+    from simulations.bench import aggregation as bench_aggregation
 
     # one method pair: every row is the same two children (timed, resident set) around another strategy; the first
     # child is a real process, the other seven run in this one (children_in_process: the same code, no interpreter)
@@ -103,7 +103,7 @@ def test_bench_aggregation_runs(capsys: pytest.CaptureFixture[str], monkeypatch:
 
 @pytest.mark.slow  # a real child process: the full suite runs it
 def test_bench_simulation_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from simulations import bench_simulation
+    from simulations.bench import simulation as bench_simulation
 
     children = children_in_process(monkeypatch, bench_simulation)  # plain, engine, defaults, floor: the first real
     assert bench_simulation.main(["--nodes", "3", "--epochs", "1", "--rounds", "2"]) == 0

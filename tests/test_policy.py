@@ -17,7 +17,7 @@ from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError, StrategyConfig
 from flower_strategies.core.registry import parse_run_config
 from flower_strategies.core.rejections import Kind, Rejection
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 
 INIT = {"w": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)}
 
@@ -133,14 +133,14 @@ def test_max_idle_rounds_is_one_strategy_setting_for_both_paths():
     assert fed.max_idle_rounds == 0
     with pytest.raises(ConfigError, match="max-idle-rounds = -1 is out of range"):
         parse_run_config({"max-idle-rounds": -1})
-    from client_app.config import AppConfig
+    from app_common.config import AppConfig
     from server_app import app
 
     assert app.RunFailed is policy.RunFailed and "max_idle_rounds" not in AppConfig.__dict__.get("__annotations__", {})
 
 
 def test_the_projects_loop_applies_the_same_policy_before_the_round_end_hook():
-    from server_app.loop import run_rounds
+    from flower_strategies.core.loop import run_rounds
 
     ends: list[int] = []
     with pytest.raises(policy.RunFailed, match="every client failed"):

@@ -1,4 +1,4 @@
-"""Large populations (``simulations.population``) and the ``leaf-synthetic`` task (Synthetic(α, β)).
+"""Large populations (``simulations.engine.population``) and the ``leaf-synthetic`` task (Synthetic(α, β)).
 
 * the generator: shapes, determinism, each client made on its own from (seed, id), power-law sizes;
 * the out-of-core row store: round trip (dtypes and bits), replacement, reopening, sparse files;
@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client_app import task as T
+from app_common import task as T
 from client_app.app import app as client_app
 from flower_strategies.core.records import STATE_PREFIX
 from flower_strategies.methods.scaffold import CLIENT_CONTROL
-from simulations.engine import make_grid, simulate
-from simulations.population import NodeContexts, RowStore
+from simulations.engine.inprocess import make_grid, simulate
+from simulations.engine.population import NodeContexts, RowStore
 
 
 # ------------------------------------------------------------------------------------------ Synthetic(α, β)
@@ -158,7 +158,7 @@ def test_a_population_of_2000_makes_contexts_only_for_the_sampled_clients(tmp_pa
     """1 % of 2,000 per round through the real ServerApp (vectorized engine): the contexts made are the sampled
     clients' (none for the other ~1,940), none stays alive between rounds, and the sampled set and results are
     those of the same run with every context kept in memory (the partition-id query of all nodes skipped)."""
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     cfg = {"task": "leaf-synthetic", "method": "scaffold", "fraction-train": 0.01, "num-server-rounds": 3,
            "local-steps": 3, "output-dir": str(tmp_path), "learning-curve": False, "client-lr": 0.05}
@@ -168,7 +168,7 @@ def test_a_population_of_2000_makes_contexts_only_for_the_sampled_clients(tmp_pa
         grids.append(make_grid(*args, **kwargs))
         return grids[-1]
 
-    import simulations.engine as E
+    import simulations.engine.inprocess as E
 
     monkeypatch.setattr(E, "make_grid", capture)
     with_store = run_inprocess({**cfg, "run-name": "store"}, 2000, engine="vectorized",

@@ -12,11 +12,11 @@ import csv
 import pytest
 
 import flower_strategies  # noqa: F401 - registers every method
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from flower_strategies.core.registry import METHODS, parse_run_config, run_config_defaults
 from server_app import presets
 from server_app.plots import FILENAME
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 
 TASK = AppConfig.task  # the default task
 CHANCE = 0.1  # 10 digit classes

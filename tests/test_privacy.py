@@ -24,7 +24,7 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.registry import METHODS
 from flower_strategies.core.validation import RecordSpec
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 from tests.helpers import SYNTH_RC, NodesGrid, every_method, record, reply, synthetic_initial_arrays
 
 NODES = 4
@@ -328,7 +328,7 @@ def test_native_dp_with_moderate_noise_still_learns_digits(tmp_path):
     (non-private 0.93, chance 0.10; docs/results/privacy); the reported ε is the accountant's for 20 such rounds."""
     import json
 
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     cfg = {"method": "fedavg", "num-server-rounds": 20, "local-steps": 5, "batch-size": 16, "partitioner": "iid",
            "fraction-train": 0.5, "min-available-nodes": 20, "seed": 0, "dp-clip": 1.0, "dp-noise-multiplier": 0.5,

@@ -20,7 +20,7 @@ import flower_strategies as fs
 from flower_strategies.compat.legacy import TRAIN_CONTRACT, LegacyStrategy, train_result
 from flower_strategies.core.client import RoundLoader, TensorPartition
 from flower_strategies.core.strategy import ClientHalfMissing
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 from tests.helpers import error_reply, metadata, set_task_identity
 
 ROOT = Path(__file__).resolve().parent.parent

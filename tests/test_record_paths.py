@@ -71,7 +71,7 @@ def test_both_paths_build_identical_records():
 def test_a_run_is_bitwise_the_same_on_both_paths(name):
     """A whole in-process run (server records, client replies, downlink extras) through each path: the same global
     arrays every round, bit for bit."""
-    from simulations.engine import simulate
+    from simulations.engine.inprocess import simulate
 
     runs = []
     for fast in PATHS:

@@ -155,9 +155,9 @@ def test_each_kind_is_produced_by_its_case_with_its_wording(kind, monkeypatch):
 
 
 # ------------------------------------------------------------------ nothing decides from the wording
-#: Where rejections are made and consumed: the library and both apps.
+#: Where rejections are made and consumed: the library and both apps (with what they share, app_common/).
 SOURCES = sorted([*(ROOT / "flower_strategies").rglob("*.py"), *(ROOT / "server_app").rglob("*.py"),
-                  *(ROOT / "client_app").rglob("*.py")])
+                  *(ROOT / "client_app").rglob("*.py"), *(ROOT / "app_common").rglob("*.py")])
 #: Calls that match text.
 TEXT_MATCHERS = {"startswith", "endswith", "find", "rfind", "index", "count", "search", "match", "fullmatch",
                  "findall", "split", "partition"}

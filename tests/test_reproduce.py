@@ -167,7 +167,7 @@ def test_missing_shakespeare_cache_skips_the_setting_with_the_fix(tmp_path, monk
     assert [r["label"] for r in rows] == [e.label for e in entries]
     assert all("Shakespeare cache not prepared" in r["error"] for r in rows)  # the data, not the registry, is named
     table = R.write_outputs(paper, "shakespeare", rows, tmp_path / "out", "cmd")["table"].read_text()
-    assert "python -m client_app.shakespeare prepare" in table and not (tmp_path / "out" / "accuracy.png").exists()
+    assert "python -m app_common.shakespeare prepare" in table and not (tmp_path / "out" / "accuracy.png").exists()
     assert R.main(["sweep", "003", "--setting", "shakespeare", "--out", str(tmp_path / "sw")]) == 2
 
 
@@ -300,7 +300,7 @@ def test_catalogue_files_are_consistent():
 
 def test_every_registered_entry_is_a_valid_run_config():
     """Registry-driven: each entry whose method is registered parses (keys renamed by a port fail here, by name)."""
-    from client_app.config import AppConfig
+    from app_common.config import AppConfig
     from flower_strategies.core.registry import parse_run_config
 
     checked = set()

@@ -1,9 +1,9 @@
 """``defence = "robust"`` (FLTrust's trust gate + the norm clip at 3× + the weight clip at 1.5×) against the issue-36
 attacks, each case asserting its measured outcome (docs/robustness.md, "The attack matrix"; the full matrix is
-``python -m simulations.bench_robustness --write-docs``).
+``python -m simulations.bench.robustness --write-docs``).
 
 Every case is one run of the real ServerApp against the real ClientApp on the vectorized engine (digits-mlp,
-10 rounds × 2 local epochs, client-lr 0.1; ``simulations.bench_robustness.run_case``), 5 clients of which partitions
+10 rounds × 2 local epochs, client-lr 0.1; ``simulations.bench.robustness.run_case``), 5 clients of which partitions
 0 (and 1) attack; ≈ 1 s each.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simulations.bench_robustness import DIGITS, run_case
+from simulations.bench.robustness import DIGITS, run_case
 from tests.test_attacks import one_thread  # noqa: F401 - the same module-wide autouse fixture (1 thread, quiet logs)
 
 TARGET = 0.05
@@ -73,7 +73,7 @@ def test_a_server_optimizer_is_not_steered_by_one_of_five(runs, method):
 def test_default_job_clean_robust_is_within_001_of_off(tmp_path):
     """The default job (FedAvg, 10 Dirichlet-0.3 clients, 10 rounds × 5 epochs, client-lr 0.5), seed 0: off 0.925,
     robust 0.922 (the former robust profile — clip 1, cosine floor 0 — 0.817)."""
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     acc = {d: run_inprocess({"defence": d, "seed": 0, "output-dir": str(tmp_path), "run-name": d,
                              "learning-curve": False}, 10, engine="vectorized")["final"]["test-accuracy"]

@@ -1,9 +1,9 @@
 """The attack matrix of docs/robustness.md, each case asserting its measured outcome.
 
 Every case is one run of the real ServerApp logic against the real ClientApp in-process
-(:func:`simulations.bench_robustness.run_case`: digits-mlp, 5 clients, 10 rounds × 2 local epochs); the attackers
+(:func:`simulations.bench.robustness.run_case`: digits-mlp, 5 clients, 10 rounds × 2 local epochs); the attackers
 (partition 0, or partitions 0 and 1) rewrite their train replies with the attacks of
-:data:`simulations.bench_robustness.ATTACKS`.  A case is ``(partition, aggregator, attack, expectation)``:
+:data:`simulations.bench.robustness.ATTACKS`.  A case is ``(partition, aggregator, attack, expectation)``:
 
 * ``NEAR_CLEAN`` — within :data:`NOISE` of the clean run with the default settings on the same partition;
 * ``(">=", a)`` / ``("<=", a)`` — the measured accuracy's side of ``a`` (a held cell stays held; a broken cell, kept
@@ -11,7 +11,7 @@ Every case is one run of the real ServerApp logic against the real ClientApp in-
 * every case completes: no attack crashes the server or fails the run.
 
 More cases (reply-level ones: malformed payloads, replays, oversized replies, metric lies) join :data:`CASES` as
-rows with their own attack; the table in docs/robustness.md is ``python -m simulations.bench_robustness``.
+rows with their own attack; the table in docs/robustness.md is ``python -m simulations.bench.robustness``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from simulations.bench_robustness import run_case
+from simulations.bench.robustness import run_case
 from tests.test_attacks import one_thread  # noqa: F401 - the same module-wide autouse fixture (1 thread, quiet logs)
 
 pytestmark = pytest.mark.slow  # 41 short federated runs (40 s on the loaded 2-core VM); the full suite (CI) runs them
@@ -30,7 +30,7 @@ NOISE = 0.05
 ROUNDS = 10
 NEAR_CLEAN = ("near-clean", NOISE)
 
-#: ``(partition, aggregator, attack, expectation)``; aggregators and attacks as in simulations.bench_robustness.
+#: ``(partition, aggregator, attack, expectation)``; aggregators and attacks as in simulations.bench.robustness.
 CASES: list[tuple[str, str, str | None, tuple[str, float]]] = [
     # the mean with the update clip at 1× the round's median norm: one attacker of 5
     ("iid", "mean-clip1", "flip-1e4x", NEAR_CLEAN),  # rejected (update-norm-ratio 100)

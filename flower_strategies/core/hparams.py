@@ -191,8 +191,9 @@ def _rename(msg: str, cls: type, prefix: str | None) -> str:
     return msg
 
 
-def _toml_value(value: Any) -> str:
-    """``value`` as a TOML literal (run-config tables)."""
+def toml_value(value: Any) -> str:
+    """``value`` as a TOML literal: the project's one TOML writer (run-config tables; ``--run-config`` strings,
+    simulations/launch/flwr_cli.py)."""
     import json
 
     if isinstance(value, bool):

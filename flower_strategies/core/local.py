@@ -93,7 +93,7 @@ class LocalOptimizer(torch.optim.Optimizer):
     #: :meth:`requires_planned_steps`.
     needs_planned_steps: ClassVar[bool] = False
     #: ``None``: one client's parameters (the normal case).  An int C: every parameter (and the client state) is
-    #: stacked on a leading client axis of C clients trained together (:mod:`simulations.vectorized`); downlink
+    #: stacked on a leading client axis of C clients trained together (:mod:`simulations.engine.vectorized`); downlink
     #: tensors from :meth:`received` are then repeated along it, and reductions use :meth:`client_sum`.
     clients: int | None = None
 

@@ -142,10 +142,6 @@ def state_like(arrays: Mapping[str, np.ndarray], keys: Iterable[str], fill: floa
     return {k: np.full(np.shape(arrays[k]), fill, dtype=dtype_of(arrays[k])) for k in keys}
 
 
-def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
-    return int(sum(np.asarray(a).nbytes for a in arrays.values()))
-
-
 def pseudo_gradient(current: Mapping[str, np.ndarray], mean: NamedArrays, keys: Iterable[str]) -> NamedArrays:
     """``D̄ = x_t − mean_i x_i`` over ``keys`` in the parameters' dtype (float64 runs: the float64 difference)."""
     return {k: np.subtract(current[k], mean[k], dtype=np.asarray(current[k]).dtype) for k in keys}

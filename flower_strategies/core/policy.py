@@ -7,30 +7,22 @@ After every round (and at the end of the run) :func:`check_progress` reads the s
 * the last ``max-idle-rounds`` rounds updated nothing (every reply rejected or missing; it names the rejections);
 * at the end of the run (``final``), no round of the run updated the model.
 
-One policy, applied in three places: :meth:`FedAdaptStrategy.start <.strategy.FedAdaptStrategy.start>` (Flower's
-own loop, in a user's ServerApp; :func:`run_checked`), the fedadapt ServerApp's resumable loop
-(``server_app.loop.run_rounds``) and the legacy adapter (:class:`~flower_strategies.compat.legacy.LegacyStrategy`).
+One policy, applied in two places: the round loop (:func:`.loop.run_rounds`, which runs
+:meth:`FedAdaptStrategy.start <.strategy.FedAdaptStrategy.start>` and the fedadapt ServerApp) and the legacy adapter
+(:class:`~flower_strategies.compat.legacy.LegacyStrategy`).
 ``max-idle-rounds`` is a strategy setting (:class:`~.hparams.StrategyConfig`).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Sequence
-from logging import ERROR
-from typing import TYPE_CHECKING, Any, Protocol
-
-from flwr.app import ArrayRecord, MetricRecord
-from flwr.common import log
+from collections.abc import Sequence
+from typing import Protocol
 
 from .privacy import mod_refusal_hint
 from .rejections import Kind
 from .rounds import RoundLog
 
-if TYPE_CHECKING:
-    from flwr.serverapp.strategy import Result
-
-__all__ = ["RunFailed", "check_progress", "check_strategy", "run_checked", "what_happened"]
+__all__ = ["RunFailed", "check_progress", "check_strategy", "what_happened"]
 
 #: How many rejection reasons a failure message quotes.
 QUOTED = 3
@@ -99,24 +91,3 @@ def check_strategy(strategy: Checked, *, final: bool = False) -> None:
     check_progress(strategy.history, strategy.settings.max_idle_rounds, final=final)
 
 
-def run_checked(strategy: Checked, start: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
-    """``start(*args, **kwargs)`` (Flower's ``Strategy.start``) under the policy: checked after every round's
-    central evaluation (``evaluate_fn``, wrapped; one that does nothing is passed when the caller gave none) and
-    at the end of the run.  A :class:`RunFailed` is logged and raised out of ``start``."""
-    bound = inspect.signature(start).bind(*args, **kwargs)
-    user_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = bound.arguments.get("evaluate_fn")
-
-    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        res = user_fn(server_round, arrays) if user_fn is not None else None
-        if server_round > 0:
-            check_strategy(strategy)
-        return res
-
-    bound.arguments["evaluate_fn"] = evaluate_fn
-    try:
-        result = start(*bound.args, **bound.kwargs)
-        check_strategy(strategy, final=True)
-    except RunFailed as err:
-        log(ERROR, "fedadapt: run FAILED: %s", err)
-        raise
-    return result

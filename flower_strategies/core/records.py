@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from logging import INFO
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -352,6 +352,37 @@ def record_nbytes(record: ArrayRecord) -> int:
     """Array payload bytes of an ArrayRecord, from shapes and dtypes (without deserialising it); an Array whose
     metadata does not describe an array (a client's) counts its raw payload length."""
     return sum(_array_nbytes(arr) for arr in record.values())
+
+
+def arrays_nbytes(content: RecordDict) -> int:
+    """:func:`record_nbytes` of every ArrayRecord of a message: the array values a round moves (its ``bytes-down``
+    per sampled node, its ``bytes-up`` per reply)."""
+    return sum(record_nbytes(rec) for _, rec in of_type(content, ArrayRecord))
+
+
+def payload(data: Any) -> bytes | bytearray | memoryview:
+    """An Array's payload as a buffer (what a malformed Array holds instead of bytes counts as empty)."""
+    return data if isinstance(data, (bytes, bytearray, memoryview)) else b""
+
+
+def _value_nbytes(value: Any) -> int:
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, list):  # Flower's record lists are homogeneous
+        return sum(map(len, value)) if value and isinstance(value[0], (str, bytes)) else 8 * len(value)
+    return 8
+
+
+def content_nbytes(content: RecordDict) -> int:
+    """The bytes a reply carries as received, trusting none of its metadata (the binder's size bound): array
+    payloads as they arrived, plus keys and values of its config/metric records (numbers: 8)."""
+    total = 0
+    for _, rec in content.items():
+        if isinstance(rec, ArrayRecord):
+            total += sum(memoryview(payload(arr.data)).nbytes for arr in rec.values())
+        else:
+            total += sum(len(key) + _value_nbytes(value) for key, value in rec.items())
+    return total
 
 
 def _array_nbytes(arr: Array) -> int:

@@ -79,7 +79,7 @@ METHODS: dict[str, MethodSpec] = {}
 #: measured on an app of Flower quickstart-pytorch's shape (its CNN, DataLoader and momentum-SGD loop at lr 0.1; 10
 #: nodes, 10 rounds, 2 seeds) against stock FedAvg: the registry's factor where it passes (no divergence, final
 #: accuracy ≥ stock FedAvg's − 0.05), else the best passing one of ×0.1 … ×10 (×30 for mimelite) —
-#: ``python -m simulations.plugin_factors``, docs/results/plugin-factors.md.  ``fedams`` and ``localadam`` (local
+#: ``python -m simulations.tools.plugin_factors``, docs/results/plugin-factors.md.  ``fedams`` and ``localadam`` (local
 #: AMSGrad) blow up at ×1; the plain-SGD local steps want ×3–×30 (they replace SGD with momentum 0.9).
 CLIENT_LR_FACTOR: dict[str, float] = {
     "fedams": 0.1, "localadam": 0.1,
@@ -261,9 +261,9 @@ def check_key_spelling(run_config: Mapping[str, Any], exempt: Iterable[str] = ()
 
 def config_lines(method: str) -> str:
     """The ``[tool.flwr.app.config]`` lines an app declares to set ``method``'s keys with ``--run-config``."""
-    from .hparams import _toml_value
+    from .hparams import toml_value
 
     spec = get_method(method)
     lines = [f"# fedadapt: {spec.name} ({spec.summary})", f'method = "{spec.name}"']
-    lines += [f"{k} = {_toml_value(v)}" for k, v in spec.defaults().items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in spec.defaults().items()]
     return "\n".join(lines)

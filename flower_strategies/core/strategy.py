@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -39,8 +39,9 @@ from . import records as R
 from .binding import ReplyBinder
 from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer, has_client_half
-from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers, nbytes
-from .policy import run_checked
+from .loop import run_rounds
+from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers
+from .policy import RunFailed
 from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
 from .rejections import Kind, Rejection
 from .robust import TRUST_RULES, VECTOR_RULES, TooFewReplies, byzantine_count, check_replies
@@ -251,11 +252,18 @@ class FedAdaptStrategy(Strategy):
         log(INFO, "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
             s.client_lr, s.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kwargs: Any) -> Result:
-        """Flower's ``Strategy.start``, failing a run that trains nothing (:mod:`.policy`); records ``num_rounds``."""
-        self.num_rounds = int(num_rounds)
-        with self.driven():
-            return run_checked(self, super().start, grid, initial_arrays, num_rounds, *args, **kwargs)
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Flower's ``Strategy.start`` (same arguments, same loop), run by fedadapt's one round loop
+        (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and raised)."""
+        try:
+            with self.driven():
+                return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
+                                  train_config=train_config, evaluate_config=evaluate_config)
+        except RunFailed as err:
+            log(ERROR, "fedadapt: run FAILED: %s", err)
+            raise
 
     @contextmanager
     def driven(self) -> Iterator[None]:
@@ -293,7 +301,7 @@ class FedAdaptStrategy(Strategy):
         if clash:
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
-        rlog.bytes_down = (nbytes(self.current) + sum(nbytes(v) for v in extras.values())) * num_sampled
+        rlog.bytes_down = R.arrays_nbytes(content) * num_sampled
         self.robust_references(content)
         return content
 
@@ -344,8 +352,7 @@ class FedAdaptStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         rlog = self.rounds.take(server_round)
         replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
-        rlog.bytes_up = sum(R.record_nbytes(r) for m in replies if not m.has_error()
-                            for _, r in R.of_type(m.content, ArrayRecord))
+        rlog.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
         screen = self.reply_screen()
         screened = self.binder.run(server_round, replies, screen, self.settings.max_reply_bytes)
         privacy = PrivacyPolicy.from_settings(self.settings)

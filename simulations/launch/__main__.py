@@ -56,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     dep = ap.add_argument_group("deploy / secure")
     dep.add_argument("--nodes", type=int, default=2, metavar="N", help="SuperNodes (secure: registered ones)")
     dep.add_argument("--node-data", nargs="+", default=None, metavar="PATH",
-                     help="deploy: one .npz per node, or a directory of partition-<i>.npz (simulations.convert_data)")
+                     help="deploy: one .npz per node, or a directory of partition-<i>.npz "
+                          "(simulations.tools.convert_data)")
     dep.add_argument("--preloaded", action="store_true",
                      help="deploy: a pre-loaded SuperExec forks each ClientApp (simulations.launch.preloaded_exec)")
     dep.add_argument("--task-poll-interval", type=float, default=None, metavar="S",

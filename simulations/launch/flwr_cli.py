@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flower_strategies.core.hparams import toml_value
+
 from .processes import APP_DIR, Cluster, bin_path
 from .progress import StreamView
 
@@ -47,13 +49,11 @@ def parse_run_config(run_config: str | None) -> dict[str, Any]:
 
 
 def format_run_config(cfg: Mapping[str, Any]) -> str:
-    """``{k: v}`` → ``k=v ...`` with TOML-typed values (what ``flwr run --run-config`` reads back)."""
+    """``{k: v}`` → ``k=v ...`` with TOML-typed values (what ``flwr run --run-config`` reads back).  A string goes in
+    single quotes (a TOML literal string) where it can: Flower splits the line at the closing quote, so a ``"`` inside
+    a double-quoted value would cut it."""
     def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return f"'{v}'" if "'" not in v else json.dumps(v)
-        return repr(v)
+        return f"'{v}'" if isinstance(v, str) and "'" not in v else toml_value(v)
 
     return " ".join(f"{k}={value(v)}" for k, v in cfg.items())
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import CodeType
 from typing import Any
 
@@ -38,7 +38,7 @@ def _read_at_call_time(module: Any, name: str) -> bool:
             if isinstance(const, CodeType):
                 yield from codes(const)
 
-    def functions(ns: dict[str, Any]) -> Iterator[Any]:
+    def functions(ns: Mapping[str, Any]) -> Iterator[Any]:
         for value in ns.values():
             if inspect.isclass(value) and value.__module__ == module.__name__:
                 yield from functions(vars(value))
@@ -102,7 +102,7 @@ def set_idle_poll(seconds: float) -> None:
     if not _read_at_call_time(start_client_internal, "time"):
         raise SystemExit(f"no code in {start_client_internal.__name__} reads its 'time' module when it runs "
                          f"(not flwr 1.42?)")
-    start_client_internal.time = _IdlePollClock(seconds)  # type: ignore[attr-defined]
+    start_client_internal.time = _IdlePollClock(seconds)  # type: ignore[assignment]
     if getattr(start_client_internal.time, "seconds", None) != seconds:
         raise SystemExit(f"{start_client_internal.__name__}.time did not take the idle poll of {seconds} s")
 

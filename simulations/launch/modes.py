@@ -97,7 +97,7 @@ def launch_sim(num_supernodes: int, run_config: str | None, flwr_home: Path, tim
 
 def node_data_paths(node_data: Sequence[str | Path] | None, nodes: int) -> list[Path] | None:
     """Per-node data files: one path per node, or one directory holding ``partition-<i>.npz``
-    (as written by ``python -m simulations.convert_data``)."""
+    (as written by ``python -m simulations.tools.convert_data``)."""
     if not node_data:
         return None
     items = [Path(p).expanduser().resolve() for p in node_data]
@@ -320,8 +320,8 @@ def launch_secure_deploy(nodes: int, run_config: str | None, flwr_home: Path, ti
         res.nodes_listed = list_supernodes(cluster, conn)
     report(res.run_id, res.status, log_dir)
     listed = [(n.get("node-id"), n.get("status")) for n in res.nodes_listed]
-    plaintext = "failed" if res.plaintext_client.get("success") is False else "WORKED"
-    print(f"[fedadapt] secure: plaintext flwr ls {plaintext} "
+    plaintext_ls = "failed" if res.plaintext_client.get("success") is False else "WORKED"
+    print(f"[fedadapt] secure: plaintext flwr ls {plaintext_ls} "
           f"({res.plaintext_client.get('error-message', '')!r}), plain HTTP: {res.plaintext_http_error or 'ANSWERED'}; "
           f"unregistered SuperNodes' exit codes {res.unregistered_rc}; "
           f"registered node ids {res.registered_ids}, listed {listed}", flush=True)

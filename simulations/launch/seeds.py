@@ -1,7 +1,7 @@
 """``python -m simulations.launch sim --engine inprocess [--seeds N]``: the in-process engine from the command line.
 
-Without ``--seeds`` it is one ordinary run (:func:`simulations.engine.run_inprocess`: the real ServerApp logic driving
-the real ClientApp in this process, no Ray, no SuperLink), writing the usual files under
+Without ``--seeds`` it is one ordinary run (:func:`simulations.engine.inprocess.run_inprocess`: the real ServerApp logic
+driving the real ClientApp in this process, no Ray, no SuperLink), writing the usual files under
 ``<output-dir>/<run-name>/``.
 
 With ``--seeds N`` it runs the same configuration with seeds ``s0 … s0+N-1`` (``s0`` = the run-config's ``seed``,
@@ -39,7 +39,7 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def group_dir(cfg: Mapping[str, Any]) -> Path:
     """Where a multi-seed run writes: ``<output-dir>/<run-name>``, or ``<output-dir>/<method>-<task>-seeds``."""
-    from client_app.config import parse as app_config
+    from app_common.config import parse as app_config
 
     fed = app_config(dict(cfg))
     return Path(fed.output_dir).expanduser().resolve() / (fed.run_name or f"{fed.method}-{fed.task}-seeds")
@@ -153,7 +153,7 @@ def launch_inprocess(num_nodes: int, run_config: str | None, seeds: int | None =
     if seeds is not None:
         res = run_seeds(cfg, seeds, num_nodes, engine)
         return 0 if res["completed"] == len(res["per_seed"]) else 1
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     summary = run_inprocess(cfg, num_nodes, engine=engine)
     print(f"[fedadapt] {engine} run {summary.get('status')}: {json.dumps(summary.get('final'), default=str)}",

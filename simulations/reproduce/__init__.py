@@ -7,9 +7,9 @@
     python -m simulations.reproduce report --out DIR                  # rewrite tables/plots from DIR's results.json
 
 Every run is the real ServerApp logic driving the real ClientApp in this process
-(:func:`simulations.engine.run_inprocess`), so a row of ``results.csv`` is exactly what ``flwr run`` with the same
-run-config computes (the engine is deterministic for a seed).  For each paper and data setting the suite writes, under
-``--out`` (default ``outputs/reproduce``)::
+(:func:`simulations.engine.inprocess.run_inprocess`), so a row of ``results.csv`` is exactly what ``flwr run`` with the
+same run-config computes (the engine is deterministic for a seed).  For each paper and data setting the suite writes,
+under ``--out`` (default ``outputs/reproduce``)::
 
     <paper>/<setting>/runs/<label>-seed<s>/metrics.{jsonl,csv}, summary.json   (the engine's own files)
     <paper>/<setting>/results.csv, results.json     one row per method × seed (+ one row per skipped method)

@@ -66,7 +66,7 @@ class Setting:
         """``None`` when the setting's data are available, else why not and how to fix it."""
         if self.task != SHAKESPEARE_TASK:
             return None
-        from client_app.shakespeare import DEFAULT_DATA_DIR, cache_file
+        from app_common.shakespeare import DEFAULT_DATA_DIR, cache_file
 
         try:
             cache_file(DEFAULT_DATA_DIR)
@@ -78,7 +78,7 @@ class Setting:
         """Clients of the federation: ``default`` (the paper's) or every prepared Shakespeare client."""
         if self.task != SHAKESPEARE_TASK:
             return default
-        from client_app.shakespeare import DEFAULT_DATA_DIR, num_clients
+        from app_common.shakespeare import DEFAULT_DATA_DIR, num_clients
 
         return num_clients(DEFAULT_DATA_DIR)
 

@@ -24,10 +24,10 @@ def run_one(cfg: Mapping[str, Any], num_nodes: int,
     ``inprocess``)."""
     import torch
 
-    from client_app.config import parse as app_config
+    from app_common.config import parse as app_config
     from server_app.app import run_dir
-    from simulations.engine import run_inprocess
-    from simulations.vectorized import vectorizable
+    from simulations.engine.inprocess import run_inprocess
+    from simulations.engine.vectorized import vectorizable
 
     flwr_logger = logging.getLogger("flwr")
     level, threads = flwr_logger.level, torch.get_num_threads()
@@ -196,6 +196,7 @@ def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out:
     pending = [r for r in results if "run_dir" in r]
     for row, (metrics, error, seconds) in zip(pending, execute(tasks, jobs, progress)):
         if error is None:
+            assert metrics is not None  # a run without an error has its metrics
             row.update(summarize(metrics, paper.target_for(setting)), status="ok")
         else:
             row.update(status="error", error=error)

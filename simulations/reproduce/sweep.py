@@ -75,7 +75,7 @@ class Plan:
     def combos(self) -> list[tuple[float | None, float | None]]:
         return [(c, v) for c in (self.client or (None,)) for v in self.server]
 
-    def overrides(self, c: float | None, v: float | None) -> dict[str, float]:
+    def overrides(self, c: float | None, v: float | None) -> dict[str, float | None]:
         return {**({"client-lr": c} if c is not None else {}), **({self.server_key: v} if self.server_key else {})}
 
 
@@ -97,7 +97,7 @@ def choose(p: Plan, scores: Mapping[tuple[float | None, float | None], float]) -
     """The lowest-score pair (ties: the smaller lrs), flagged when on the edge of its grid."""
     c, v = min(scores, key=lambda k: (scores[k], k[0] or 0.0, k[1] or 0.0))
     edge = [name for name, x, g in (("client-lr", c, p.client), ("server-lr", v, p.server))
-            if x is not None and len(g) > 1 and x in (min(g), max(g))]
+            if x is not None and len(g) > 1 and x in (min(g), max(g))]  # type: ignore[type-var]  # no None in a grid
     label = lambda a, b: ",".join(x for x in (f"client={a:g}" if a is not None else "",  # noqa: E731
                                               f"server={b:g}" if b is not None else "") if x)
     return {"client_lr": c if c is not None else p.entry.overrides["client-lr"], "server_key": p.server_key,

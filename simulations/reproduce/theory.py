@@ -26,7 +26,7 @@ def fixed_point_runs(out: Path, spec: dict[str, Any] | None = None) -> dict[str,
     import numpy as np
     import torch
 
-    from client_app.task import synthetic_client
+    from app_common.task import synthetic_client
 
     spec = spec or load("theory.toml")
     base = spec["run-config"]
@@ -55,7 +55,7 @@ def theory(out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from simulations import surrogate_plot
+    from simulations.tools import surrogate_plot
 
     spec = load("theory.toml")
     lrs, rounds = spec["client-lrs"], spec["run-config"]["num-server-rounds"]

@@ -1,7 +1,7 @@
 """Float64 NumPy transcription of FedLADA (paper 002, Algorithm 3) on the synthetic least-squares task.
 
 Independent of torch and of ``flower_strategies``' method code: only the task's data
-(:func:`client_app.task.synthetic_client`) and the client mini-batch order
+(:func:`app_common.task.synthetic_client`) and the client mini-batch order
 (:func:`flower_strategies.core.client.batch_indices`)
 are reused so that the same data meet the same batches.  Round ``t = 0, 1, …`` of the algorithm is server round
 ``t + 1``.  The flags for the paper's ambiguities (A1…A12) are transcribed next to the line they modify.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from client_app.task import synthetic_client
+from app_common.task import synthetic_client
 from flower_strategies.core.client import batch_indices
 
 

@@ -4,7 +4,7 @@ Wang, Xu, Garrett, Charles, Liu, Joshi, *Local Adaptivity in Federated Learning:
 (seed ``000_effec18ea8c14ed3.txt``).  Independent of torch and of ``flower_strategies.methods.fedlocal``: it
 re-derives the defaults, the client steps, the aggregation and the server optimizers (Keras and FedOpt forms) from
 the paper.
-Only the data (``client_app.task.synthetic_client``) and the mini-batch order (``batch_indices``) are shared.
+Only the data (``app_common.task.synthetic_client``) and the mini-batch order (``batch_indices``) are shared.
 
 Settings are a plain dict with the ``FedLocalHParams`` field names (missing ones take the spec defaults).
 """

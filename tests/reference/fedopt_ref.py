@@ -14,7 +14,7 @@ import random
 
 import numpy as np
 
-from client_app.task import synthetic_client
+from app_common.task import synthetic_client
 from flower_strategies.core.client import batch_indices
 
 

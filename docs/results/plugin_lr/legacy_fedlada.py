@@ -17,7 +17,7 @@ from flwr.client import ClientApp
 from flwr.server.compat import start_grid
 
 from flower_strategies import FedAdaptNumPyClient
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples" / "legacy_app"))
 from legacyapp import server_app  # noqa: E402

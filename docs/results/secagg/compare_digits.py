@@ -12,7 +12,7 @@ import tempfile
 
 import torch
 
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 
 
 def main(method: str, extra: dict) -> None:

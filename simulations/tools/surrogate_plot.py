@@ -1,6 +1,6 @@
 """Plot how the client learning rate γ (and K) moves LocalUpdate's fixed point x*(γ, Θ).
 
-    python -m simulations.surrogate_plot [OUT.png]        # default: outputs/surrogate_fixed_point.png
+    python -m simulations.tools.surrogate_plot [OUT.png]        # default: outputs/surrogate_fixed_point.png
 
 Charles & Konečný, *On the Outsized Importance of Learning Rates in Local Update Methods*, 2020, §4
 (seed ``003_2dc7ddae5cbdc81f.txt``).  Left: the two-client example (A=1, c=1 and A=2, c=½; true minimiser 2/3),

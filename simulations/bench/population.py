@@ -1,10 +1,10 @@
 """Benchmark: a large population in an in-process engine — seconds per round, peak memory, the state store on disk.
 
-    python -m simulations.bench_population                       # 100,000 clients, 1 % a round, scaffold, vectorized
-    python -m simulations.bench_population --nodes 2000 --engine inprocess --method fedlamb
+    python -m simulations.bench.population                       # 100,000 clients, 1 % a round, scaffold, vectorized
+    python -m simulations.bench.population --nodes 2000 --engine inprocess --method fedlamb
 
 One run of the real ServerApp (:func:`simulations.engine.run_inprocess`) on ``leaf-synthetic`` in this process, the
-clients' state kept in a row store (:mod:`simulations.population`) in a temporary directory.  Prints each round's
+clients' state kept in a row store (:mod:`simulations.engine.population`) in a temporary directory.  Prints each round's
 seconds (the metrics rows), the process's peak resident memory (``getrusage``), the store's bytes on disk and its
 apparent size, the clients holding state and the node contexts made.
 """
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-config", default="{}", help="more run-config keys, as JSON")
     args = ap.parse_args(argv)
 
-    import simulations.engine as E
+    import simulations.engine.inprocess as E
 
     grids: list[Any] = []
     make = E.make_grid
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         grids.append(make(*a, **kw))
         return grids[-1]
 
-    E.make_grid = keep  # type: ignore[assignment]  # to read the grid's store afterwards
+    E.make_grid = keep  # to read the grid's store afterwards
     with tempfile.TemporaryDirectory(prefix="fedadapt-bench-population-") as tmp:
         cfg = {"task": args.task, "method": args.method, "fraction-train": args.fraction,
                "num-server-rounds": args.rounds, "output-dir": str(Path(tmp) / "out"), "learning-curve": False,

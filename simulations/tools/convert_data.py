@@ -1,8 +1,9 @@
 """Write per-partition node-local data files (``.npz`` with ``x``, ``y``) from the bundled data sets.
 
-    python -m simulations.convert_data --out data/ --num-partitions 4 [--task digits-mlp] [--partitioner dirichlet]
-                                       [--seed 0] [--dirichlet-alpha 0.3] [--classes-per-client 2]
-                                       [--synthetic-dim 10] [--synthetic-heterogeneity 1.0]
+    python -m simulations.tools.convert_data --out data/ --num-partitions 4 [--task digits-mlp]
+                                             [--partitioner dirichlet] [--seed 0] [--dirichlet-alpha 0.3]
+                                             [--classes-per-client 2] [--synthetic-dim 10]
+                                             [--synthetic-heterogeneity 1.0]
 
 writes ``data/partition-<i>.npz`` (i = 0 … N-1) holding exactly the partition the ClientApp would load for
 ``partition-id=i num-partitions=N`` with the same run-config settings, plus ``data/manifest.json`` (settings, file
@@ -21,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from client_app.config import AppConfig
+from app_common.config import AppConfig
 
 
 def convert(out: str | Path, num_partitions: int, **settings: Any) -> list[Path]:
     """Write one ``partition-<i>.npz`` per partition; ``settings`` are AppConfig fields (task, seed, …)."""
-    from client_app.task import load_client_data
+    from app_common.task import load_client_data
 
     fed = AppConfig(**settings)
     out = Path(out)

@@ -1,20 +1,20 @@
 """Benchmark: the vectorized in-process engine against the sequential one and a plain per-client PyTorch loop.
 
-    python -m simulations.bench_vectorized                          # digits-mlp, N=100 clients/round, E=5, 3 rounds
-    python -m simulations.bench_vectorized --nodes 1000 --memory-mb 64 --skip-sequential   # N=1,000, chunked
-    python -m simulations.bench_vectorized --task cifar-gn-cnn --device cuda --nodes 100     # GPU, client level
+    python -m simulations.bench.vectorized                          # digits-mlp, N=100 clients/round, E=5, 3 rounds
+    python -m simulations.bench.vectorized --nodes 1000 --memory-mb 64 --skip-sequential   # N=1,000, chunked
+    python -m simulations.bench.vectorized --task cifar-gn-cnn --device cuda --nodes 100     # GPU, client level
 
 ``digits-mlp`` (whole engines, FedAvg, every client every round, lean settings as in ``bench_simulation``):
 
-* ``sequential`` — :func:`simulations.engine.run_inprocess` with ``engine="inprocess"`` (clients one by one);
-* ``vectorized`` — the same call with ``engine="vectorized"`` (:mod:`simulations.vectorized`);
+* ``sequential`` — :func:`simulations.engine.inprocess.run_inprocess` with ``engine="inprocess"`` (clients one by one);
+* ``vectorized`` — the same call with ``engine="vectorized"`` (:mod:`simulations.engine.vectorized`);
 * ``plain``      — ``bench_simulation``'s hand-written loop (plain ``torch.optim.SGD`` per client, same batches).
 
 ``cifar-gn-cnn`` (client level, no data set needed: seeded random CIFAR-shaped data, 3×32×32, 10 classes; a small
 CNN with GroupNorm): one round's local training of N clients by the sequential ClientApp's own function
 (:func:`~flower_strategies.core.client.train_reply`, one client after another), by
-:func:`simulations.vectorized.train_stacked` (all together) and by a plain per-client SGD loop; the replies of both
-engines are compared (max relative difference of the local models).
+:func:`simulations.engine.vectorized.train_stacked` (all together) and by a plain per-client SGD loop; the replies of
+both engines are compared (max relative difference of the local models).
 
 Each measurement runs in a fresh child process (imports and first-call initialisation untimed). ``--repeats R``
 (default 5) measures every engine R times, interleaved (sequential, vectorized, plain, sequential, …), each time in a
@@ -61,9 +61,9 @@ def digits_child(kind: str, args: argparse.Namespace) -> dict:
 
     import client_app.app  # noqa: F401  (imports are not a per-run cost)
     import server_app.app  # noqa: F401
-    from client_app.task import digits_partition
-    from simulations.bench_simulation import plain, warm_up
-    from simulations.engine import run_inprocess
+    from app_common.task import digits_partition
+    from simulations.bench.simulation import plain, warm_up
+    from simulations.engine.inprocess import run_inprocess
 
     torch.set_num_threads(1)
     if kind == "plain":
@@ -97,10 +97,10 @@ def cnn_child(kind: str, args: argparse.Namespace) -> dict:
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from client_app.task import example_cross_entropy
+    from app_common.task import example_cross_entropy
     from flower_strategies import FedAvg
     from flower_strategies.core.client import ClientRound, TensorPartition, batch_indices, record_tensors, train_reply
-    from simulations.vectorized import train_stacked
+    from simulations.engine.vectorized import train_stacked
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())
@@ -161,7 +161,7 @@ def cnn_child(kind: str, args: argparse.Namespace) -> dict:
 
 # ------------------------------------------------------------------------------------------ driver
 def measure(kind: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, "-m", "simulations.bench_vectorized", "--child", kind, "--task", args.task,
+    cmd = [sys.executable, "-m", "simulations.bench.vectorized", "--child", kind, "--task", args.task,
            "--nodes", str(args.nodes), "--rounds", str(args.rounds), "--epochs", str(args.epochs),
            "--batch-size", str(args.batch_size), "--examples", str(args.examples), "--device", args.device,
            "--memory-mb", str(args.memory_mb), "--chunk", str(args.chunk), "--out", args.out]

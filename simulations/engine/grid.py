@@ -2,8 +2,8 @@
 
 A :class:`LoopbackGrid` hands each message straight to ``client_app(message, context)`` (one persistent
 ``Context`` per node, so ``context.state`` works as on a SuperNode; made when the node is first addressed, and
-with a population store released after each exchange: :mod:`simulations.population`).  Deterministic and fast: used
-for the exactness tests and for sweeps.  It complements – never replaces – the Ray simulation and the deployment,
+with a population store released after each exchange: :mod:`simulations.engine.population`).  Deterministic and fast:
+used for the exactness tests and for sweeps.  It complements – never replaces – the Ray simulation and the deployment,
 which the test suite also runs for real.
 """
 
@@ -24,11 +24,11 @@ from .population import NodeContexts, population_store
 try:
     from flwr.supercore.task_identity import TaskIdentity
 except ImportError:  # flwr < 1.38
-    TaskIdentity = None
+    TaskIdentity = None  # type: ignore[misc, assignment]
 try:
     from flwr.supercore.run import Run
 except ImportError:  # flwr < 1.4x
-    from flwr.common.typing import Run  # type: ignore[no-redef]
+    from flwr.common.typing import Run  # type: ignore[no-redef, attr-defined]
 
 Interceptor = Callable[[Message, Message, int], Message]
 
@@ -38,8 +38,8 @@ class LoopbackGrid(Grid):
 
     ``node_ids`` defaults to ``1..num_nodes``; node ``i`` gets ``partition-id = i-1``.  ``intercept`` (optional)
     may replace a reply (fault-injection in tests): ``intercept(request, reply, partition_id) -> reply``.
-    ``state_dir``: keep the clients' state out of core there (:class:`simulations.population.RowStore`); by default
-    a temporary store above :data:`~simulations.population.RESIDENT_LIMIT` nodes, else none.
+    ``state_dir``: keep the clients' state out of core there (:class:`simulations.engine.population.RowStore`); by
+    default a temporary store above :data:`~simulations.engine.population.RESIDENT_LIMIT` nodes, else none.
     """
 
     def __init__(
@@ -83,7 +83,7 @@ class LoopbackGrid(Grid):
         return list(self.contexts)
 
     #: Every reply exists once ``push_messages`` returns (a dropped one never comes): nothing to poll for
-    #: (``server_app.loop.exchange``).
+    #: (``flower_strategies.core.loop.exchange``).
     answers_at_push = True
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
@@ -104,7 +104,7 @@ class LoopbackGrid(Grid):
 
     def prepared_replies(self, messages: list[Message]) -> dict[int, Message]:
         """Replies produced for several of ``messages`` at once (by position); the others go one by one to the
-        ClientApp.  None here; the vectorized engine (:class:`simulations.vectorized.VectorGrid`) trains them."""
+        ClientApp.  None here; the vectorized engine (:class:`simulations.engine.vectorized.VectorGrid`) trains them."""
         return {}
 
     def call_app(self, msg: Message, ctx: Context) -> Message:

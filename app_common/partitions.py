@@ -127,7 +127,8 @@ def disk_cached(data_dir: str | None, name: str, key: Mapping[str, Any],
     finally:
         FLOWER_LOGGER.removeHandler(handler)
     buf = io.BytesIO()
-    np.savez(buf, _warnings=np.frombuffer(json.dumps(notes).encode("utf-8"), dtype=np.uint8), **out)
+    np.savez(buf, _warnings=np.frombuffer(json.dumps(notes).encode("utf-8"), dtype=np.uint8),
+             **out)  # type: ignore[arg-type]  # numpy's stub reads **kwds as its allow_pickle flag
     try:
         from flower_strategies.core.checkpoint import write_atomic
 

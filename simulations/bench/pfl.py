@@ -1,7 +1,7 @@
 """Benchmark: fedadapt side by side with pfl-research (Apple's ``pfl``), interleaved fresh processes.
 
     python3 -m venv /work/venv-pfl && /work/venv-pfl/bin/pip install pfl==0.6.0 torch==2.14.1   # once, its own venv
-    python -m simulations.bench_pfl --pfl-python /work/venv-pfl/bin/python --repeats 3
+    python -m simulations.bench.pfl --pfl-python /work/venv-pfl/bin/python --repeats 3
 
 ``pfl`` is never a fedadapt dependency: it runs in its own environment as a child process (``--pfl-python``).  The
 same job on both sides: the digits training split in IID partitions (fedadapt's own, handed to pfl as arrays), the
@@ -9,7 +9,7 @@ same job on both sides: the digits training split in IID partitions (fedadapt's 
 learning rate 0.5, one torch thread.  Measured, each in a fresh process, the cases interleaved:
 
 * ``whole``: interpreter start to exit of N=100 clients, every client every round, 3 rounds (fedadapt: the in-process
-  and vectorized engines, :mod:`simulations.bench_startup`'s run; pfl: ``FederatedAveraging`` on a
+  and vectorized engines, :mod:`simulations.bench.startup`'s run; pfl: ``FederatedAveraging`` on a
   ``SimulatedBackend``);
 * ``round``: a steady round's seconds (the lower median of rounds 2…) at N=100 (all) and at N=1,000 with 1 % (10 a
   round).
@@ -26,11 +26,13 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from .bench_startup import measure
+from .startup import measure
 
 PFL_CHILD = r"""
 import json, sys, time
@@ -104,13 +106,13 @@ print(json.dumps({"round": steady[(len(steady) - 1) // 2], "seconds": seconds}))
 
 def pfl_data(path: Path, nodes: int) -> None:
     """fedadapt's IID digits partitions and initial MLP weights as one ``.npz`` for the pfl child."""
-    from client_app.task import build_model, digits_partition
+    from app_common.task import build_model, digits_partition
 
     arrays = {f"init.{k}": v.numpy() for k, v in build_model("digits-mlp", 0).state_dict().items()}
     for u in range(nodes):
         x, y = digits_partition(u, nodes, partitioner="iid", seed=0)
         arrays[f"x.{u}"], arrays[f"y.{u}"] = x.numpy(), y.numpy()
-    np.savez(path, **arrays)  # type: ignore[arg-type]
+    np.savez(path, **arrays)
 
 
 def run_pfl(python: str, data: Path, nodes: int, cohort: int, rounds: int) -> dict[str, float]:
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
-    tree = Path(__file__).resolve().parent.parent
+    tree = Path(__file__).resolve().parents[2]
     cases = [("N=100", 100, 100, 1.0), ("N=1000 1%", 1000, 10, 0.01)]
     res: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="fedadapt-pfl-") as tmp:
@@ -142,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             measure(tree, cwd, "vectorized", nodes, args.rounds, fraction)
         for r in range(args.repeats):
             for label, nodes, cohort, fraction in cases:
-                runs = {"pfl": lambda: run_pfl(args.pfl_python, Path(tmp) / f"{nodes}.npz", nodes, cohort,
-                                                args.rounds)}
+                runs: dict[str, Callable[[], dict[str, float]]] = {
+                    "pfl": lambda: run_pfl(args.pfl_python, Path(tmp) / f"{nodes}.npz", nodes, cohort, args.rounds)}
                 for engine in ("inprocess", "vectorized"):
-                    runs[engine] = lambda e=engine: measure(tree, cwd, e, nodes, args.rounds, fraction)
+                    runs[engine] = partial(measure, tree, cwd, engine, nodes, args.rounds, fraction)
                 for name, fn in runs.items():
                     res.setdefault((label, name), []).append(fn())
                     got = res[label, name][-1]

@@ -50,7 +50,8 @@ class RowStore:
         self.root, self.population = Path(root), int(population)
         self.root.mkdir(parents=True, exist_ok=True)
         index = self.root / "index.json"
-        saved = json.loads(index.read_text()) if index.is_file() else {"population": self.population, "slots": []}
+        saved: dict[str, Any] = (json.loads(index.read_text()) if index.is_file()
+                                 else {"population": self.population, "slots": []})
         if saved["population"] != self.population:
             raise ValueError(f"{self.root} holds the state of {saved['population']} clients, not {self.population}")
         #: (record name, layout) of every slot, by slot number (its directory name)

@@ -1,8 +1,8 @@
 """Benchmark: simulation overhead against a plain sequential PyTorch loop doing the same local work.
 
-    python -m simulations.bench_simulation                     # digits-mlp, 10 rounds, E ∈ {1, 5}, N ∈ {10, 100}
-    python -m simulations.bench_simulation --ray               # + the Ray simulation (python -m simulations.launch sim)
-    python -m simulations.bench_simulation --nodes 3 --rounds 2 --epochs 1   # smoke run (the test uses it)
+    python -m simulations.bench.simulation                     # digits-mlp, 10 rounds, E ∈ {1, 5}, N ∈ {10, 100}
+    python -m simulations.bench.simulation --ray               # + the Ray simulation (python -m simulations.launch sim)
+    python -m simulations.bench.simulation --nodes 3 --rounds 2 --epochs 1   # smoke run (the test uses it)
 
 For every (E, N) it prints the CPU and wall time of
 
@@ -10,7 +10,7 @@ For every (E, N) it prints the CPU and wall time of
   ``torch.optim.SGD`` over exactly the mini-batches of ``core/client/data.py``'s ``batch_indices`` (same seed, round,
   client key), then the example-weighted average of the client models (the data are loaded once, before timing;
   the final test evaluation is not timed);
-* ``engine`` — :func:`simulations.engine.run_inprocess`: the real ServerApp + ClientApp in this process, every
+* ``engine`` — :func:`simulations.engine.inprocess.run_inprocess`: the real ServerApp + ClientApp in this process, every
   message a real Flower ``Message`` with serialised ``ArrayRecord``s, with ``train-loss-before = false`` and
   ``learning-curve = false`` (:data:`LEAN`: the plain loop computes neither) — it still validates every reply,
   evaluates the global model centrally on the test split before round 1 and after every round, writes
@@ -42,13 +42,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 
 def warm_up() -> None:
     """One untimed forward/backward/SGD step (torch's first-call initialisation is not anyone's per-run cost)."""
     import torch
 
-    from client_app.task import build_model
+    from app_common.task import build_model
 
     torch.set_num_threads(1)
     model = build_model("digits-mlp", 0)
@@ -74,7 +75,7 @@ def plain(nodes: int, rounds: int, epochs: int, messages: bool = False) -> dict:
     import numpy as np
     import torch
 
-    from client_app.task import build_model, digits_partition, digits_split
+    from app_common.task import build_model, digits_partition, digits_split
     from flower_strategies.core.client import batch_indices
 
     torch.set_num_threads(1)
@@ -117,7 +118,7 @@ def flower_exchange():
     + a ``MetricRecord`` + a ``ConfigRecord``, the server reading the reply's arrays — serialised with
     :func:`flower_strategies.core.records.to_record` (the fastest writer of Flower's ``.npy`` format we have) and read
     with zero-copy views.  No strategy, no validation, no metrics, no files."""
-    from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
     from flower_strategies.core import records as R
@@ -136,14 +137,14 @@ def flower_exchange():
         def receive(self, content: RecordDict, node: int) -> dict:
             self.msg = Message(content=content, message_type="train", dst_node_id=node)
             self.msg.metadata.__dict__["_message_id"] = "m"
-            return record_tensors(self.msg.content["arrays"], copy=False)
+            return record_tensors(cast(ArrayRecord, self.msg.content["arrays"]), copy=False)
 
         def reply(self, state: dict, n: int) -> dict:
             content = RecordDict({"arrays": R.to_record({k: v.numpy() for k, v in state.items()}),
                                   "metrics": MetricRecord({"num-examples": n, "num-steps": 1.0, "train-loss": 0.0}),
                                   "fedadapt.info": ConfigRecord({"method": "fedavg"})})
             back = Message(content=content, reply_to=self.msg)
-            return record_tensors(back.content["arrays"], copy=False)
+            return record_tensors(cast(ArrayRecord, back.content["arrays"]), copy=False)
 
     return Exchange()
 
@@ -154,8 +155,8 @@ def engine(nodes: int, rounds: int, epochs: int, out: str, lean: bool = True) ->
 
     import client_app.app  # noqa: F401
     import server_app.app  # noqa: F401
-    from client_app.task import digits_partition
-    from simulations.engine import run_inprocess
+    from app_common.task import digits_partition
+    from simulations.engine.inprocess import run_inprocess
 
     torch.set_num_threads(1)
     for i in range(nodes):  # the data set split once, as the plain loop's data are loaded before timing
@@ -173,7 +174,9 @@ def engine(nodes: int, rounds: int, epochs: int, out: str, lean: bool = True) ->
 
 def ray(nodes: int, rounds: int, epochs: int, out: str) -> dict:
     cfg = run_config(nodes, rounds, epochs, out)
-    rc = " ".join(f"{k}={json.dumps(v)}" for k, v in cfg.items())
+    from simulations.launch.flwr_cli import format_run_config
+
+    rc = format_run_config(cfg)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "simulations.launch", "sim", "--num-supernodes", str(nodes),
                            "--run-config", rc], capture_output=True, text=True)
@@ -187,7 +190,7 @@ def ray(nodes: int, rounds: int, epochs: int, out: str) -> dict:
 
 
 def measure(kind: str, nodes: int, rounds: int, epochs: int, out: str) -> dict:
-    cmd = [sys.executable, "-m", "simulations.bench_simulation", "--child", kind, "--nodes", str(nodes),
+    cmd = [sys.executable, "-m", "simulations.bench.simulation", "--child", kind, "--nodes", str(nodes),
            "--rounds", str(rounds), "--epochs", str(epochs), "--out", out]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -1,8 +1,8 @@
 """Benchmark: one server aggregation (``aggregate_train``) of N replies of a ResNet-18-sized model, fedadapt side by
 side with Flower 1.42's built-in strategies, against the floor.
 
-    python -m simulations.bench_aggregation                       # N = 20 and 100, ResNet-18 (11.2 M float32 values)
-    python -m simulations.bench_aggregation --replies 20 --size tiny   # a smoke run (the test uses it)
+    python -m simulations.bench.aggregation                       # N = 20 and 100, ResNet-18 (11.2 M float32 values)
+    python -m simulations.bench.aggregation --replies 20 --size tiny   # a smoke run (the test uses it)
 
 Every measurement runs in its own child process (``--child``): the child builds the model and the N replies first
 (random but fixed: ``x + s_i·roll(ξ, i)`` with ``ξ ~ N(0, 1e-3²)`` drawn once from seed 0, ``s_i = 1 + 0.01·i``;
@@ -38,6 +38,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import cast
 
 import numpy as np
 
@@ -51,9 +52,10 @@ ADAPTIVE = ("fedadagrad", "fedadam", "fedyogi")
 def model_layout(size: str) -> tuple[dict[str, np.ndarray], list[str]]:
     """``(state, trainable keys)``: ResNet-18's state_dict (float32 + int64 BN counters) or a tiny stand-in."""
     if size == "tiny":
-        state = {"conv.weight": np.zeros((8, 3, 3, 3), np.float32), "bn.weight": np.ones(8, np.float32),
-                 "bn.bias": np.zeros(8, np.float32), "bn.running_mean": np.zeros(8, np.float32),
-                 "bn.num_batches_tracked": np.zeros((), np.int64), "fc.weight": np.zeros((10, 8), np.float32)}
+        state: dict[str, np.ndarray] = {
+            "conv.weight": np.zeros((8, 3, 3, 3), np.float32), "bn.weight": np.ones(8, np.float32),
+            "bn.bias": np.zeros(8, np.float32), "bn.running_mean": np.zeros(8, np.float32),
+            "bn.num_batches_tracked": np.zeros((), np.int64), "fc.weight": np.zeros((10, 8), np.float32)}
         return state, ["conv.weight", "bn.weight", "bn.bias", "fc.weight"]
     import torchvision
 
@@ -91,7 +93,7 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
     from flower_strategies.core import records as R
-    from simulations.engine import LoopbackGrid
+    from simulations.engine.inprocess import LoopbackGrid
 
     state, trainable = model_layout(size)
     model_bytes = sum(v.nbytes for v in state.values())
@@ -130,7 +132,7 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
 
     def client(msg: Message, context) -> Message:
         config = msg.content.config_records.get(R.CONFIG)
-        r = int(config[R.SERVER_ROUND]) if config is not None and R.SERVER_ROUND in config else 0
+        r = int(cast(int, config[R.SERVER_ROUND])) if config is not None and R.SERVER_ROUND in config else 0
         return Message(content_for(msg.metadata.dst_node_id, r), reply_to=msg)
 
     grid = LoopbackGrid(client, n)
@@ -241,7 +243,7 @@ def measure(kind: str, name: str, n: int, size: str) -> dict:
     hidden by memory an earlier round freed but kept) — which would slow the timed child's allocations."""
     out = {}
     for mode, extra_env in (("time", {}), ("rss", {"MALLOC_MMAP_THRESHOLD_": "131072"})):
-        cmd = [sys.executable, "-m", "simulations.bench_aggregation", "--child", kind, name, str(n), "--size", size,
+        cmd = [sys.executable, "-m", "simulations.bench.aggregation", "--child", kind, name, str(n), "--size", size,
                "--mode", mode]
         proc = subprocess.run(cmd, capture_output=True, text=True,
                               env={**os.environ, "PYTHONWARNINGS": "ignore", **extra_env})
@@ -313,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         flwr_avg = rows.get((n, "flwr FedAvg"), {}).get("seconds")
         flwr_adam = rows.get((n, "flwr FedAdam"), {}).get("seconds")
         for m in [o for o, _ in PAIRS] + list(ONLY_FEDADAPT):
-            if (r := rows.get((n, f"fedadapt {m}"))) is None:
+            if (n, f"fedadapt {m}") not in rows:
                 continue
+            r = rows[(n, f"fedadapt {m}")]
             ratio = r["seconds"] / floor
             extra = max(r["peak_bytes"], r["rss_bytes"]) / r["model_bytes"]
             checks = [f"{ratio:5.2f}x floor ({'ok' if ratio <= 1.3 else 'MISS'})",

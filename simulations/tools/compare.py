@@ -1,6 +1,6 @@
 """Compare finished runs: one figure (test accuracy and test loss per round) and one table of final metrics.
 
-    python -m simulations.compare RUN_DIR RUN_DIR … [--out DIR]
+    python -m simulations.tools.compare RUN_DIR RUN_DIR … [--out DIR]
 
 A RUN_DIR is a directory a run wrote (``metrics.jsonl`` + ``summary.json``), or one holding such directories (a
 ``--seeds`` group: ``seed0/``, ``seed1/``, …).  Each run's resolved configuration is read from its ``summary.json``
@@ -254,13 +254,15 @@ def compare(paths: Sequence[str | Path], out: str | Path = "outputs/compare") ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m simulations.compare",
+        prog="python -m simulations.tools.compare",
         description="Compare finished runs: test accuracy and loss per round (mean ± std over seeds) in one figure, "
                     "final metrics in a table (markdown + csv).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
-               "  python -m simulations.compare outputs/fedavg-digits-mlp-seed0 outputs/fedadam-digits-mlp-seed0\n"
-               "  python -m simulations.compare outputs/fedavg-digits-mlp-seeds outputs/scaffold-digits-mlp-seeds "
+               "  python -m simulations.tools.compare outputs/fedavg-digits-mlp-seed0 "
+               "outputs/fedadam-digits-mlp-seed0\n"
+               "  python -m simulations.tools.compare outputs/fedavg-digits-mlp-seeds "
+               "outputs/scaffold-digits-mlp-seeds "
                "--out cmp/\n")
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR",
                     help="a run's directory (metrics.jsonl + summary.json), or one holding such directories (seeds)")

@@ -1,12 +1,16 @@
 """A pytest plugin measuring what the direction screen and the norm bounds would see on honest runs.
 
-    python -m pytest -n 0 -m "not slow" -p simulations.screen_probe tests/test_fedopt.py tests/test_fedlada.py …
+    python -m pytest -n 0 -m "not slow" -p tests.screen_probe tests/test_fedopt.py tests/test_fedlada.py …
 
 Every strategy built in the session screens directions with ``update-cosine-floor`` −0.99999 when it is off (the
 cosines are computed, no reply is ever rejected, so every run and every assertion is unchanged).  At the end it
 prints, over every round with at least 3 replies, how many honest replies had a cosine with the round's centre
 below each floor and a norm above each multiple of the round's lower-median norm — how often a default screen at
 that setting would have fired — by the number of replies in the round (docs/robustness.md, "A default on evidence").
+
+It patches the screen (``ScreenPolicy.from_settings``, ``centre_cosines``) because the library has no hook that
+shows a round's cosines and norms, and adding one to ``core/screen.py`` for a measurement would be library API
+that no user needs; the patch computes what the screen would compute and rejects nothing.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ def _measured(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping[str,
 
 
 def pytest_configure(config: Any) -> None:
-    """Patch the screen only when pytest loads this module as a plugin (``-p simulations.screen_probe``): importing
+    """Patch the screen only when pytest loads this module as a plugin (``-p tests.screen_probe``): importing
     it (the docs tests import every dotted name the docs mention) changes nothing."""
     S.ScreenPolicy.from_settings = classmethod(_policy)  # type: ignore[method-assign, assignment]
     S.centre_cosines = _measured

@@ -1,8 +1,8 @@
 """Write the run-config table of ``pyproject.toml`` and the docs' generated tables from the registry.
 
-    python -m simulations.configgen              # rewrite the generated blocks in pyproject.toml and docs/
-    python -m simulations.configgen --check      # exit 1 if a block is stale
-    python -m simulations.configgen --accuracy   # also re-measure the per-method accuracy table (22 runs, ~2 min)
+    python -m simulations.tools.configgen              # rewrite the generated blocks in pyproject.toml and docs/
+    python -m simulations.tools.configgen --check      # exit 1 if a block is stale
+    python -m simulations.tools.configgen --accuracy   # also re-measure the per-method accuracy table (22 runs, ~2 min)
 
 Flower only accepts ``--run-config`` keys that the app declares, so every method's hyper-parameters must be
 in ``[tool.flwr.app.config]``; generating the block keeps it equal to the registry.
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flower_strategies.core.hparams import _toml_value as _toml
+from flower_strategies.core.hparams import toml_value as _toml
 
 BEGIN = "# BEGIN GENERATED RUN-CONFIG"
 END = "# END GENERATED RUN-CONFIG"
@@ -22,7 +22,7 @@ END = "# END GENERATED RUN-CONFIG"
 
 def render() -> str:
     import flower_strategies  # noqa: F401 - registers every method
-    from client_app.config import AppConfig
+    from app_common.config import AppConfig
     from flower_strategies.core.registry import METHODS
 
     lines = [BEGIN]
@@ -44,7 +44,7 @@ def render_markdown() -> str:
     """docs/run-config.md's table of run-wide keys (method keys are documented on each method's page)."""
     import dataclasses
 
-    from client_app.config import AppConfig
+    from app_common.config import AppConfig
     from flower_strategies.core.hparams import to_key
 
     rows = [MD_BEGIN, "| key | default | meaning |", "|---|---|---|"]
@@ -65,7 +65,7 @@ def render_wire() -> str:
     """Per method: what goes down and up besides the model, read off the strategies themselves (default settings,
     after round-1 initialisation on the digits MLP)."""
     import flower_strategies  # noqa: F401
-    from client_app.task import build_model
+    from app_common.task import build_model
     from flower_strategies.core import records as R
     from flower_strategies.core.registry import METHODS
 
@@ -99,7 +99,7 @@ def measure_accuracy(output_dir: str) -> dict[str, float]:
 
     import flower_strategies  # noqa: F401
     from flower_strategies.core.registry import METHODS
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     out = {}
     for name in sorted(METHODS):
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 path.write_text(new)
     if args.check and stale:
-        print(f"generated tables are stale in {stale}: run `python -m simulations.configgen`", file=sys.stderr)
+        print(f"generated tables are stale in {stale}: run `python -m simulations.tools.configgen`", file=sys.stderr)
         return 1
     return 0
 

@@ -1,7 +1,7 @@
 """Vectorized in-process engine: the sampled clients of a round train together, stacked on a client axis.
 
-:class:`VectorGrid` is a :class:`~simulations.engine.LoopbackGrid` whose train messages are not handed one by one to
-the ClientApp: each round's clients are grouped (same round content, settings, device and saved-state layout),
+:class:`VectorGrid` is a :class:`~simulations.engine.inprocess.LoopbackGrid` whose train messages are not handed one by
+one to the ClientApp: each round's clients are grouped (same round content, settings, device and saved-state layout),
 split into chunks that fit a memory budget, and every chunk trains in one pass per local step —
 
 * parameters of shape ``(C, *shape)`` (C clients of the chunk, all starting at the received ``x_t``);
@@ -81,8 +81,8 @@ def check_vectorizable(model: nn.Module, task: str) -> None:
 
 
 def vectorizable(fed: Any) -> bool:
-    """Whether the task of ``fed`` (an :class:`~client_app.config.AppConfig`) can run on the vectorized engine."""
-    from client_app.task import build_model
+    """Whether the task of ``fed`` (an :class:`~app_common.config.AppConfig`) can run on the vectorized engine."""
+    from app_common.task import build_model
 
     try:
         check_vectorizable(build_model(fed.task, fed.seed, fed.synthetic_dim), fed.task)
@@ -156,7 +156,7 @@ class VectorGrid(LoopbackGrid):
 
     def _train_chunk(self, part: list[tuple[int, tuple]]) -> dict[int, Message]:
         from client_app.app import finish_train
-        from client_app.task import TASK_SPECS
+        from app_common.task import TASK_SPECS
 
         msgs, ctxs, jobs, rnds, models = (list(t) for t in zip(*(m for _, m in part)))
         fed, model = jobs[0].fed, models[0]
@@ -422,9 +422,9 @@ def train_stacked(
             opt_c = rnd.optimizer(model, num_examples=sizes[c], full_gradient=fulls[c])
         else:
             opt_c.rebind(load_client_state(rnd.state), fulls[c], steps[c])
-        for p, entries in state_rows:
+        for p, state_entries in state_rows:
             opt_c.state[p] = {k: split[c] if split is not None else (v.clone() if isinstance(v, Tensor) else v)
-                              for k, split, v in entries}
+                              for k, split, v in state_entries}
         opt_c.state[ROUND]["steps"] = steps[c]  # type: ignore[index]
         total = 0.0
         for s in range(steps[c]):  # the sequential loop's float sum, in its order

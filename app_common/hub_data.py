@@ -68,7 +68,7 @@ def spec(name: str) -> HubSpec:
         raise ValueError(f"unknown hub dataset {name!r}; valid: {', '.join(HUB_DATASETS)}") from None
 
 
-#: Smallest hub partition the Dirichlet partitioner aims for (then 1, then IID: :mod:`client_app.partitions`).
+#: Smallest hub partition the Dirichlet partitioner aims for (then 1, then IID: :mod:`app_common.partitions`).
 HUB_MIN_PARTITION = 2
 
 
@@ -200,7 +200,7 @@ class HubData:
         self._remake = lambda m: make_partitioner(self.spec, partitioner, num_partitions, seed, alpha,
                                                   classes_per_client, m)
         self._fitted = False
-        # DirichletPartitioner.num_partitions makes its assignment: the fallback (client_app.partitions) must come first
+        # DirichletPartitioner.num_partitions makes its assignment: the fallback (app_common.partitions) must come first
         self._num_partitions = None if partitioner == "natural" else num_partitions
         if source is None:
             source = load_source(name, dataset_path)
@@ -218,7 +218,7 @@ class HubData:
         if not 0 <= pid < self.num_partitions:
             raise ValueError(f"partition-id {pid} is outside [0, {self.num_partitions})")
         if not self._fitted:  # the assignment is made on first use (the server may only need the test split)
-            from client_app.partitions import fit_partitioner
+            from app_common.partitions import fit_partitioner
 
             self.partitioner = fit_partitioner(self.kind, self._remake, self.partitioner.dataset,
                                                self.num_partitions, self.alpha, HUB_MIN_PARTITION)
@@ -319,7 +319,7 @@ def build_hub_model(name: str, seed: int = 0, arch: str = "resnet18-gn") -> nn.M
     """``resnet18-gn`` (any dataset) or ``femnist-cnn``; initialised deterministically from ``seed``."""
     s = spec(name)
     state = torch.random.get_rng_state()
-    torch.default_generator.manual_seed(seed)  # the CPU generator only, restored below (as client_app.task.build_model)
+    torch.default_generator.manual_seed(seed)  # the CPU generator only, restored below (as app_common.task.build_model)
     try:
         if arch == "resnet18-gn":
             return ResNet18GN(s.num_classes, s.channels)

@@ -1,7 +1,7 @@
 """CPU vs GPU seconds per round: the real strategy + a user-style ClientApp on CUDA (in-process engine).
 
-    python -m simulations.bench_gpu                      # both devices if CUDA is present, else CPU only
-    python -m simulations.bench_gpu --clients 4 --examples 256 --rounds 2 --methods fedavg fedlada scaffold
+    python -m simulations.bench.gpu                      # both devices if CUDA is present, else CPU only
+    python -m simulations.bench.gpu --clients 4 --examples 256 --rounds 2 --methods fedavg fedlada scaffold
 
 A ResNet-18 (torchvision, 11.2 M parameters) on CIFAR-shaped synthetic tensors (3×32×32, 10 classes).  Each
 client trains with ``flower_strategies.train_reply`` on a DataLoader, with the model on the chosen device (the
@@ -21,7 +21,7 @@ from flwr.clientapp import ClientApp
 from torch.utils.data import DataLoader, TensorDataset
 
 import flower_strategies as fs
-from simulations.engine import LoopbackGrid
+from simulations.engine.inprocess import LoopbackGrid
 
 
 def resnet18() -> torch.nn.Module:
@@ -108,7 +108,7 @@ def app_check(methods: list[str]) -> None:
     """fedadapt's own ServerApp + ClientApp (in-process) with ``device`` = cpu and cuda: same learning, any method."""
     import tempfile
 
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     for method in methods:
         finals = {}

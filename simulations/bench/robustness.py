@@ -1,7 +1,7 @@
 """Attack × aggregator × partitioning matrix on digits-mlp (in-process engine, real ServerApp and ClientApp).
 
-    flock /tmp/fedadapt-heavy.lock python -m simulations.bench_robustness --write-docs   # docs/robustness.md's matrix
-    python -m simulations.bench_robustness --rounds 5 --attacks flip-50x --aggregators mean mean-clip1
+    flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness --write-docs   # docs/robustness.md's matrix
+    python -m simulations.bench.robustness --rounds 5 --attacks flip-50x --aggregators mean mean-clip1
 
 One or two of 5 clients (partitions 0 and 1) rewrite their train replies (:data:`ATTACKS`); every other client is
 honest.  Each cell is the final test accuracy; the clean column is the same aggregator without an attacker.  The
@@ -33,7 +33,7 @@ from flwr.app import Array, ArrayRecord, Error, Message
 from flwr.common.logger import FLOWER_LOGGER
 
 import flower_strategies  # noqa: F401 - registers the methods
-from simulations.engine import run_inprocess
+from simulations.engine.inprocess import run_inprocess
 
 NODES = 5
 DIGITS = {"task": "digits-mlp", "local-epochs": 2, "client-lr": 0.1, "batch-size": 32,
@@ -105,8 +105,8 @@ ATTACKS: dict[str, Attack] = {
 
 
 class Coordinated:
-    """``intercept`` of :class:`~simulations.engine.LoopbackGrid` making an attack's replies.  The grid keeps each
-    reply object, so the attackers' replies are held until the last attacker's has arrived and then rewritten
+    """``intercept`` of :class:`~simulations.engine.inprocess.LoopbackGrid` making an attack's replies.  The grid keeps
+    each reply object, so the attackers' replies are held until the last attacker's has arrived and then rewritten
     together (colluding attackers that see each other's honest models)."""
 
     def __init__(self, attack: Attack) -> None:
@@ -134,9 +134,9 @@ def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rou
     ``attackers`` > 0: ``attack`` is a :data:`KINDS` name played by partitions ``0 … attackers − 1``; else an
     :data:`ATTACKS` name; ``aggregator``: an :data:`AGGREGATORS` or :data:`PROFILES` name."""
     name = f"{DIGITS.get('method', 'fedavg')}-{partition}-{aggregator}-{attack or 'clean'}-{attackers}of{nodes}"
-    rows = {**AGGREGATORS, **PROFILES}
-    assert len(rows) == len(AGGREGATORS) + len(PROFILES), "a profile name shadows an aggregator row"
-    cfg = {**DIGITS, **PARTITIONS[partition], **rows[aggregator], "num-server-rounds": rounds,
+    table = {**AGGREGATORS, **PROFILES}
+    assert len(table) == len(AGGREGATORS) + len(PROFILES), "a profile name shadows an aggregator row"
+    cfg = {**DIGITS, **PARTITIONS[partition], **table[aggregator], "num-server-rounds": rounds,
            "output-dir": str(out), "run-name": name}
     intercept: Any = None
     if attack == "absent":
@@ -197,8 +197,8 @@ class LabelFlip:
     replaced by 9 − y (its reply is otherwise honest)."""
 
     def __init__(self, who: tuple[int, ...], cfg: dict[str, Any], nodes: int) -> None:
-        from client_app.config import AppConfig
-        from client_app.task import TASK_SPECS, build_model, load_client_data
+        from app_common.config import AppConfig
+        from app_common.task import TASK_SPECS, build_model, load_client_data
 
         fed = AppConfig(**{k.replace("-", "_"): v for k, v in cfg.items()
                            if k.replace("-", "_") in AppConfig.__dataclass_fields__})
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             jobs = default_jobs(Path(tmp), args.engine)
             lines = matrix(Path(tmp), args.rounds, args.profiles, args.engine)
-        doc_header = (f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench_robustness --write-docs` "
+        doc_header = (f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness --write-docs` "
                   f"({platform.machine()}, {os.cpu_count()} cores shared with other jobs, torch 1 thread, "
                   f"{args.engine} engine, {time.monotonic() - t0:.0f} s): digits-mlp, {args.rounds} rounds × 2 "
                   f"epochs, client-lr 0.1, batch 32, FedAvg.  Each cell: final test accuracy minus the clean "

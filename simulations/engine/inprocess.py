@@ -1,7 +1,7 @@
 """In-process engines: the real Strategy drives the real ClientApp without Ray or a SuperLink.
 
-``inprocess`` trains the sampled clients one after another through a :class:`~simulations.grid.LoopbackGrid`,
-``vectorized`` all of a round's together (:mod:`simulations.vectorized`).  Deterministic and fast: used for the
+``inprocess`` trains the sampled clients one after another through a :class:`~simulations.engine.grid.LoopbackGrid`,
+``vectorized`` all of a round's together (:mod:`simulations.engine.vectorized`).  Deterministic and fast: used for the
 exactness tests and for sweeps.  They complement – never replace – the Ray simulation and the deployment, which
 the test suite also runs for real.
 """
@@ -17,7 +17,7 @@ __all__ = ["ENGINES", "LoopbackGrid", "make_grid", "run_inprocess", "simulate", 
 
 
 #: In-process engines: ``inprocess`` trains the sampled clients one after another (:class:`LoopbackGrid`),
-#: ``vectorized`` all of a round's together (:class:`simulations.vectorized.VectorGrid`).
+#: ``vectorized`` all of a round's together (:class:`simulations.engine.vectorized.VectorGrid`).
 ENGINES = ("inprocess", "vectorized")
 
 
@@ -25,7 +25,7 @@ def make_grid(client_app: Any, num_nodes: int, run_config: Mapping[str, Any] | N
               **grid_kwargs: Any) -> LoopbackGrid:
     """The in-process grid of ``engine`` (one of :data:`ENGINES`)."""
     if engine == "vectorized":
-        from simulations.vectorized import VectorGrid
+        from simulations.engine.vectorized import VectorGrid
 
         return VectorGrid(client_app, num_nodes, run_config, **grid_kwargs)
     if engine != "inprocess":
@@ -36,7 +36,7 @@ def make_grid(client_app: Any, num_nodes: int, run_config: Mapping[str, Any] | N
 def run_inprocess(run_config: Mapping[str, Any], num_nodes: int, *, engine: str = "inprocess",
                   **grid_kwargs: Any) -> dict[str, Any]:
     """Run the real ServerApp logic against the real ClientApp in this process; returns the run summary.
-    ``engine = "vectorized"`` trains each round's clients together (:mod:`simulations.vectorized`)."""
+    ``engine = "vectorized"`` trains each round's clients together (:mod:`simulations.engine.vectorized`)."""
     from client_app.app import app as client_app
     from server_app.app import run
 

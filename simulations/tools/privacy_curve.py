@@ -1,11 +1,11 @@
 """Measure the privacy–accuracy curve of native user-level DP (core/privacy.py) on digits, one method per family.
 
-    python -m simulations.privacy_curve [OUT_DIR]      # default: docs/results/privacy
-    python -m simulations.privacy_curve OUT_DIR --methods fedlamb,mimelite   # (re)run some; keep the others' rows
+    python -m simulations.tools.privacy_curve [OUT_DIR]      # default: docs/results/privacy
+    python -m simulations.tools.privacy_curve OUT_DIR --methods fedlamb,mimelite   # (re)run some; keep the others' rows
 
-Each method runs in-process (real ServerApp + ClientApp, :func:`simulations.engine.run_inprocess`) on digits-mlp,
-20 nodes (iid), 10 sampled per round, 20 rounds, 5 local steps of batch 16, with ``dp-clip`` C = 1 and each noise
-multiplier of :data:`NOISE` (plus the non-private run).  Writes ``curve.csv`` (method, z, ε at δ = 1e-5 after the
+Each method runs in-process (real ServerApp + ClientApp, :func:`simulations.engine.inprocess.run_inprocess`) on
+digits-mlp, 20 nodes (iid), 10 sampled per round, 20 rounds, 5 local steps of batch 16, with ``dp-clip`` C = 1 and each
+noise multiplier of :data:`NOISE` (plus the non-private run).  Writes ``curve.csv`` (method, z, ε at δ = 1e-5 after the
 last round, final test accuracy) and ``curve.png`` (final accuracy vs ε, one line per method).  The DP noise comes
 from the OS (not from ``seed``): accuracies vary from run to run; ε does not.
 """
@@ -31,7 +31,7 @@ NODES = 20
 
 def run(method: str, noise: float | None, out: Path) -> dict[str, float | str | None]:
     """One run (``noise`` None = non-private); its final row."""
-    from simulations.engine import run_inprocess
+    from simulations.engine.inprocess import run_inprocess
 
     name = f"{method}-{'plain' if noise is None else noise}"
     cfg: dict[str, object] = {**BASE, "method": method, "output-dir": str(out), "run-name": name}

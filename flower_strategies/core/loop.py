@@ -1,25 +1,50 @@
-"""The ServerApp's round loop: Flower's ``Strategy.start`` loop, resumable and with a per-round hook.
+"""The round loop, once: Flower's ``Strategy.start`` loop, resumable, with per-round hooks and reply polling.
 
-Flower's loop always starts at round 1; a resumed run must start after the checkpointed round (and skip the
-round-0 evaluation), and checkpoints are written once a round's evaluation is done.  This is the one place
-that loop lives; a strategy used in someone else's ServerApp runs under Flower's own ``start``.  Both apply the
-same run-failure policy (:mod:`flower_strategies.core.policy`): after each round's evaluation and at the end.
+:meth:`FedAdaptStrategy.start <.strategy.FedAdaptStrategy.start>` (a strategy in a user's ServerApp) and the fedadapt
+ServerApp both run :func:`run_rounds`.  Beyond Flower's loop (which always starts at round 1) it can start after a
+checkpointed round (``start_round``; no round-0 evaluation then), call ``on_round_end`` once a round's evaluation
+is done (checkpoints), add per-round entries to the train config, show the train replies to the app, and poll for
+replies at the app's interval (:func:`exchange`).  After each round's central evaluation and at the end it applies
+the run-failure policy (:mod:`.policy`).  Two loops stay Flower's own: a Flower wrapper's ``start`` (e.g. its DP
+wrappers) around a fedadapt strategy, and the SecAgg+ workflow (docs/architecture.md, "One round loop").
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from contextlib import AbstractContextManager
 from logging import INFO
+from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from flower_strategies.core.policy import check_strategy
-from flower_strategies.core.strategy import FedAdaptStrategy
+from .policy import Checked, check_strategy
+
+
+class Looped(Checked, Protocol):
+    """What the loop drives (:class:`~.strategy.FedAdaptStrategy`): Flower's four strategy steps, plus the run's
+    length, its settings summary and :meth:`~.strategy.FedAdaptStrategy.driven`."""
+
+    num_rounds: int | None
+
+    def driven(self) -> AbstractContextManager[None]: ...
+
+    def summary(self) -> None: ...
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]: ...
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]: ...
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None: ...
 
 
 def exchange(grid: Grid, messages: Iterable[Message], timeout: float, interval: float = 0.0) -> list[Message]:
@@ -44,7 +69,7 @@ def exchange(grid: Grid, messages: Iterable[Message], timeout: float, interval: 
 
 
 def run_rounds(
-    strategy: FedAdaptStrategy,
+    strategy: Looped,
     grid: Grid,
     initial_arrays: ArrayRecord,
     num_rounds: int,
@@ -52,6 +77,8 @@ def run_rounds(
     evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     *,
     start_round: int = 1,
+    train_config: ConfigRecord | None = None,
+    evaluate_config: ConfigRecord | None = None,
     on_round_end: Callable[[int, ArrayRecord], None] | None = None,
     round_config: Callable[[int], Mapping[str, Any]] | None = None,
     on_train_replies: Callable[[int, list[Message]], None] | None = None,
@@ -60,6 +87,7 @@ def run_rounds(
     """Rounds ``start_round … num_rounds`` (``start_round > 1``: ``initial_arrays`` are the global arrays after
     round ``start_round − 1`` and the strategy's state was restored with ``load_state_dict``).
 
+    ``train_config`` / ``evaluate_config``: what Flower's ``start`` sends every round (empty when ``None``);
     ``round_config(round)``: extra entries of the round's train ConfigRecord (the app's, beside the strategy's);
     ``on_train_replies(round, replies)`` sees the train replies before the strategy aggregates them;
     ``poll_interval``: seconds between polls for replies (:func:`exchange`).  Raises
@@ -81,8 +109,8 @@ def run_rounds(
     for current_round in range(start_round, num_rounds + 1):
         log(INFO, "")
         log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
-        extra = ConfigRecord(dict(round_config(current_round))) if round_config else ConfigRecord()
-        replies = exchange(grid, strategy.configure_train(current_round, arrays, extra, grid), timeout, poll_interval)
+        config = ConfigRecord({**(train_config or {}), **(round_config(current_round) if round_config else {})})
+        replies = exchange(grid, strategy.configure_train(current_round, arrays, config, grid), timeout, poll_interval)
         if on_train_replies is not None:
             on_train_replies(current_round, replies)
         agg_arrays, agg_metrics = strategy.aggregate_train(current_round, replies)
@@ -92,7 +120,8 @@ def run_rounds(
         if agg_metrics is not None:
             log(INFO, "\t└──> Aggregated MetricRecord: %s", agg_metrics)
             result.train_metrics_clientapp[current_round] = agg_metrics
-        eval_replies = exchange(grid, strategy.configure_evaluate(current_round, arrays, ConfigRecord(), grid), timeout,
+        eval_config = ConfigRecord(dict(evaluate_config or {}))
+        eval_replies = exchange(grid, strategy.configure_evaluate(current_round, arrays, eval_config, grid), timeout,
                                 poll_interval)
         agg_eval = strategy.aggregate_evaluate(current_round, eval_replies)
         if agg_eval is not None:

@@ -1,13 +1,13 @@
 """Where the time of a deployment round goes, and seconds per round of the local deployment.
 
-    python -m simulations.bench_deploy startup [--repeats 5]
+    python -m simulations.bench.deploy startup [--repeats 5]
         Per-message ClientApp start-up, measured without any Flower server process:
         * ``spawn``: a fresh interpreter importing what ``flwr-clientapp`` + our ClientApp import (what Flower 1.42
           does for EVERY message: the SuperNode's SuperExec starts one ``flwr-clientapp`` process per message);
         * ``fork``: a child forked from a process that already imported them (what a pre-loaded executor would pay);
         * ``train``: one real ClientApp train call (digits-mlp, 1 local epoch) in a warm process, for scale.
 
-    python -m simulations.bench_deploy deploy [--nodes 2] [--rounds 3] [--task-poll-interval 0.1] [--preloaded]
+    python -m simulations.bench.deploy deploy [--nodes 2] [--rounds 3] [--task-poll-interval 0.1] [--preloaded]
                                               [--node-data DIR]
         A real local deployment (``simulations.launch deploy``: SuperLink + N SuperNodes on 127.0.0.1); prints the
         seconds of every round as the ServerApp measured them (``metrics.jsonl``) and their mean.  Starts real
@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: What a ``flwr-clientapp`` process imports before it can run our ClientApp (``torch._dynamo``: imported lazily by
 #: the first ``torch.optim.Optimizer(...)``, so every train message pays it too).
 CLIENTAPP_IMPORTS = (
@@ -69,7 +70,7 @@ def _train_seconds(repeats: int) -> list[float]:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
     from client_app.app import app as client_app
-    from client_app.task import build_model
+    from app_common.task import build_model
     from flower_strategies import FedAvg
 
     times = []
@@ -82,13 +83,13 @@ def _train_seconds(repeats: int) -> list[float]:
         ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(),
                       run_config={})
         t0 = _t.perf_counter()
-        client_app(Message(content=content, metadata=md), ctx)
+        client_app(Message(content=content, metadata=md), ctx)  # type: ignore[call-overload]  # the runtime's form
         times.append(_t.perf_counter() - t0)
     return times
 
 
 def bench_deploy(nodes: int, rounds: int, task_poll_interval: float | None, node_data: str | None,
-                 run_config: str, preloaded: bool = False) -> dict[str, float]:
+                 run_config: str, preloaded: bool = False) -> dict[str, Any]:
     from simulations.launch import launch_deploy
 
     with tempfile.TemporaryDirectory(prefix="fedadapt-bench-") as tmp:
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--task-poll-interval", type=float, default=None)
     ap.add_argument("--preloaded", action="store_true", help="pre-loaded SuperExec (simulations.launch.preloaded_exec)")
-    ap.add_argument("--node-data", default=None, help="directory of partition-<i>.npz (simulations.convert_data)")
+    ap.add_argument("--node-data", default=None, help="directory of partition-<i>.npz (simulations.tools.convert_data)")
     ap.add_argument("--run-config", default="")
     a = ap.parse_args(argv)
     if a.mode == "startup":

@@ -1,0 +1,1 @@
+"""Benchmarks: each `python -m simulations.bench.<name>` measures one cost and prints its table."""

@@ -1,0 +1,1 @@
+"""Tools around runs: compare runs, generate the config tables, convert data, measure curves and factors."""
