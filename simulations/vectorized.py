@@ -32,6 +32,7 @@ gradient (the sequential loop would skip it — none of the tasks has one).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
 from typing import Any
@@ -136,51 +137,118 @@ class VectorGrid(LoopbackGrid):
                 models[id(job.fed), device] = model
             key = (id(msg.content), id(job.fed), str(device), _layout(rnd, len(job.x)))
             groups.setdefault(key, []).append((i, (msg, ctx, job, rnd, model)))
-        replies: dict[int, Message] = {}
-        chunks = 0
+        parts: list[list[tuple[int, Any]]] = []
         for members in groups.values():
-            size = self.chunk or self._auto_chunk(members[0][1][4], members[0][1][2], members[0][1][3])
-            for start in range(0, len(members), size):
-                part = members[start : start + size]
-                replies.update(self._train_chunk(part))
-                chunks += 1
-        self.stacked_clients, self.chunks = self.stacked_clients + len(replies), self.chunks + chunks
+            _, (_, _, job, rnd, model) = members[0]
+            size = self.chunk or self._auto_chunk(model, job, rnd)
+            parts += [members[a:b] for a, b in chunk_bounds(len(members), size, self.workers)]
+        replies = self.train_chunks(parts)
+        self.stacked_clients, self.chunks = self.stacked_clients + len(replies), self.chunks + len(parts)
         if replies:
-            log(INFO, "vectorized engine: %d clients trained in %d stacked chunk(s)", len(replies), chunks)
+            log(INFO, "vectorized engine: %d clients trained in %d stacked chunk(s)", len(replies), len(parts))
         return replies
+
+    #: Stacked passes a round is spread over at least (:func:`chunk_bounds`): 1 here, one per actor on Ray.
+    workers = 1
 
     def _auto_chunk(self, model: nn.Module, job: Any, rnd: ClientRound) -> int:
         whole = rnd.full_batch or rnd.needs_full_gradient  # a pass over whole partitions
         batch = len(job.x) if whole else int(rnd.config.get("batch-size", 32))
         return max(1, int(self.memory_mb // memory_estimate_mb(model, job.x[0], batch, 1)))
 
-    def _train_chunk(self, part: list[tuple[int, tuple]]) -> dict[int, Message]:
-        from client_app.app import finish_train
-        from client_app.task import TASK_SPECS
+    def train_chunks(self, parts: list[list[tuple[int, tuple]]]) -> dict[int, Message]:
+        """The replies of every chunk's clients (by message position), the chunks trained one after another in this
+        process; a chunk whose stacked pass fails gives none (its clients go to the sequential ClientApp).
+        :class:`simulations.vectorized_ray.RayVectorGrid` runs the same :func:`run_chunk` on Ray actors."""
+        replies: dict[int, Message] = {}
+        for part in parts:
+            job = chunk_job(part)
+            try:
+                contents = run_chunk(job)
+            except NotVectorizable:
+                raise
+            except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
+                _chunk_failed(len(part), err)
+                for (_, (_, ctx, *_)), before in zip(part, job.before):  # as if the stacked pass had never run
+                    replace_state(ctx.state, before)
+                continue
+            replies.update(finish_chunk(part, contents))
+        return replies
 
-        msgs, ctxs, jobs, rnds, models = (list(t) for t in zip(*(m for _, m in part)))
-        fed, model = jobs[0].fed, models[0]
-        spec = TASK_SPECS[fed.task]
-        device = next(model.parameters()).device
-        data = [TensorPartition(j.x.to(device), j.y.to(device)) for j in jobs]
-        states = [dict(ctx.state.items()) for ctx in ctxs]  # records are replaced, never mutated, by a reply
-        try:
-            contents = train_stacked(model, rnds, data, spec.example_losses(), loss_before=fed.train_loss_before)
-        except NotVectorizable:
-            raise
-        except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
-            log(WARNING, "vectorized engine: a chunk of %d clients failed (%s: %s); training it sequentially",
-                len(part), type(err).__name__, err)
-            for ctx, before in zip(ctxs, states):  # as if the stacked pass had never run
-                for name in list(ctx.state.keys()):
-                    del ctx.state[name]
-                for name, record in before.items():
-                    ctx.state[name] = record
-            return {}
-        out = {}
-        for (i, _), msg, ctx, job, content in zip(part, msgs, ctxs, jobs, contents):
-            out[i] = finish_train(job, content, msg, ctx)
-        return out
+
+@dataclass
+class ChunkJob:
+    """What one stacked pass needs, picklable (a Ray actor gets it whole): the run's settings, the device, the round
+    content its clients received, each client's ``Context.state`` (read, and written by the pass), client key and
+    data.  ``before``: each state's records when the job was made (to undo a failed pass; not sent)."""
+
+    fed: Any
+    device: str
+    content: RecordDict
+    states: list[RecordDict]
+    keys: list[int]
+    x: list[Tensor]
+    y: list[Tensor]
+    before: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+def chunk_job(part: list[tuple[int, tuple]]) -> ChunkJob:
+    """The :class:`ChunkJob` of a chunk (``(position, (msg, ctx, job, rnd, model))`` per client, one round content,
+    settings, device and state layout)."""
+    msg, _, job, _, model = part[0][1]
+    ctxs, jobs = [m[1] for _, m in part], [m[2] for _, m in part]
+    return ChunkJob(job.fed, str(next(model.parameters()).device), msg.content, [c.state for c in ctxs],
+                    [j.pid for j in jobs], [j.x for j in jobs], [j.y for j in jobs],
+                    before=[dict(c.state.items()) for c in ctxs])  # records are replaced, never mutated, by a reply
+
+
+def run_chunk(job: ChunkJob) -> list[RecordDict]:
+    """Train one chunk stacked (:func:`train_stacked`): each client's reply content, in order; each client's state
+    is written into ``job.states``.  The one seam between the engine and where a chunk runs: this process
+    (:meth:`VectorGrid.train_chunks`) or a Ray actor (:mod:`simulations.vectorized_ray`)."""
+    from client_app.app import model_for
+    from client_app.task import TASK_SPECS
+
+    device = torch.device(job.device)
+    model = model_for(job.fed, device)
+    seed = job.fed.seed
+    first = ClientRound(job.content, job.states[0], seed=seed, client_key=job.keys[0])
+    rnds = [first, *(_for_client(first, s, seed, k) for s, k in zip(job.states[1:], job.keys[1:]))]
+    data = [TensorPartition(x.to(device), y.to(device)) for x, y in zip(job.x, job.y)]
+    return train_stacked(model, rnds, data, TASK_SPECS[job.fed.task].example_losses(),
+                         loss_before=job.fed.train_loss_before)
+
+
+def finish_chunk(part: list[tuple[int, tuple]], contents: list[RecordDict]) -> dict[int, Message]:
+    """Every client's reply message (the sequential ClientApp's :func:`client_app.app.finish_train`), by position."""
+    from client_app.app import finish_train
+
+    return {i: finish_train(job, content, msg, ctx) for (i, (msg, ctx, job, _, _)), content in zip(part, contents)}
+
+
+def replace_state(state: RecordDict, records: Mapping[str, Any]) -> None:
+    """Make ``state`` (a node's ``Context.state``) hold exactly ``records`` (no-op when they are its own)."""
+    if records is state:
+        return
+    for name in list(state.keys()):
+        del state[name]
+    for name, record in records.items():
+        state[name] = record
+
+
+def _chunk_failed(clients: int, err: BaseException) -> None:
+    log(WARNING, "vectorized engine: a chunk of %d clients failed (%s: %s); training it sequentially",
+        clients, type(err).__name__, err)
+
+
+def chunk_bounds(n: int, size: int, workers: int = 1) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the chunks of ``n`` clients: at most ``size`` per chunk and at least ``workers`` chunks
+    (when there are that many clients), sizes as equal as possible (they differ by at most one), in order."""
+    if n < 0 or size < 1 or workers < 1:
+        raise ValueError(f"chunk_bounds needs n >= 0, size >= 1, workers >= 1, got {n}, {size}, {workers}")
+    count = min(n, max(-(-n // size), workers))
+    edges = [n * k // count for k in range(count + 1)] if count else [0]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def _for_client(rnd: ClientRound, state: Any, seed: int, client_key: int) -> ClientRound:
