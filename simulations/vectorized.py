@@ -24,9 +24,17 @@ the chunk's examples at ``x_t`` (each client's mean over its own examples or its
 full-batch gradient from one stacked gradient step whose batches are the clients' whole partitions.  Evaluate and
 query messages, and any chunk whose stacked pass fails, go to the sequential ClientApp.
 
-Limits: models with BatchNorm running statistics, dropout or recurrent layers (``shakespeare-lstm``) are refused
-with an error naming ``--engine inprocess``; a parameter that gets no gradient at all is stepped with a zero
-gradient (the sequential loop would skip it — none of the tasks has one).
+Where a chunk runs is one seam: :func:`run_chunk` takes a picklable :class:`ChunkJob` (round content, the clients'
+state, keys and data) and returns the replies' contents with the states written; :meth:`VectorGrid.train_chunks`
+runs the chunks here, :class:`simulations.vectorized_ray.RayVectorGrid` on Ray actors.
+
+``nn.LSTM`` (``shakespeare-lstm``) is stacked through :class:`StackableLSTM` (explicit cells: ``vmap`` has no batching
+rule for ``aten::lstm``); exact, but slower than the sequential engine on CPU (docs/vectorized.md), so
+:func:`vectorizable` leaves such tasks to the sequential engine where a tool picks the engine.
+
+Limits: models with BatchNorm running statistics, dropout or other recurrent layers are refused with an error naming
+``--engine inprocess``; a parameter that gets no gradient at all is stepped with a zero gradient (the sequential loop
+would skip it — none of the tasks has one).
 """
 
 from __future__ import annotations
@@ -69,9 +77,11 @@ class NotVectorizable(ValueError):
 
 
 def check_vectorizable(model: nn.Module, task: str) -> None:
-    """Refuse models whose training is not a pure function of (parameters, batch)."""
+    """Refuse models whose training is not a pure function of (parameters, batch).  ``nn.LSTM`` is trained through
+    :class:`StackableLSTM` when :func:`stackable_lstm` accepts it."""
     bad = sorted({type(m).__name__ for m in model.modules()
-                  if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.RNNBase))
+                  if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                  or (isinstance(m, nn.RNNBase) and not stackable_lstm(m))
                   or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)})
     if bad:
         raise NotVectorizable(
@@ -81,15 +91,74 @@ def check_vectorizable(model: nn.Module, task: str) -> None:
         )
 
 
+def stackable_lstm(module: nn.Module) -> bool:
+    """Whether ``module`` is an ``nn.LSTM`` that :class:`StackableLSTM` computes: unidirectional, no projection, no
+    dropout between layers, with biases."""
+    return (type(module) is nn.LSTM and not module.bidirectional and not module.proj_size and not module.dropout
+            and module.bias)
+
+
+class StackableLSTM(nn.Module):
+    """The forward pass of an ``nn.LSTM`` (:func:`stackable_lstm`) as explicit per-time-step cells, on the same
+    ``Parameter`` objects under the same names.  ``torch.func.vmap`` has no batching rule for ``aten::lstm``; these
+    cells (linear maps, sigmoid, tanh) it batches over clients.  The gates are computed as ATen's CPU kernel does
+    (input projections of all time steps first, then per step ``h W_hhᵀ + b_hh`` plus that projection; gates in the
+    order i, f, g, o); only the summation order of the products can differ (rounding)."""
+
+    def __init__(self, lstm: nn.LSTM) -> None:
+        super().__init__()
+        self.num_layers, self.batch_first = lstm.num_layers, lstm.batch_first
+        for name in lstm._flat_weights_names:
+            setattr(self, name, getattr(lstm, name))
+
+    def forward(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        hs, cs = [], []
+        for layer in range(self.num_layers):
+            w_hh, b_hh = getattr(self, f"weight_hh_l{layer}"), getattr(self, f"bias_hh_l{layer}")
+            projected = torch.nn.functional.linear(x, getattr(self, f"weight_ih_l{layer}"),
+                                                   getattr(self, f"bias_ih_l{layer}"))
+            if hx is None:
+                h = c = x.new_zeros(x.shape[0], w_hh.shape[1])
+            else:
+                h, c = hx[0][layer], hx[1][layer]
+            outputs = []
+            for step in projected.unbind(1):  # unbind: one stack in the backward pass, not a zero-fill per step
+                i, f, g, o = (torch.nn.functional.linear(h, w_hh, b_hh) + step).chunk(4, 1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                outputs.append(h)
+            x = torch.stack(outputs, 1)
+            hs.append(h)
+            cs.append(c)
+        return (x if self.batch_first else x.transpose(0, 1)), (torch.stack(hs), torch.stack(cs))
+
+
+def stackable(model: nn.Module) -> nn.Module:
+    """``model`` itself, or (when it holds an ``nn.LSTM``) a shallow copy whose LSTMs are :class:`StackableLSTM` on
+    the same parameters: same parameter names, same state dict, trained by ``vmap``."""
+    if isinstance(model, nn.LSTM):
+        return StackableLSTM(model)
+    if not any(isinstance(m, nn.LSTM) for m in model.modules()):
+        return model
+    view = copy.copy(model)
+    view._modules = {name: StackableLSTM(child) if isinstance(child, nn.LSTM) else stackable(child)
+                     for name, child in model._modules.items()}
+    return view
+
+
 def vectorizable(fed: Any) -> bool:
-    """Whether the task of ``fed`` (an :class:`~client_app.config.AppConfig`) can run on the vectorized engine."""
+    """Whether the task of ``fed`` (an :class:`~client_app.config.AppConfig`) is worth the vectorized engine: it
+    can run there and has no LSTM (stacked exactly, but slower than the sequential engine on CPU)."""
     from client_app.task import build_model
 
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim)
     try:
-        check_vectorizable(build_model(fed.task, fed.seed, fed.synthetic_dim), fed.task)
+        check_vectorizable(model, fed.task)
     except NotVectorizable:
         return False
-    return True
+    return not any(isinstance(m, nn.LSTM) for m in model.modules())
 
 
 class VectorGrid(LoopbackGrid):
@@ -210,7 +279,7 @@ def run_chunk(job: ChunkJob) -> list[RecordDict]:
     from client_app.task import TASK_SPECS
 
     device = torch.device(job.device)
-    model = model_for(job.fed, device)
+    model = stackable(model_for(job.fed, device))
     seed = job.fed.seed
     first = ClientRound(job.content, job.states[0], seed=seed, client_key=job.keys[0])
     rnds = [first, *(_for_client(first, s, seed, k) for s, k in zip(job.states[1:], job.keys[1:]))]
@@ -508,5 +577,6 @@ def memory_estimate_mb(model: nn.Module, example: Tensor, batch: int, clients: i
     return clients * (PARAM_FACTOR * params + INPUT_FACTOR * batch * example.numel() * example.element_size()) / 2**20
 
 
-__all__ = ["DEFAULT_MEMORY_MB", "NotVectorizable", "VectorGrid", "check_vectorizable", "memory_estimate_mb",
+__all__ = ["DEFAULT_MEMORY_MB", "ChunkJob", "NotVectorizable", "StackableLSTM", "VectorGrid", "check_vectorizable",
+           "chunk_bounds", "chunk_job", "finish_chunk", "memory_estimate_mb", "replace_state", "run_chunk", "stackable",
            "train_stacked", "vectorizable"]
