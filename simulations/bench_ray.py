@@ -100,12 +100,17 @@ def child(spec: dict[str, Any]) -> None:
 
     import torch
 
-    from simulations.engine import run_inprocess
+    from client_app.app import app as client_app
+    from server_app.app import run
+    from simulations.engine import make_grid
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     torch.set_num_threads(int(spec["threads"]))
-    summary = run_inprocess(spec["config"], int(spec["nodes"]), engine=spec["engine"], **spec["grid"])
-    print(json.dumps({"status": summary.get("status"), "final": summary.get("final")}, default=str), flush=True)
+    grid = make_grid(client_app, int(spec["nodes"]), spec["config"], spec["engine"], **spec["grid"])
+    summary = run(grid, spec["config"])
+    nodes = grid.actor_nodes() if hasattr(grid, "actor_nodes") else []
+    print(json.dumps({"status": summary.get("status"), "final": summary.get("final"), "actor_nodes": nodes,
+                      "chunks_per_actor": getattr(grid, "chunks_per_actor", None)}, default=str), flush=True)
 
 
 def measure(kind: str, args: argparse.Namespace, out: Path, tag: str, address: str | None = None) -> dict[str, Any]:
@@ -134,6 +139,10 @@ def measure(kind: str, args: argparse.Namespace, out: Path, tag: str, address: s
     ok = res.returncode == 0 and len(secs) == args.rounds
     if not ok:
         print(f"[bench_ray] {name} failed (exit {res.returncode}):\n{res.stdout[-3000:]}", flush=True)
+    info = next((json.loads(line) for line in reversed(res.stdout.splitlines()) if line.startswith("{")), {})
+    if info.get("actor_nodes"):
+        print(f"  {name}: actors on {len(set(info['actor_nodes']))} Ray node(s), chunks per actor "
+              f"{info['chunks_per_actor']}", flush=True)
     return {"kind": kind, "ok": ok, "rounds": secs, "later": statistics.median(secs[1:]) if len(secs) > 1 else None,
             "wall": wall, "peak_mb": peak}
 

@@ -34,6 +34,12 @@ class ChunkActor:
     def __init__(self, threads: int) -> None:
         torch.set_num_threads(max(1, int(threads)))
 
+    def node(self) -> str:
+        """The Ray node this actor runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def run(self, job: ChunkJob) -> tuple[list[RecordDict], list[RecordDict]] | BaseException:
         """``(reply contents, client states)``, or the exception (sent back as a value: the engine falls back)."""
         try:
@@ -112,6 +118,12 @@ class RayVectorGrid(VectorGrid):
                 replace_state(ctx.state, state)
             replies.update(finish_chunk(part, contents))
         return replies
+
+    def actor_nodes(self) -> list[str]:
+        """The Ray node of each actor (for logs and the cluster benchmark)."""
+        import ray
+
+        return [str(n) for n in ray.get([a.node.remote() for a in self._pool()])]
 
     def shutdown(self) -> None:
         """Stop the actors (Ray itself stays up)."""
