@@ -63,3 +63,20 @@ def test_ray_actors_equal_the_one_process_engine_bit_for_bit():
             grid.shutdown()
     finally:
         ray.shutdown()
+
+
+def test_launcher_ray_actors_option(monkeypatch, capsys):
+    """``--ray-actors N`` goes with ``--engine vectorized`` only, and reaches the grid as ``actors``/``address``."""
+    from simulations.launch import __main__ as cli
+    from simulations.launch import seeds
+
+    seen = {}
+    monkeypatch.setattr(seeds, "launch_inprocess", lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs) or 0)
+    assert cli.main(["sim", "--engine", "vectorized", "--ray-actors", "2", "--num-supernodes", "5"]) == 0
+    assert seen["args"][0] == 5 and seen["args"][3] == "vectorized"
+    assert seen["kwargs"] == {"actors": 2, "address": None}
+    for bad in (["sim", "--ray-actors", "2"], ["sim", "--engine", "inprocess", "--ray-actors", "2"],
+                ["sim", "--engine", "vectorized", "--ray-actors", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(bad)
+        assert exc.value.code == 2 and "--ray-actors" in capsys.readouterr().err
