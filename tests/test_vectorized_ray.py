@@ -1,6 +1,7 @@
 """The vectorized engine on Ray actors (simulations.vectorized_ray) equals the one-process vectorized engine bit for
 bit (float64, same chunks), for a stateful method (scaffold: c_i kept per client across rounds, fresh and returning
-clients) and a stateless one (fedavg); the chunk split (chunk_bounds)."""
+clients) and a stateless one (fedavg), and the documented ``--ray-actors`` launch runs; the chunk split
+(chunk_bounds) and the launcher option."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_chunk_bounds_refuses_bad_arguments(bad):
 
 
 @pytest.mark.slow
-def test_ray_actors_equal_the_one_process_engine_bit_for_bit():
+def test_ray_actors_equal_the_one_process_engine_bit_for_bit(tmp_path):
     import numpy as np
     import ray
 
@@ -61,6 +62,12 @@ def test_ray_actors_equal_the_one_process_engine_bit_for_bit():
             if method == "scaffold":  # every trained node holds its c_i, as in the one-process run
                 assert sum(1 for ctx in grid.contexts.values() if len(ctx.state.keys())) >= 6
             grid.shutdown()
+        # the documented launcher command (docs/vectorized.md), smaller: 4 nodes, 1 round, on this Ray instance
+        from simulations.launch import __main__ as cli
+
+        rc = f"method='scaffold' num-server-rounds=1 min-available-nodes=4 output-dir='{tmp_path}'"
+        assert cli.main(["sim", "--engine", "vectorized", "--ray-actors", "2", "--num-supernodes", "4",
+                         "--run-config", rc]) == 0
     finally:
         ray.shutdown()
 
