@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench_ray {args.mode}: {os.cpu_count()} CPUs, nodes {args.nodes}, rounds {args.rounds}, repeats "
           f"{args.repeats}" + (f", fraction {args.fraction}" if args.mode == "flower" else
                                f", digits-cnn {args.method} E={args.epochs} batch {args.batch_size}"), flush=True)
-    procs = None
+    procs, temp = None, None
     try:
         address = None
         if args.mode == "cluster":
@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if procs is not None:
             procs.__exit__(None, None, None)
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
     return 0
