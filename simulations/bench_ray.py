@@ -8,8 +8,9 @@
 Every run is a fresh child process (``python -m simulations.launch sim …`` for Flower's backend, an in-process
 ``run_inprocess`` otherwise) with lean settings (no client evaluation, no ``train-loss-before``, no learning-curve
 plot).  The figure is the median of the per-round ``seconds`` the ServerApp writes to ``metrics.jsonl`` for rounds
-2…R, so Ray's start-up, actor creation and round 1's warm-up are left out; round 1 and the whole run are printed too.  Peak memory is the largest sum of the
-resident set sizes of the child and all of its descendants (Ray's GCS, raylet, workers, actors), sampled every 0.2 s.
+2…R, so Ray's start-up, actor creation and round 1's warm-up are left out; round 1 and the whole run are printed
+too.  Peak memory is the largest sum of the resident set sizes of the child and all of its descendants (Ray's GCS,
+raylet, workers, actors), sampled every 0.2 s.
 
 ``actors`` / ``cluster``: a compute-heavy round (``digits-cnn``, every client every round, several local epochs) with
 each chunk trained stacked; ``--repeats R`` measures each engine R times, interleaved.  ``flower``: the same task,
