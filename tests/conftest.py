@@ -71,6 +71,7 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_runtime.py::test_sigterm_mid_run", "ray"),
     ("tests/test_docs_commands.py::test_quick_start_ray_simulation", "ray"),  # a private Ray instance of its own
     ("tests/test_secure_deploy.py::", "ray"),  # a cluster of its own
+    ("tests/test_vectorized_ray.py::", "ray"),  # a private Ray instance with 2 actors
     ("tests/test_runtime.py::test_stop_signals_stop_every_started_process_group", None),
     ("tests/test_perf.py::", None),  # the bench smoke tests: child interpreters, no Ray (no --ray) or Flower
     ("tests/test_node_data.py::test_converter_command_line", None),

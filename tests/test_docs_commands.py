@@ -122,6 +122,9 @@ RUN: dict[str, str] = {
 }
 
 COVERED: dict[str, str] = {
+    """python -m simulations.launch sim --engine vectorized --ray-actors 2 --num-supernodes 100 --run-config """
+    """"method='scaffold'\"""":
+        "tests/test_vectorized_ray.py::test_ray_actors_equal_the_one_process_engine_bit_for_bit",
     "python -m simulations.tools.compare outputs/fedavg-digits-mlp-seed0 outputs/fedadam-digits-mlp-seed0 --out "
     "outputs/compare": "tests/test_compare.py::test_compare_writes_a_figure_and_a_table_from_run_directories",
     "python -m simulations.tools.convert_data --out data/ --num-partitions 4 --task digits-mlp --partitioner dirichlet "

@@ -110,3 +110,23 @@ def test_bench_simulation_runs(capsys: pytest.CaptureFixture[str], monkeypatch: 
     out = capsys.readouterr().out
     assert "ray floor" in out and "floor cpu" in out
     assert len(children) == 4 and not children[0].endswith("(in-process)"), children
+
+
+@pytest.mark.slow  # a real child process: the full suite runs it
+def test_bench_gpu_cnn_runs_without_flwr() -> None:
+    """``bench_gpu --cnn`` (the GPU check of the vectorized engine) on a machine with torch but no flwr: tiny sizes,
+    CPU, flwr made unimportable; the stacked pass equals the plain per-client loop (float32 rounding)."""
+    import re
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['flwr'] = None\n"
+            "from simulations.bench.gpu import main\n"
+            "raise SystemExit(main(['--cnn', '--clients', '3', '--examples', '4', '--batch-size', '2', '--epochs', "
+            "'1', '--chunk', '2', '--devices', 'cpu']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "flwr absent" in out.stdout and "engine-stacked" not in out.stdout
+    diff = float(re.search(r"stacked vs plain \(first clients' models\): (\S+)", out.stdout).group(1))
+    assert diff < 1e-4, out.stdout

@@ -129,6 +129,10 @@ def test_models_that_cannot_be_stacked_name_the_sequential_engine():
     with pytest.raises(NotVectorizable, match="--engine inprocess"):
         check_vectorizable(model, "my-task")
     check_vectorizable(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GroupNorm(2, 4)), "ok")
+    check_vectorizable(torch.nn.LSTM(4, 8, num_layers=2, batch_first=True), "lstm")  # stacked as StackableLSTM
+    for recurrent in (torch.nn.GRU(4, 8), torch.nn.LSTM(4, 8, bidirectional=True), torch.nn.LSTM(4, 8, proj_size=2)):
+        with pytest.raises(NotVectorizable, match="--engine inprocess"):
+            check_vectorizable(recurrent, "rnn")
 
 
 def test_a_failing_stacked_pass_falls_back_to_the_sequential_clientapp(monkeypatch):
@@ -258,3 +262,35 @@ def test_filled_records_are_item_assigned_records():
     for cls in (ArrayRecord, MetricRecord):
         with pytest.raises(TypeError, match="Key must be of type `str`"):
             R.filled(cls(), [(1, 2.0)])
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_stackable_lstm_equals_nn_lstm_under_vmap(batch_first):
+    """StackableLSTM (explicit cells on nn.LSTM's own parameters) gives nn.LSTM's outputs and states, and under
+    vmap over stacked parameters each client's gradients equal nn.LSTM's own (float64, 1e-12)."""
+    from torch.func import functional_call, vmap
+
+    from simulations.engine.vectorized import stackable
+
+    torch.manual_seed(0)
+    model = torch.nn.LSTM(3, 5, num_layers=2, batch_first=batch_first).double()
+    view = stackable(torch.nn.Sequential(model))[0]
+    assert type(view).__name__ == "StackableLSTM" and dict(view.named_parameters()).keys() == \
+        dict(model.named_parameters()).keys()
+    x = torch.randn(4, 6, 3, dtype=torch.float64)
+    (out_a, (h_a, c_a)), (out_b, (h_b, c_b)) = model(x), view(x)
+    for a, b in ((out_a, out_b), (h_a, h_b), (c_a, c_b)):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+    clients = 3
+    xs = torch.randn(clients, 4, 6, 3, dtype=torch.float64)
+    params = {n: (p.detach() + 0.1 * torch.randn(clients, *p.shape, dtype=torch.float64)).requires_grad_(True)
+              for n, p in model.named_parameters()}
+    losses = vmap(lambda p, xx: functional_call(view, p, (xx,))[0].square().mean())(params, xs)
+    grads = torch.autograd.grad(losses.sum(), list(params.values()))
+    for c in range(clients):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n][c])
+        own = torch.autograd.grad(model(xs[c])[0].square().mean(), list(model.parameters()))
+        for g, o in zip(grads, own):
+            assert torch.allclose(g[c], o, rtol=1e-12, atol=1e-15)

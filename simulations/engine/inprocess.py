@@ -23,7 +23,12 @@ ENGINES = ("inprocess", "vectorized")
 
 def make_grid(client_app: Any, num_nodes: int, run_config: Mapping[str, Any] | None, engine: str = "inprocess",
               **grid_kwargs: Any) -> LoopbackGrid:
-    """The in-process grid of ``engine`` (one of :data:`ENGINES`)."""
+    """The in-process grid of ``engine`` (one of :data:`ENGINES`); ``engine = "vectorized"`` with ``actors=N``
+    (N ≥ 1): its chunks train on N Ray actors (:class:`simulations.engine.vectorized_ray.RayVectorGrid`)."""
+    if engine == "vectorized" and grid_kwargs.get("actors"):
+        from simulations.engine.vectorized_ray import RayVectorGrid
+
+        return RayVectorGrid(client_app, num_nodes, run_config, **grid_kwargs)
     if engine == "vectorized":
         from simulations.engine.vectorized import VectorGrid
 

@@ -24,14 +24,23 @@ the chunk's examples at ``x_t`` (each client's mean over its own examples or its
 full-batch gradient from one stacked gradient step whose batches are the clients' whole partitions.  Evaluate and
 query messages, and any chunk whose stacked pass fails, go to the sequential ClientApp.
 
-Limits: models with BatchNorm running statistics, dropout or recurrent layers (``shakespeare-lstm``) are refused
-with an error naming ``--engine inprocess``; a parameter that gets no gradient at all is stepped with a zero
-gradient (the sequential loop would skip it — none of the tasks has one).
+Where a chunk runs is one seam: :func:`run_chunk` takes a picklable :class:`ChunkJob` (round content, the clients'
+state, keys and data) and returns the replies' contents with the states written; :meth:`VectorGrid.train_chunks`
+runs the chunks here, :class:`simulations.engine.vectorized_ray.RayVectorGrid` on Ray actors.
+
+``nn.LSTM`` (``shakespeare-lstm``) is stacked through :class:`StackableLSTM` (explicit cells: ``vmap`` has no batching
+rule for ``aten::lstm``); exact, but slower than the sequential engine on CPU (docs/vectorized.md), so
+:func:`vectorizable` leaves such tasks to the sequential engine where a tool picks the engine.
+
+Limits: models with BatchNorm running statistics, dropout or other recurrent layers are refused with an error naming
+``--engine inprocess``; a parameter that gets no gradient at all is stepped with a zero gradient (the sequential loop
+would skip it — none of the tasks has one).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
 from typing import Any
@@ -68,9 +77,11 @@ class NotVectorizable(ValueError):
 
 
 def check_vectorizable(model: nn.Module, task: str) -> None:
-    """Refuse models whose training is not a pure function of (parameters, batch)."""
+    """Refuse models whose training is not a pure function of (parameters, batch).  ``nn.LSTM`` is trained through
+    :class:`StackableLSTM` when :func:`stackable_lstm` accepts it."""
     bad = sorted({type(m).__name__ for m in model.modules()
-                  if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.RNNBase))
+                  if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                  or (isinstance(m, nn.RNNBase) and not stackable_lstm(m))
                   or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)})
     if bad:
         raise NotVectorizable(
@@ -80,15 +91,74 @@ def check_vectorizable(model: nn.Module, task: str) -> None:
         )
 
 
+def stackable_lstm(module: nn.Module) -> bool:
+    """Whether ``module`` is an ``nn.LSTM`` that :class:`StackableLSTM` computes: unidirectional, no projection, no
+    dropout between layers, with biases."""
+    return (type(module) is nn.LSTM and not module.bidirectional and not module.proj_size and not module.dropout
+            and module.bias)
+
+
+class StackableLSTM(nn.Module):
+    """The forward pass of an ``nn.LSTM`` (:func:`stackable_lstm`) as explicit per-time-step cells, on the same
+    ``Parameter`` objects under the same names.  ``torch.func.vmap`` has no batching rule for ``aten::lstm``; these
+    cells (linear maps, sigmoid, tanh) it batches over clients.  The gates are computed as ATen's CPU kernel does
+    (input projections of all time steps first, then per step ``h W_hhᵀ + b_hh`` plus that projection; gates in the
+    order i, f, g, o); only the summation order of the products can differ (rounding)."""
+
+    def __init__(self, lstm: nn.LSTM) -> None:
+        super().__init__()
+        self.num_layers, self.batch_first = lstm.num_layers, lstm.batch_first
+        for name in lstm._flat_weights_names:
+            setattr(self, name, getattr(lstm, name))
+
+    def forward(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        hs, cs = [], []
+        for layer in range(self.num_layers):
+            w_hh, b_hh = getattr(self, f"weight_hh_l{layer}"), getattr(self, f"bias_hh_l{layer}")
+            projected = torch.nn.functional.linear(x, getattr(self, f"weight_ih_l{layer}"),
+                                                   getattr(self, f"bias_ih_l{layer}"))
+            if hx is None:
+                h = c = x.new_zeros(x.shape[0], w_hh.shape[1])
+            else:
+                h, c = hx[0][layer], hx[1][layer]
+            outputs = []
+            for step in projected.unbind(1):  # unbind: one stack in the backward pass, not a zero-fill per step
+                i, f, g, o = (torch.nn.functional.linear(h, w_hh, b_hh) + step).chunk(4, 1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                outputs.append(h)
+            x = torch.stack(outputs, 1)
+            hs.append(h)
+            cs.append(c)
+        return (x if self.batch_first else x.transpose(0, 1)), (torch.stack(hs), torch.stack(cs))
+
+
+def stackable(model: nn.Module) -> nn.Module:
+    """``model`` itself, or (when it holds an ``nn.LSTM``) a shallow copy whose LSTMs are :class:`StackableLSTM` on
+    the same parameters: same parameter names, same state dict, trained by ``vmap``."""
+    if isinstance(model, nn.LSTM):
+        return StackableLSTM(model)
+    if not any(isinstance(m, nn.LSTM) for m in model.modules()):
+        return model
+    view = copy.copy(model)
+    view._modules = {name: StackableLSTM(child) if isinstance(child, nn.LSTM) else stackable(child)
+                     for name, child in model._modules.items() if child is not None}
+    return view
+
+
 def vectorizable(fed: Any) -> bool:
-    """Whether the task of ``fed`` (an :class:`~app_common.config.AppConfig`) can run on the vectorized engine."""
+    """Whether the task of ``fed`` (an :class:`~app_common.config.AppConfig`) is worth the vectorized engine: it
+    can run there and has no LSTM (stacked exactly, but slower than the sequential engine on CPU)."""
     from app_common.task import build_model
 
+    model = build_model(fed.task, fed.seed, fed.synthetic_dim)
     try:
-        check_vectorizable(build_model(fed.task, fed.seed, fed.synthetic_dim), fed.task)
+        check_vectorizable(model, fed.task)
     except NotVectorizable:
         return False
-    return True
+    return not any(isinstance(m, nn.LSTM) for m in model.modules())
 
 
 class VectorGrid(LoopbackGrid):
@@ -136,51 +206,118 @@ class VectorGrid(LoopbackGrid):
                 models[id(job.fed), device] = model
             key = (id(msg.content), id(job.fed), str(device), _layout(rnd, len(job.x)))
             groups.setdefault(key, []).append((i, (msg, ctx, job, rnd, model)))
-        replies: dict[int, Message] = {}
-        chunks = 0
+        parts: list[list[tuple[int, Any]]] = []
         for members in groups.values():
-            size = self.chunk or self._auto_chunk(members[0][1][4], members[0][1][2], members[0][1][3])
-            for start in range(0, len(members), size):
-                part = members[start : start + size]
-                replies.update(self._train_chunk(part))
-                chunks += 1
-        self.stacked_clients, self.chunks = self.stacked_clients + len(replies), self.chunks + chunks
+            _, (_, _, job, rnd, model) = members[0]
+            size = self.chunk or self._auto_chunk(model, job, rnd)
+            parts += [members[a:b] for a, b in chunk_bounds(len(members), size, self.workers)]
+        replies = self.train_chunks(parts)
+        self.stacked_clients, self.chunks = self.stacked_clients + len(replies), self.chunks + len(parts)
         if replies:
-            log(INFO, "vectorized engine: %d clients trained in %d stacked chunk(s)", len(replies), chunks)
+            log(INFO, "vectorized engine: %d clients trained in %d stacked chunk(s)", len(replies), len(parts))
         return replies
+
+    #: Stacked passes a round is spread over at least (:func:`chunk_bounds`): 1 here, one per actor on Ray.
+    workers = 1
 
     def _auto_chunk(self, model: nn.Module, job: Any, rnd: ClientRound) -> int:
         whole = rnd.full_batch or rnd.needs_full_gradient  # a pass over whole partitions
         batch = len(job.x) if whole else int(rnd.config.get("batch-size", 32))
         return max(1, int(self.memory_mb // memory_estimate_mb(model, job.x[0], batch, 1)))
 
-    def _train_chunk(self, part: list[tuple[int, tuple]]) -> dict[int, Message]:
-        from client_app.app import finish_train
-        from app_common.task import TASK_SPECS
+    def train_chunks(self, parts: list[list[tuple[int, tuple]]]) -> dict[int, Message]:
+        """The replies of every chunk's clients (by message position), the chunks trained one after another in this
+        process; a chunk whose stacked pass fails gives none (its clients go to the sequential ClientApp).
+        :class:`simulations.engine.vectorized_ray.RayVectorGrid` runs the same :func:`run_chunk` on Ray actors."""
+        replies: dict[int, Message] = {}
+        for part in parts:
+            job = chunk_job(part)
+            try:
+                contents = run_chunk(job)
+            except NotVectorizable:
+                raise
+            except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
+                _chunk_failed(len(part), err)
+                for (_, (_, ctx, *_)), before in zip(part, job.before):  # as if the stacked pass had never run
+                    replace_state(ctx.state, before)
+                continue
+            replies.update(finish_chunk(part, contents))
+        return replies
 
-        msgs, ctxs, jobs, rnds, models = (list(t) for t in zip(*(m for _, m in part)))
-        fed, model = jobs[0].fed, models[0]
-        spec = TASK_SPECS[fed.task]
-        device = next(model.parameters()).device
-        data = [TensorPartition(j.x.to(device), j.y.to(device)) for j in jobs]
-        states = [dict(ctx.state.items()) for ctx in ctxs]  # records are replaced, never mutated, by a reply
-        try:
-            contents = train_stacked(model, rnds, data, spec.example_losses(), loss_before=fed.train_loss_before)
-        except NotVectorizable:
-            raise
-        except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
-            log(WARNING, "vectorized engine: a chunk of %d clients failed (%s: %s); training it sequentially",
-                len(part), type(err).__name__, err)
-            for ctx, before in zip(ctxs, states):  # as if the stacked pass had never run
-                for name in list(ctx.state.keys()):
-                    del ctx.state[name]
-                for name, record in before.items():
-                    ctx.state[name] = record
-            return {}
-        out = {}
-        for (i, _), msg, ctx, job, content in zip(part, msgs, ctxs, jobs, contents):
-            out[i] = finish_train(job, content, msg, ctx)
-        return out
+
+@dataclass
+class ChunkJob:
+    """What one stacked pass needs, picklable (a Ray actor gets it whole): the run's settings, the device, the round
+    content its clients received, each client's ``Context.state`` (read, and written by the pass), client key and
+    data.  ``before``: each state's records when the job was made (to undo a failed pass; not sent)."""
+
+    fed: Any
+    device: str
+    content: RecordDict
+    states: list[RecordDict]
+    keys: list[int]
+    x: list[Tensor]
+    y: list[Tensor]
+    before: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+def chunk_job(part: list[tuple[int, tuple]]) -> ChunkJob:
+    """The :class:`ChunkJob` of a chunk (``(position, (msg, ctx, job, rnd, model))`` per client, one round content,
+    settings, device and state layout)."""
+    msg, _, job, _, model = part[0][1]
+    ctxs, jobs = [m[1] for _, m in part], [m[2] for _, m in part]
+    return ChunkJob(job.fed, str(next(model.parameters()).device), msg.content, [c.state for c in ctxs],
+                    [j.pid for j in jobs], [j.x for j in jobs], [j.y for j in jobs],
+                    before=[dict(c.state.items()) for c in ctxs])  # records are replaced, never mutated, by a reply
+
+
+def run_chunk(job: ChunkJob) -> list[RecordDict]:
+    """Train one chunk stacked (:func:`train_stacked`): each client's reply content, in order; each client's state
+    is written into ``job.states``.  The one seam between the engine and where a chunk runs: this process
+    (:meth:`VectorGrid.train_chunks`) or a Ray actor (:mod:`simulations.engine.vectorized_ray`)."""
+    from client_app.app import model_for
+    from app_common.task import TASK_SPECS
+
+    device = torch.device(job.device)
+    model = stackable(model_for(job.fed, device))
+    seed = job.fed.seed
+    first = ClientRound(job.content, job.states[0], seed=seed, client_key=job.keys[0])
+    rnds = [first, *(_for_client(first, s, seed, k) for s, k in zip(job.states[1:], job.keys[1:]))]
+    data = [TensorPartition(x.to(device), y.to(device)) for x, y in zip(job.x, job.y)]
+    return train_stacked(model, rnds, data, TASK_SPECS[job.fed.task].example_losses(),
+                         loss_before=job.fed.train_loss_before)
+
+
+def finish_chunk(part: list[tuple[int, tuple]], contents: list[RecordDict]) -> dict[int, Message]:
+    """Every client's reply message (the sequential ClientApp's :func:`client_app.app.finish_train`), by position."""
+    from client_app.app import finish_train
+
+    return {i: finish_train(job, content, msg, ctx) for (i, (msg, ctx, job, _, _)), content in zip(part, contents)}
+
+
+def replace_state(state: RecordDict, records: Mapping[str, Any]) -> None:
+    """Make ``state`` (a node's ``Context.state``) hold exactly ``records`` (no-op when they are its own)."""
+    if records is state:
+        return
+    for name in list(state.keys()):
+        del state[name]
+    for name, record in records.items():
+        state[name] = record
+
+
+def _chunk_failed(clients: int, err: BaseException) -> None:
+    log(WARNING, "vectorized engine: a chunk of %d clients failed (%s: %s); training it sequentially",
+        clients, type(err).__name__, err)
+
+
+def chunk_bounds(n: int, size: int, workers: int = 1) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the chunks of ``n`` clients: at most ``size`` per chunk and at least ``workers`` chunks
+    (when there are that many clients), sizes as equal as possible (they differ by at most one), in order."""
+    if n < 0 or size < 1 or workers < 1:
+        raise ValueError(f"chunk_bounds needs n >= 0, size >= 1, workers >= 1, got {n}, {size}, {workers}")
+    count = min(n, max(-(-n // size), workers))
+    edges = [n * k // count for k in range(count + 1)] if count else [0]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def _for_client(rnd: ClientRound, state: Any, seed: int, client_key: int) -> ClientRound:
@@ -440,5 +577,6 @@ def memory_estimate_mb(model: nn.Module, example: Tensor, batch: int, clients: i
     return clients * (PARAM_FACTOR * params + INPUT_FACTOR * batch * example.numel() * example.element_size()) / 2**20
 
 
-__all__ = ["DEFAULT_MEMORY_MB", "NotVectorizable", "VectorGrid", "check_vectorizable", "memory_estimate_mb",
+__all__ = ["DEFAULT_MEMORY_MB", "ChunkJob", "NotVectorizable", "StackableLSTM", "VectorGrid", "check_vectorizable",
+           "chunk_bounds", "chunk_job", "finish_chunk", "memory_estimate_mb", "replace_state", "run_chunk", "stackable",
            "train_stacked", "vectorizable"]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .flwr_cli import RunConfigError
-from .modes import launch_deploy, launch_secure_deploy, launch_sim
+from .modes import launch_deploy, launch_secure_deploy, launch_sim, ray_address_check
 from .processes import APP_DIR
 from .progress import quiet_flower
 
@@ -17,6 +17,7 @@ DESCRIPTION = ("Run the fedadapt Flower app for real; exit 0 only when the run f
 EXAMPLES = """examples:
   python -m simulations.launch sim --run-config "method='fedadam' num-server-rounds=5"
   python -m simulations.launch sim --engine vectorized --num-supernodes 100 --run-config "method='scaffold'"
+  python -m simulations.launch sim --engine vectorized --ray-actors 2 --num-supernodes 1000
   python -m simulations.launch sim --engine inprocess --seeds 3
   python -m simulations.launch deploy --nodes 3 --preloaded
   python -m simulations.launch secure --nodes 2
@@ -49,6 +50,8 @@ def parser() -> argparse.ArgumentParser:
                           "accuracy_band.png")
     sim.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                      help="an existing Ray cluster's head (or RAY_ADDRESS) instead of a private Ray instance")
+    sim.add_argument("--ray-actors", type=int, default=None, metavar="N",
+                     help="vectorized: train each round's chunks on N Ray actors (with --ray-address: on that cluster)")
     sim.add_argument("--client-cpus", type=int, default=1, metavar="N", help="Ray CPUs per ClientApp actor")
     sim.add_argument("--client-gpus", type=float, default=0.0, metavar="F", help="Ray GPUs per ClientApp actor")
     sim.add_argument("--ray-cpus", type=int, default=None, metavar="N",
@@ -77,13 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--engine inprocess|vectorized and --seeds apply to sim only")
     if args.seeds is not None and not in_process:
         ap.error("--seeds needs --engine inprocess or vectorized")
+    if args.ray_actors is not None and (args.engine != "vectorized" or args.ray_actors < 1):
+        ap.error("--ray-actors N (N >= 1) needs --engine vectorized")
     home, app = Path(args.flwr_home).resolve(), Path(args.app).resolve()
     try:
         if args.mode == "sim" and in_process:
             from .seeds import launch_inprocess
 
             with quiet_flower(args.verbose):
-                return launch_inprocess(args.num_supernodes, args.run_config, args.seeds, args.engine)
+                ray = ({"actors": args.ray_actors, "address": args.ray_address and ray_address_check(args.ray_address)}
+                       if args.ray_actors else {})
+                return launch_inprocess(args.num_supernodes, args.run_config, args.seeds, args.engine, **ray)
         if args.mode == "sim":
             return launch_sim(args.num_supernodes, args.run_config, home, args.timeout, app,
                               ray_address=args.ray_address, client_cpus=args.client_cpus, client_gpus=args.client_gpus,

@@ -45,7 +45,8 @@ def group_dir(cfg: Mapping[str, Any]) -> Path:
     return Path(fed.output_dir).expanduser().resolve() / (fed.run_name or f"{fed.method}-{fed.task}-seeds")
 
 
-def run_seeds(run_config: Mapping[str, Any], seeds: int, num_nodes: int, engine: str = "inprocess") -> dict[str, Any]:
+def run_seeds(run_config: Mapping[str, Any], seeds: int, num_nodes: int, engine: str = "inprocess",
+              **grid_kwargs: Any) -> dict[str, Any]:
     """Run ``run_config`` once per seed in-process; write per-seed runs, ``seeds.json``/``.csv`` and the band plot.
 
     Returns the ``seeds.json`` content (plus ``"dir"``).  A seed whose run fails or raises is recorded with its
@@ -63,7 +64,7 @@ def run_seeds(run_config: Mapping[str, Any], seeds: int, num_nodes: int, engine:
         cfg = {**base, "seed": s, "output-dir": str(out), "run-name": f"seed{s}"}
         print(f"[fedadapt] seed {s} ({s - first + 1}/{seeds}) …", flush=True)
         try:
-            summary, metrics = run_one(cfg, num_nodes, engine)
+            summary, metrics = run_one(cfg, num_nodes, engine, **grid_kwargs)
         except Exception as err:  # a failing seed must not hide the others; the row says why
             rows.append({"seed": s, "status": f"error: {type(err).__name__}: {err}"[:300],
                          "run_dir": str(out / f"seed{s}")})
@@ -146,16 +147,17 @@ def plot_band(runs: Sequence[Mapping[str, Any]], path: Path, title: str = "") ->
 
 
 def launch_inprocess(num_nodes: int, run_config: str | None, seeds: int | None = None,
-                     engine: str = "inprocess") -> int:
+                     engine: str = "inprocess", **grid_kwargs: Any) -> int:
     """The ``--engine inprocess|vectorized`` entry point: one run (``seeds`` None) or :func:`run_seeds`; exit status 0
-    when every run completed."""
+    when every run completed.  ``grid_kwargs``: the engine's grid's (``actors``, ``address``: the vectorized engine
+    on Ray)."""
     cfg = parse_run_config(run_config)
     if seeds is not None:
-        res = run_seeds(cfg, seeds, num_nodes, engine)
+        res = run_seeds(cfg, seeds, num_nodes, engine, **grid_kwargs)
         return 0 if res["completed"] == len(res["per_seed"]) else 1
     from simulations.engine.inprocess import run_inprocess
 
-    summary = run_inprocess(cfg, num_nodes, engine=engine)
+    summary = run_inprocess(cfg, num_nodes, engine=engine, **grid_kwargs)
     print(f"[fedadapt] {engine} run {summary.get('status')}: {json.dumps(summary.get('final'), default=str)}",
           flush=True)
     return 0 if summary.get("status") == "completed" else 1

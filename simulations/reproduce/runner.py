@@ -18,7 +18,7 @@ from .catalogue import Paper, registered, run_config_for, settings
 
 
 def run_one(cfg: Mapping[str, Any], num_nodes: int,
-            engine: str = "vectorized") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+            engine: str = "vectorized", **grid_kwargs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one configuration quietly; return the engine's summary and the per-round rows it wrote.  ``engine``: the
     in-process engine (``vectorized`` by default: equal results, faster; a task it cannot train runs on
     ``inprocess``)."""
@@ -36,9 +36,9 @@ def run_one(cfg: Mapping[str, Any], num_nodes: int,
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             if engine == "vectorized" and not vectorizable(app_config(cfg)):
-                engine = "inprocess"
+                engine, grid_kwargs = "inprocess", {}
             # a tool's grid owns its run directories: a rerun moves its earlier runs aside (server_app.rundir)
-            summary = run_inprocess({"overwrite": True, **cfg}, num_nodes, engine=engine)
+            summary = run_inprocess({"overwrite": True, **cfg}, num_nodes, engine=engine, **grid_kwargs)
     finally:
         flwr_logger.setLevel(level)
         torch.set_num_threads(threads)
