@@ -25,7 +25,8 @@ CLIENT = "flower_strategies.core.client"
 #: Server-side modules and packages (and the library's public surface, whose __init__ imports everything).  Not
 #: listed: core/privacy.py (the client's reply guard beside the server's native DP) and what it imports.
 SERVER_SIDE = tuple(f"flower_strategies.core.{m}" for m in (
-    "strategy", "registry", "screen", "binding", "sampler", "policy", "checkpoint", "server_opt",
+    "strategy", "registry", "screen", "binding", "sampler", "policy", "checkpoint", "server_opt", "privacy",
+    "validation", "aggregation",
 )) + ("flower_strategies.methods", "flower_strategies.compat", "server_app", "client_app", "simulations")
 
 

@@ -18,7 +18,7 @@ from flwr.serverapp.strategy import (
 from scipy.stats import norm
 
 from client_app.app import app as client_app
-from flower_strategies.core import privacy
+from flower_strategies.core import dpmods, privacy
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.policy import RunFailed
@@ -141,11 +141,11 @@ def test_client_half_guards_its_reply_against_dp_mods():
     non-model reply with its CRC so that the server rejects it when a mod rewrote it."""
     model = R.to_record({"w": np.arange(3.0)})
     q = R.to_record({"w": np.ones(3)})
-    assert privacy.guard_reply("fedavg", {R.MODEL: model}, {"clipping_norm": 1.0}) == []
+    assert dpmods.guard_reply("fedavg", {R.MODEL: model}, {"clipping_norm": 1.0}) == []
     with pytest.raises(ConfigError, match="fixedclipping_mod.*'clipping_norm'.*\\['q'\\].*native user-level DP"):
-        privacy.guard_reply("localupdate", {"q": q}, {"clipping_norm": 1.0})
-    assert privacy.guard_reply("scaffold", {R.MODEL: model, "c": q}, {}) == []  # Flower's mods refuse it themselves
-    info = dict(privacy.guard_reply("localupdate", {"q": q}, {}))
+        dpmods.guard_reply("localupdate", {"q": q}, {"clipping_norm": 1.0})
+    assert dpmods.guard_reply("scaffold", {R.MODEL: model, "c": q}, {}) == []  # Flower's mods refuse it themselves
+    info = dict(dpmods.guard_reply("localupdate", {"q": q}, {}))
     content = RecordDict({"q": q})
     assert privacy.rewritten_reply_reason(content, info) is None
     assert privacy.rewritten_reply_reason(content, {}) is None  # no CRC sent (legacy replies, other clients)

@@ -218,9 +218,13 @@ def _strings(node: ast.AST, constants: dict[str, list[str]]) -> list[str]:
 def rejection_wording(sources) -> list[str]:
     """The literal fragments (of two words or more) of every detail the code passes to ``Rejection(...)``."""
     fragments = []
-    for path in sources:
-        tree = ast.parse(path.read_text())
-        constants = _constants(tree)
+    trees = [ast.parse(path.read_text()) for path in sources]
+    shared: dict[str, list[str]] = {}  # module-level text of every module: a detail may use an imported constant
+    for tree in trees:
+        shared.update(_constants(tree))
+    for tree in trees:
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        constants = {**{k: v for k, v in shared.items() if k in imported}, **_constants(tree)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Rejection":
                 for arg in node.args[2:]:

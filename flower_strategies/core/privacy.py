@@ -20,14 +20,13 @@ wrappers are right only where, in addition, the output is the mean of the replie
 built from un-noised means (:func:`composes_with_flower_dp`).  Every other combination is refused, naming
 :data:`FIX`, from what fedadapt sees through Flower's public API (no call-stack inspection): a wrapper when the round
 is prepared (:func:`refuse_flower_dp`), a clipping mod when the client builds its reply and a mod that rewrote a
-reply when the server screens it (:func:`guard_reply`, :func:`rewritten_reply_reason`); docs/privacy.md lists what
-is detected.
+reply when the server screens it (:func:`.dpmods.guard_reply`, :func:`rewritten_reply_reason`); docs/privacy.md lists
+what is detected.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from flwr.common import log
 
 from . import records as R
 from .aggregation import Private, aggregate
+from .dpmods import CLIENT_WRAPPERS, CLIPPING_NORM_KEY, FIX, MODS, UPLINK_CRC, reply_crc
 from .hparams import ConfigError
 from .ops import NamedArrays, is_float
 from .rejections import Kind, Rejection
@@ -48,10 +48,6 @@ if TYPE_CHECKING:
     from .rounds import RoundLog
     from .validation import RecordSpec
 
-#: What a refused combination says to do instead.
-FIX = ("use fedadapt's native user-level DP instead: dp-clip = C > 0 and dp-noise-multiplier = z in the run config "
-       "(or FedAdaptStrategy(..., dp_clip=C, dp_noise_multiplier=z)), which clips each client's whole uplink and "
-       "noises every aggregate; see docs/privacy.md")
 
 #: RDP orders of the accountant: any set gives a valid bound; this one is within 0.5 % of dp-accounting's default
 #: (orders up to 1024) for ε ≥ 0.4 at δ = 1e-5, and 10× faster for sampling without replacement (its cost grows
@@ -63,19 +59,10 @@ _MEAN_RULES = ("mean", "wmean", "umean")
 
 
 # ------------------------------------------------------------------ Flower's privacy layer: compose or refuse
-#: The config key Flower's client-side clipping wrappers add to every train config (Message API: before calling the
-#: wrapped strategy's ``configure_train``; legacy: into each FitIns) and that ``fixedclipping_mod`` /
-#: ``adaptiveclipping_mod`` require (``flwr.supercore.differential_privacy.KEY_CLIPPING_NORM`` in Flower 1.42).
-CLIPPING_NORM_KEY = "clipping_norm"
 
-#: ``ReplyInfo`` key: a CRC-32 of a reply's only ArrayRecord when that record is not the model — the one reply shape
-#: Flower's DP mods process without refusing it themselves; the server checks it (:func:`rewritten_reply_reason`).
-UPLINK_CRC = "uplink-crc32"
 
 #: Flower's DP components that clip a reply as the model, for the refusal messages.
 _SERVER_WRAPPERS = "DifferentialPrivacyServerSide{Fixed,Adaptive}Clipping"
-_CLIENT_WRAPPERS = "DifferentialPrivacyClientSide{Fixed,Adaptive}Clipping"
-_MODS = "LocalDpMod / fixedclipping_mod / adaptiveclipping_mod"
 
 
 class Wrapped(Protocol):
@@ -110,7 +97,7 @@ def flower_dp_wrapper(strategy: Wrapped, config: Mapping[str, Any]) -> str | Non
     strategy's ``summary()``, and fedadapt's own drivers call it only under :meth:`~.strategy.FedAdaptStrategy.driven`
     (``strategy.started_by_another``).  ``None`` when neither is seen."""
     if CLIPPING_NORM_KEY in config:
-        return f"{_CLIENT_WRAPPERS} (the round's config carries '{CLIPPING_NORM_KEY}')"
+        return f"{CLIENT_WRAPPERS} (the round's config carries '{CLIPPING_NORM_KEY}')"
     if strategy.started_by_another:
         return (f"{_SERVER_WRAPPERS} (another strategy's start() ran this one: its summary() was called outside "
                 f"fedadapt's own start(); a strategy wrapper does that — one that is not a DP wrapper runs inside "
@@ -134,34 +121,8 @@ def refuse_flower_dp(strategy: Wrapped, config: Mapping[str, Any]) -> None:
         f"the replies (only FedAvg/FedProx with server-opt sgd and server-lr 1 compose). Fix: {FIX}")
 
 
-def _crc(record: Any) -> int:
-    crc = 0
-    for key, arr in record.items():
-        crc = zlib.crc32(arr.data if isinstance(arr.data, bytes) else b"", zlib.crc32(key.encode(), crc))
-    return crc
 
 
-def guard_reply(method: str, reply: Mapping[str, Any], config: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """The client half's check before its reply leaves (:meth:`~.client.ClientRound.reply`; ``reply``: the array
-    records by name).  A model-only reply composes with every Flower DP mod (``LocalDpMod`` is local DP of everything
-    the client sends; the clipping mods need a server wrapper, refused by :func:`refuse_flower_dp`).  Otherwise:
-
-    * the train config carries :data:`CLIPPING_NORM_KEY` (a client-side clipping wrapper sent it; the clipping mods
-      act only then): raise :class:`~.hparams.ConfigError`;
-    * the reply is one ArrayRecord that is not the model (the one shape the mods clip and noise as if it were the
-      model instead of refusing it): the returned ``ReplyInfo`` entry carries its CRC-32, and the server rejects a
-      reply whose record no longer matches it (a mod rewrote it: :func:`rewritten_reply_reason`).
-
-    A reply with several ArrayRecords needs nothing: Flower's mods refuse it themselves (:func:`mod_refusal_hint`)."""
-    names = list(reply)
-    if names == [R.MODEL]:
-        return []
-    if CLIPPING_NORM_KEY in config:
-        raise ConfigError(
-            f"Flower's fixedclipping_mod / adaptiveclipping_mod (the train config carries '{CLIPPING_NORM_KEY}', sent "
-            f"by {_CLIENT_WRAPPERS}) cannot wrap the client half of fedadapt method '{method}': it clips (and noises) "
-            f"the reply as one model update, but the reply carries the records {names}. Fix: remove the mod and {FIX}")
-    return [(UPLINK_CRC, _crc(reply[names[0]]))] if len(names) == 1 else []
 
 
 def rewritten_reply_reason(content: Any, info: Mapping[str, Any]) -> Rejection | None:
@@ -171,11 +132,11 @@ def rewritten_reply_reason(content: Any, info: Mapping[str, Any]) -> Rejection |
     if UPLINK_CRC not in info:
         return None
     arrays = list(R.of_type(content, ArrayRecord))
-    if len(arrays) == 1 and info[UPLINK_CRC] == _crc(arrays[0][1]):
+    if len(arrays) == 1 and info[UPLINK_CRC] == reply_crc(arrays[0][1]):
         return None
     name = arrays[0][0] if len(arrays) == 1 else [n for n, _ in arrays]
     return Rejection(None, Kind.REWRITTEN, f"a ClientApp mod rewrote the reply's record {name!r} after fedadapt's "
-                     f"client half built it: Flower's {_MODS} clip (and noise) a reply's only ArrayRecord as the "
+                     f"client half built it: Flower's {MODS} clip (and noise) a reply's only ArrayRecord as the "
                      f"model update. Fix: remove the mod and {FIX}")
 
 

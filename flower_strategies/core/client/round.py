@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from .. import records as R
 from ..local import LocalOptimizer, local_optimizer_named
-from ..privacy import guard_reply
+from ..dpmods import guard_reply
 from ..rounds import FIRST_BATCH_LOSS
 from .data import (
     Batch, LossFn, TensorPartition, batch_indices, concat_batches, full_gradient_from, loss_before_sample, mean_loss,
