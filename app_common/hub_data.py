@@ -237,7 +237,8 @@ class HubData:
     def test(self, max_examples: int | None = None, num_clients: int = 10) -> tuple[Tensor, Tensor]:
         """Central test set: the hub's test split, or (FEMNIST) the test parts of the first ``num_clients`` clients."""
         if self._test is None:
-            xs, ys = zip(*(self.partition(i, "test") for i in range(min(num_clients, self.num_partitions))))
+            parts = [self.partition(i, "test") for i in range(min(num_clients, self.num_partitions))]
+            xs, ys = zip(*parts, strict=True)
             x, y = torch.cat(xs), torch.cat(ys)
         else:
             x, y = to_tensors(self._test, self.spec)
@@ -254,10 +255,7 @@ def to_tensors(ds: Any, s: HubSpec) -> tuple[Tensor, Tensor]:
     if not imgs:
         return torch.zeros((0, s.channels, s.size, s.size)), torch.zeros((0,), dtype=torch.long)
     x = np.stack(imgs)
-    if x.ndim == 3:
-        x = x[:, None]
-    else:
-        x = x.transpose(0, 3, 1, 2)
+    x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
     if x.shape[1] != s.channels:
         raise ValueError(f"{s.hub_name}: expected {s.channels} channel(s), got images of shape {x.shape[1:]}")
     mean = np.asarray(s.mean, dtype=np.float32).reshape(1, -1, 1, 1)

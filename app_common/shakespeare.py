@@ -207,7 +207,7 @@ def load_test(data_dir: str | Path = DEFAULT_DATA_DIR, *, seed: int = 0, num_cli
     ``max_examples``."""
     n = num_clients(data_dir)
     k = n if num_clients_used is None else min(n, num_clients_used)
-    xs, ys = zip(*(load_client(i, data_dir, "test") for i in range(k)))
+    xs, ys = zip(*(load_client(i, data_dir, "test") for i in range(k)), strict=True)
     from app_common.sampling import seeded_subset  # the central test sample every task uses
 
     return seeded_subset(torch.cat(xs), torch.cat(ys), max_examples, seed)

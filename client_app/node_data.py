@@ -32,22 +32,7 @@ def load_node_data(path: str | Path, *, classification: bool, precision: str = "
     """Read and check a node-local ``.npz`` data file; errors name the file and what is wrong."""
     p = Path(path).expanduser()
     where = f"node data file {str(p)!r} (node config {NODE_DATA_KEY})"
-    if not p.is_file():
-        raise FileNotFoundError(f"{where} does not exist")
-    try:
-        z = np.load(p, allow_pickle=False)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
-        raise ValueError(f"{where} is not a readable .npz archive ({err})") from None
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        raise ValueError(f"{where} is not a readable .npz archive (a single .npy array; use np.savez(path, x=…, y=…))")
-    with z:
-        missing = [k for k in ("x", "y") if k not in z.files]
-        if missing:
-            raise ValueError(f"{where} lacks array(s) {missing}; it holds {sorted(z.files)} (need 'x' and 'y')")
-        try:
-            x, y = np.asarray(z["x"]), np.asarray(z["y"])
-        except (zipfile.BadZipFile, OSError, ValueError) as err:
-            raise ValueError(f"{where} is not a readable .npz archive ({err})") from None
+    x, y = _read_npz(p, where)
     if x.ndim < 1 or len(x) == 0:
         raise ValueError(f"{where}: 'x' must have shape [n, ...] with n > 0, got {x.shape}")
     if len(y) != len(x):
@@ -67,3 +52,24 @@ def load_node_data(path: str | Path, *, classification: bool, precision: str = "
     xt = torch.from_numpy(np.ascontiguousarray(x))
     dtype = torch.float64 if precision == "float64" else torch.float32
     return xt.to(dtype), (yt if classification else yt.to(dtype))
+
+
+def _read_npz(p: Path, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays ``x`` and ``y`` of the ``.npz`` file ``p``; errors name the file (``where``) and what is wrong."""
+    if not p.is_file():
+        raise FileNotFoundError(f"{where} does not exist")
+    try:
+        z = np.load(p, allow_pickle=False)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise ValueError(f"{where} is not a readable .npz archive ({err})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError(f"{where} is not a readable .npz archive (a single .npy array; use np.savez(path, x=…, y=…))")
+    with z:
+        missing = [k for k in ("x", "y") if k not in z.files]
+        if missing:
+            raise ValueError(f"{where} lacks array(s) {missing}; it holds {sorted(z.files)} (need 'x' and 'y')")
+        try:
+            x, y = np.asarray(z["x"]), np.asarray(z["y"])
+        except (zipfile.BadZipFile, OSError, ValueError) as err:
+            raise ValueError(f"{where} is not a readable .npz archive ({err})") from None
+    return x, y

@@ -168,7 +168,8 @@ def _robust(aggregator: str, trim: float, replies: list[np.ndarray], weights: li
                       update_norm_ratio=0.0)
     x0 = np.zeros((2, 3))
     list(strategy.configure_train(1, record({"w": x0}), config(), NodesGrid(range(1, len(replies) + 1))))
-    msgs = [reply(i + 1, {"arrays": {"w": r}}, num_examples=n) for i, (r, n) in enumerate(zip(replies, weights))]
+    msgs = [reply(i + 1, {"arrays": {"w": r}}, num_examples=n)
+            for i, (r, n) in enumerate(zip(replies, weights, strict=True))]
     new, metrics = strategy.aggregate_train(1, msgs)
     assert metrics["replies-used"] == len(replies)
     return new["w"].numpy()

@@ -284,7 +284,7 @@ def test_crafted_pickles_and_object_arrays_execute_nothing_and_are_refused(tmp_p
     cfg = {**BASE, "method": "fedadam", "num-server-rounds": 2, "output-dir": str(tmp_path), "run-name": "r"}
     for name, (path, message) in files.items():
         calls = []
-        grid = LoopbackGrid(lambda m, c: calls.append(m), NODES, cfg)
+        grid = LoopbackGrid(lambda m, c, calls=calls: calls.append(m), NODES, cfg)
         with pytest.raises(ckpt.CheckpointError, match=message):
             run(grid, {**cfg, "resume": str(path)})
         assert not marker.exists(), name  # … but loading it as a checkpoint executed nothing
@@ -408,7 +408,7 @@ def test_start_round_loop_equals_flowers_loop():
         init = ArrayRecord(build_model("synthetic-linear", 2, 4, "float64").state_dict())
         ends: list[int] = []
         if ours:
-            res = run_rounds(strategy, grid, init, 4, 60.0, on_round_end=lambda r, a: ends.append(r))
+            res = run_rounds(strategy, grid, init, 4, 60.0, on_round_end=lambda r, a, ends=ends: ends.append(r))
             assert ends == [1, 2, 3, 4]
         else:  # Flower's loop itself, not the strategy's override
             with strategy.driven():

@@ -12,7 +12,7 @@ from app_common import task
 def test_digits_split_is_stratified_and_fixed():
     x_tr, y_tr, x_te, y_te = task.digits_split(0)
     assert x_tr.shape == (1437, 64) and x_te.shape == (360, 64)
-    assert x_tr.dtype == np.float32 and 0.0 <= x_tr.min() and x_tr.max() <= 1.0
+    assert x_tr.dtype == np.float32 and x_tr.min() >= 0.0 and x_tr.max() <= 1.0
     assert set(np.unique(y_te)) == set(range(10))
     again = task.digits_split(0)
     assert np.array_equal(again[1], y_tr)
@@ -32,8 +32,8 @@ def test_partitions_are_disjoint_cover_and_deterministic(kind):
     # in the split; a cover when the sizes add up, checked above)
     train_rows, train_counts = np.unique(x_tr, axis=0, return_counts=True)
     used_rows, used_counts = np.unique(rows, axis=0, return_counts=True)
-    where = {r.tobytes(): c for r, c in zip(train_rows, train_counts)}
-    assert all(where.get(r.tobytes(), 0) >= c for r, c in zip(used_rows, used_counts))
+    where = {r.tobytes(): c for r, c in zip(train_rows, train_counts, strict=True)}
+    assert all(where.get(r.tobytes(), 0) >= c for r, c in zip(used_rows, used_counts, strict=True))
     task._digits_partitions.cache_clear()
     again = task.digits_partition(3, n, partitioner=kind, seed=0, alpha=0.3)
     assert torch.equal(again[1], parts[3][1])
@@ -64,7 +64,7 @@ def test_bad_partition_id_is_explained():
 def test_synthetic_clients_are_deterministic_and_heterogeneous():
     a = task.synthetic_client(2, 4, 1.0, 0)
     b = task.synthetic_client(2, 4, 1.0, 0)
-    assert all(np.array_equal(u, v) for u, v in zip(a, b))
+    assert all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
     w = [np.linalg.lstsq(task.synthetic_client(i, 4, 1.0, 0)[0], task.synthetic_client(i, 4, 1.0, 0)[1], rcond=None)[0]
          for i in range(3)]
     assert np.linalg.norm(w[0] - w[1]) > 0.5  # clients have different optima
@@ -76,7 +76,7 @@ def test_synthetic_clients_are_deterministic_and_heterogeneous():
 @pytest.mark.parametrize("name", ["digits-mlp", "digits-cnn", "synthetic-linear"])
 def test_models_are_seeded_and_shaped(name):
     a, b = task.build_model(name, 5, 4), task.build_model(name, 5, 4)
-    for (k, v), (_, u) in zip(a.state_dict().items(), b.state_dict().items()):
+    for (k, v), (_, u) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(v, u), k
     x = torch.zeros(3, 64 if name.startswith("digits") else 4)
     assert a(x).shape == ((3, 10) if name.startswith("digits") else (3, 1))

@@ -104,7 +104,8 @@ def deployment(tmp_path_factory):
     module's tests; yields ``(cluster, connection, node data files)``."""
     root = tmp_path_factory.mktemp("deployment")
     files = []
-    for i, (full, n) in enumerate(zip(convert(root / "full", NODES, task="digits-mlp", seed=0), NODE_EXAMPLES)):
+    converted = convert(root / "full", NODES, task="digits-mlp", seed=0)
+    for i, (full, n) in enumerate(zip(converted, NODE_EXAMPLES, strict=True)):
         with np.load(full) as z:
             assert len(z["y"]) > n
             files.append(root / f"node{i}.npz")
@@ -180,7 +181,8 @@ def test_preloaded_deployment_where_each_supernode_trains_on_its_own_file_matche
 
     cfg = {**SCAFFOLD, "output-dir": str(tmp_path)}
     grid = LoopbackGrid(client_app, NODES, cfg)
-    for ctx, f in zip(grid.contexts.values(), files):  # what --node-config "data-path='…'" gives each SuperNode
+    # what --node-config "data-path='…'" gives each SuperNode
+    for ctx, f in zip(grid.contexts.values(), files, strict=True):
         ctx.node_config["data-path"] = str(f)
     run(grid, {**cfg, "run-name": "engine"})
     ref = rows(tmp_path / "engine" / "metrics.jsonl")

@@ -25,6 +25,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import contextlib
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -109,7 +110,7 @@ def test_python_m_modules_exist(doc):
         assert importlib.util.find_spec(mod) is not None, f"{rel(doc)}: `python -m {mod}`: no such module"
 
 
-PATH_RE = re.compile(r"(?<![\w./-])((?:%s|tests|docs|examples)/[\w./-]*[\w/])" % "|".join(PACKAGES))
+PATH_RE = re.compile(r"(?<![\w./-])((?:{}|tests|docs|examples)/[\w./-]*[\w/])".format("|".join(PACKAGES)))
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=rel)
@@ -142,7 +143,7 @@ def resolve(dotted: str) -> bool:
     return False
 
 
-DOTTED_RE = re.compile(r"(?<![\w./])((?:%s)(?:\.[A-Za-z_]\w*)+)" % "|".join(PACKAGES))
+DOTTED_RE = re.compile(r"(?<![\w./])((?:{})(?:\.[A-Za-z_]\w*)+)".format("|".join(PACKAGES)))
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=rel)
@@ -207,7 +208,7 @@ METHOD_PAGES = sorted(p for p in (ROOT / "docs" / "methods").glob("*.md") if p.n
 
 def page_methods(page: Path) -> list[str]:
     """The registry names whose row in docs/methods/index.md's table links to ``page``."""
-    rows = re.findall(r"^\| (`[a-z0-9-]+`(?: / `[a-z0-9-]+`)*) \|.*\]\(%s\) \|$" % re.escape(page.name),
+    rows = re.findall(rf"^\| (`[a-z0-9-]+`(?: / `[a-z0-9-]+`)*) \|.*\]\({re.escape(page.name)}\) \|$",
                       text(METHODS_PAGE), re.M)
     return [n for cell in rows for n in re.findall(r"`([a-z0-9-]+)`", cell)]
 
@@ -259,10 +260,8 @@ def test_readings_defaults_are_the_code_defaults(page):
             continue
         stated: object = {"true": True, "false": False, "empty": ""}.get(value, value)
         if isinstance(stated, str):
-            try:
+            with contextlib.suppress(ValueError):
                 stated = float(stated)
-            except ValueError:
-                pass
         ok = any(d == stated or str(d) == str(stated) for d in defaults[key])
         assert ok, f"{rel(page)}: `{key}` ({value}) but the code's default is {defaults[key]}"
         checked += 1

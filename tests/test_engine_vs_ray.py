@@ -52,7 +52,7 @@ def test_ray_simulation_with_10_supernodes_matches_the_inprocess_engine(tmp_path
             for name in ("ray", "engine")]
     assert [r["round"] for r in rows[0]] == [r["round"] for r in rows[1]] == [0, 1, 2, 3]
     assert all(r["replies-used"] == NODES // 2 for r in rows[0][1:])  # fraction-train 0.5 of 10 SuperNodes
-    for a, b in zip(*rows):
+    for a, b in zip(*rows, strict=True):
         assert a["test-loss"] == pytest.approx(b["test-loss"], abs=1e-9)
         assert a.get("replies-used") == b.get("replies-used")
     assert rows[1][-1]["test-loss"] < rows[1][0]["test-loss"]

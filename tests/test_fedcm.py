@@ -75,7 +75,7 @@ def test_amend_weight_one_is_fedavg():
     xs, sched_cm, _, _ = run_engine(FedCM, hp, 8)
     xs_avg, sched_avg, _, _ = run_engine(FedAvg, FedAvg.make_hparams(weight_decay=1e-3), 8, weighting="uniform")
     assert sched_cm == sched_avg
-    for a, b in zip(xs, xs_avg):
+    for a, b in zip(xs, xs_avg, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-13)
 
 

@@ -67,7 +67,7 @@ def run_sim(strategy, rounds: int = ROUNDS, nodes: int = NODES, w0: np.ndarray =
 
 def max_err(a, b) -> float:
     assert len(a) == len(b)
-    return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(a, b))
+    return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(a, b, strict=True))
 
 
 def ref_cfg(variant: str, **kw) -> dict:
@@ -464,7 +464,7 @@ def test_plain_torch_loop_equals_train_reply(name, server_round):
     for record, arrays in uplink.items():
         for key, t in arrays.items():
             assert np.array_equal(reply.array_records[record][key].numpy(), t.numpy()), (record, key)
-    for (k, p), (k2, q) in zip(model.named_parameters(), app_model.named_parameters()):
+    for (k, p), (k2, q) in zip(model.named_parameters(), app_model.named_parameters(), strict=True):
         assert k == k2 and torch.equal(p, q)
     assert reply.metric_records["metrics"]["num-steps"] == opt.steps_taken == (1 if server_round == ROUNDS else STEPS)
     assert not torch.equal(model.w.weight, content.array_records["arrays"].to_torch_state_dict()["w.weight"])

@@ -174,7 +174,7 @@ def test_localadam_is_fedlada_with_amend_weight_one():
     xs_la, sched_la, st_la, strat = run_engine(FedLADA, LOCALADAM.default_hparams(), 10, method="localadam", **setup)
     xs_fl, sched_fl, st_fl, _ = run_engine(FedLADA, FedLADAHParams(amend_weight=1.0), 10, **setup)
     assert sched_la == sched_fl
-    for a, b in zip(xs_la, xs_fl):
+    for a, b in zip(xs_la, xs_fl, strict=True):
         np.testing.assert_array_equal(a, b)
     ref = run_fedlada(X0, CLIENTS, sched_la,
                       ref_config(LOCALADAM.default_hparams(), weighting="uniform", amend_weight=1.0, **setup))
@@ -265,7 +265,7 @@ def test_vhat_never_decreases():
     for t, per_client in enumerate(ref.client_vhats):
         for steps in per_client:
             seq = [ref.vsrv[t]] + steps
-            assert all((b >= a).all() for a, b in zip(seq, seq[1:]))
+            assert all((b >= a).all() for a, b in zip(seq, seq[1:], strict=True))
     # the real client optimizer, step by step
     p = torch.nn.Parameter(torch.zeros(1, 3, dtype=torch.float64))
     opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.5, weight_decay=0.0,
@@ -489,7 +489,7 @@ def test_communication_per_round():
     _, _, _, lada = run_engine(FedLADA, FedLADAHParams(), 2)
     avg = FedAvg(client_lr=0.01, local_steps=5, batch_size=8, fraction_train=0.5, seed=0)
     simulate(avg, initial_arrays(), 2, NODES, RC)
-    for h_l, h_a in zip(lada.history, avg.history):
+    for h_l, h_a in zip(lada.history, avg.history, strict=True):
         assert h_l.sampled == h_a.sampled == 5
         assert h_l.bytes_down == 3 * h_a.bytes_down
         assert h_l.bytes_up == 2 * h_a.bytes_up
@@ -586,5 +586,5 @@ def test_local_updates_k_minus_1_skips_the_last_planned_step():
         seen.append((p.detach().clone(), opt.state[p]["m"].clone(), opt.state[p]["vhat"].clone()))
     assert opt.steps_taken == 3
     assert not torch.equal(seen[0][0], seen[1][0])
-    for a, b in zip(seen[1], seen[2]):
+    for a, b in zip(seen[1], seen[2], strict=True):
         assert torch.equal(a, b)

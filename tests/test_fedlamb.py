@@ -247,7 +247,7 @@ def test_scaling_the_loss_leaves_the_step_unchanged(trust):
         trust_ratio=trust,
     )
     ta, tb = run_steps(model_a, opt_a), run_steps(model_b, opt_b, scale=c)
-    for (_, a), (_, b) in zip(ta, tb):
+    for (_, a), (_, b) in zip(ta, tb, strict=True):
         for n in a:
             torch.testing.assert_close(a[n], b[n], rtol=1e-10, atol=1e-12)
     assert max(float((ta[-1][1][n] - ta[0][0][n]).abs().max()) for n in ta[0][0]) > 1e-3
@@ -313,7 +313,7 @@ def test_server_vhat_never_decreases():
     strategy, *_ = run_engine("fedlamb", {}, rounds=10)
     hist = strategy.vhat_history
     assert len(hist) == 10
-    for prev, nxt in zip(hist, hist[1:]):
+    for prev, nxt in zip(hist, hist[1:], strict=True):
         for k in prev:
             assert np.all(nxt[k] >= prev[k])
     assert any(np.any(hist[-1][k] > hist[0][k]) for k in hist[0])

@@ -105,7 +105,7 @@ def run_ref(hp_kwargs: dict, sampled, *, nodes: int = 3, client_lr: float = 0.05
 
 def assert_traj_close(sim, refx, tol=1e-6):
     assert len(sim) == len(refx)
-    for t, (a, b) in enumerate(zip(sim, refx)):
+    for t, (a, b) in enumerate(zip(sim, refx, strict=True)):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"round {t}")
     # the runs must actually move (an equivalence of two frozen models would prove nothing)
     assert np.linalg.norm(sim[-1] - sim[0]) > 1e-2
@@ -198,7 +198,7 @@ def test_sgd_no_correction_server_sgd_lr1_is_fedavg():
     fedavg = FedAvg(FedAvg.make_hparams(server_lr=1.0), client_lr=0.05, local_steps=3, batch_size=8, fraction_train=0.5,
                     min_train_nodes=2, seed=SEED)
     snaps, _ = simulate(fedavg, initial_arrays(x_start()), 10, 4, RUN_CONFIG)
-    for a, b in zip(sim, snaps):
+    for a, b in zip(sim, snaps, strict=True):
         np.testing.assert_array_equal(a, b["w.weight"].reshape(-1))  # bit for bit
     assert np.linalg.norm(sim[-1] - sim[0]) > 1e-2
 
@@ -208,7 +208,7 @@ def test_sgd_joint_with_equal_steps_equals_no_correction():
     none, _, _ = run_sim({**base, "correction": "none"})
     joint, _, _ = run_sim({**base, "correction": "joint"})
     local, _, _ = run_sim({**base, "correction": "local"})
-    for a, b in zip(none, joint):
+    for a, b in zip(none, joint, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     # local correction is then Δ/K: a different trajectory under an adaptive server only through the scale
     assert np.linalg.norm(local[-1] - none[-1]) > 1e-6
@@ -280,9 +280,9 @@ def _client_uplink(x, i, lr, correction, include_lr_in_n=True):
 
 def _server_input(x, lr, correction, **kw):
     outs = [_client_uplink(x, i, lr, correction, **kw) for i in range(2)]
-    dbar = sum(w * u for w, (u, _) in zip(W, outs))
+    dbar = sum(w * u for w, (u, _) in zip(W, outs, strict=True))
     if correction == "joint":
-        dbar = dbar / sum(w * n for w, (_, n) in zip(W, outs))
+        dbar = dbar / sum(w * n for w, (_, n) in zip(W, outs, strict=True))
     return dbar
 
 
@@ -404,7 +404,7 @@ def test_mocked_joint_replies():
     replies.append(_reply(9, {FL.D_RECORD: {"w.weight": D[0]}}, 50))  # missing Ninv → rejected
     new, metrics = strategy.aggregate_train(1, replies)
     w = np.array(n, float) / sum(n)
-    dbar = sum(wi * d for wi, d in zip(w, D)) / sum(wi * v for wi, v in zip(w, Ninv))
+    dbar = sum(wi * d for wi, d in zip(w, D, strict=True)) / sum(wi * v for wi, v in zip(w, Ninv, strict=True))
     np.testing.assert_allclose(R.to_numpy(new)["w.weight"].reshape(-1), x0 - 0.5 * dbar.reshape(-1), rtol=1e-12)
     assert metrics["replies-rejected"] == 1 and "fedlocal-ninv" in str(strategy.history[-1].rejections[0])
 

@@ -59,7 +59,7 @@ def test_matches_float64_reference_over_10_rounds(kind, strategy, ref_kwargs):
     assert len(ours) == len(ref) == ROUNDS + 1
     moved = np.abs(ref[-1] - ref[0]).max()
     assert moved > 1e-2, "the test must exercise real updates"
-    for t, (a, b) in enumerate(zip(ours, ref)):
+    for t, (a, b) in enumerate(zip(ours, ref, strict=True)):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=f"round {t}")
 
 
@@ -177,7 +177,7 @@ def test_step_leaves_its_inputs_untouched_even_when_a_key_overflows(kind):
     d = {"a": np.full(70_000, 0.5, np.float32), "z": np.array([1.0, 3e20, 1.0, 1.0], np.float32)}
     before = [{k: v.copy() for k, v in arrs.items()} for arrs in (x, d, *state.values())]
     new, new_state = opt.step(x, d, state, step=1, server_round=1)
-    for was, now in zip(before, (x, d, *state.values())):
+    for was, now in zip(before, (x, d, *state.values()), strict=True):
         for k in was:
             assert np.array_equal(was[k], now[k]), k
     if "v_t" in new_state:

@@ -222,7 +222,7 @@ def test_resnet18_groupnorm_and_femnist_cnn():
     x = torch.randn(2, 3, 32, 32)
     assert m(x).shape == (2, 100)
     m2 = H.build_hub_model("cifar100", seed=0)
-    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values(), strict=True))
     assert H.build_hub_model("mnist")(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     assert H.build_hub_model("femnist", arch="femnist-cnn")(torch.randn(2, 1, 28, 28)).shape == (2, 62)
 

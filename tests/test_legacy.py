@@ -43,7 +43,7 @@ def test_legacy_and_message_api_give_the_same_global_model(name):
     # effect, rounding-level perturbations of a reply stay at rounding level here, so a round's inputs differed)
     rounds = {path: [(h.server_round, h.sampled, h.replies_used, h.rejections) for h in s.history]
               for path, s in (("message", s_msg), ("legacy", s_leg))}
-    for t, (a, b) in enumerate(zip(msg, leg)):
+    for t, (a, b) in enumerate(zip(msg, leg, strict=True)):
         for k in a:
             np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=f"{name} round {t} {k}; {rounds}")
 

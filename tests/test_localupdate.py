@@ -117,7 +117,7 @@ def test_matches_reference(name):
         fired = [t for t, (_, _, d) in enumerate(trace, start=1) if d]
         assert fired, "the test case must exercise a decay"
         assert [int(r["round"]) for r in strategy.decay_trace if r["decayed"]] == fired
-        for row, (g, e, _) in zip(strategy.decay_trace, trace):
+        for row, (g, e, _) in zip(strategy.decay_trace, trace, strict=True):
             assert row["client-lr"] == pytest.approx(g, rel=1e-12) and row["server-lr"] == pytest.approx(e, rel=1e-12)
         # the decided γ reaches the clients in the next round's config
         next_lr = strategy.decay_trace[-1]["next-client-lr"]
@@ -129,7 +129,7 @@ def test_theta_one_is_independent_of_gamma():
     hp = LU.LocalUpdateHParams(theta="sgd", server_lr=0.3)
     a = run(LU.LocalUpdate(hp, client_lr=0.01, batch_size=8), 10, 4)
     b = run(LU.LocalUpdate(hp, client_lr=0.7, batch_size=8), 10, 4)
-    for sa, sb in zip(a, b):
+    for sa, sb in zip(a, b, strict=True):
         np.testing.assert_array_equal(sa["w.weight"], sb["w.weight"])
     assert np.linalg.norm(w_of(a[-1]) - w_of(a[0])) > 0.1
     # and it is distributed mini-batch SGD: x_{t+1} = x_t − η·mean_i g_i(x_t) on one batch of B per client
@@ -148,7 +148,7 @@ def test_ones_theta_is_fedavg_with_server_lr_eta_over_gamma(gamma, eta):
                             client_lr=gamma, batch_size=8, seed=0), 10, 4)
     fa = run(FedAvg(FedAvg.make_hparams(server_lr=eta / gamma), client_lr=gamma, local_steps=4, batch_size=8, seed=0,
                     weighting="uniform"), 10, 4)
-    for t, (sa, sb) in enumerate(zip(lu, fa)):
+    for t, (sa, sb) in enumerate(zip(lu, fa, strict=True)):
         np.testing.assert_allclose(sa["w.weight"], sb["w.weight"], rtol=0, atol=1e-10, err_msg=f"round {t}")
     assert np.linalg.norm(w_of(lu[-1]) - w_of(lu[0])) > 0.1
 
@@ -162,7 +162,7 @@ def test_gamma_zero_sums_gradients_at_round_start():
     for pid in range(4):
         x, y = ref.client_data(pid, DIM)
         batches = ref.batch_indices(len(y), 8, 3, 0, 1, pid)
-        qs.append(sum(th * ref.grad(w0, x[b], y[b]) for th, b in zip(theta, batches)))
+        qs.append(sum(th * ref.grad(w0, x[b], y[b]) for th, b in zip(theta, batches, strict=True)))
     np.testing.assert_allclose(w_of(snaps[1]), w0 - 0.2 * np.mean(qs, axis=0), rtol=0, atol=1e-12)
 
 
@@ -272,7 +272,7 @@ def test_kmaml_is_theta_2k_plus_1_and_fd_gradient():
         gm = QT.kmaml_gradient(x, a, c, 0.15, k)
         np.testing.assert_allclose(QT.gd_inner_loop(x, a, c, 0.15, QT.theta_preset("kmaml", k)), gm, atol=1e-12)
 
-        def mk(z):  # m_K(z) = f(X_K(z)), K plain GD steps
+        def mk(z, k=k):  # m_K(z) = f(X_K(z)), K plain GD steps
             for _ in range(k):
                 z = z - 0.15 * a @ (z - c)
             return 0.5 * (z - c) @ a @ (z - c)
@@ -296,7 +296,7 @@ def test_condition_number_bound_and_continuum_example():
     assert QT.continuum_minimizer(0.5, 1) == pytest.approx(1 / 1.4, abs=1e-6)
     assert QT.continuum_minimizer(0.5, 2000) == pytest.approx(0.8, abs=1e-6)
     xs = [QT.continuum_minimizer(0.5, k) for k in (1, 2, 5, 10, 20)]
-    assert all(b > a for a, b in zip(xs, xs[1:]))
+    assert all(b > a for a, b in zip(xs, xs[1:], strict=True))
 
 
 def _least_squares(pid):
@@ -309,7 +309,7 @@ def test_real_strategy_fixed_point_is_surrogate_minimizer():
     """Full-batch clients (B >= n_i) are deterministic quadratics: one real round moves x by −η∇f̃ and
     x*(γ, Θ) from the analysis tools is a fixed point of the real strategy."""
     theta, gamma, eta = QT.theta_preset("fedavg", 4), 0.3, 0.5
-    mats, cs = zip(*[_least_squares(pid) for pid in range(4)])
+    mats, cs = zip(*[_least_squares(pid) for pid in range(4)], strict=True)
     xstar = QT.surrogate_minimizer(mats, cs, gamma, theta)
     xtrue = QT.true_minimizer(mats, cs)
     assert np.linalg.norm(xstar - xtrue) > 1e-2
@@ -398,7 +398,7 @@ def test_paper_rule_never_decays_during_cooldown(seed):
     c = rng.randint(1, 4)
     fired = _fired(losses, "paper", window=rng.randint(1, 3), patience=1, cooldown=c, min_delta=0.01)
     assert fired and fired[0] > c
-    assert all(b - a > c for a, b in zip(fired, fired[1:]))
+    assert all(b - a > c for a, b in zip(fired, fired[1:], strict=True))
 
 
 def test_decay_factors_one_is_localupdate():
@@ -411,7 +411,7 @@ def test_decay_factors_one_is_localupdate():
     )
     lud = run(s, 10, 4)
     assert sum(r["decayed"] for r in s.decay_trace) >= 9  # it fired, with factor 1
-    for sa, sb in zip(lu, lud):
+    for sa, sb in zip(lu, lud, strict=True):
         np.testing.assert_array_equal(sa["w.weight"], sb["w.weight"])
 
 

@@ -146,7 +146,7 @@ def test_step_caps_rule():
 def test_robust_mean_equals_weighted_mean_bit_for_bit_when_nothing_is_left_out():
     rng = np.random.default_rng(0)
     for _ in range(50):
-        pairs = [(float(v), float(n)) for v, n in zip(rng.random(4) * 3, rng.integers(1, 100, 4))]
+        pairs = [(float(v), float(n)) for v, n in zip(rng.random(4) * 3, rng.integers(1, 100, 4), strict=True)]
         for weighting in ("examples", "uniform"):
             assert robust_mean(pairs, weighting) == weighted_mean(pairs, weighting)
     assert robust_mean([(2.0, 1.0), (2.2, 1.0), (1e6, 1.0)], "uniform") == pytest.approx(2.1)

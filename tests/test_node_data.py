@@ -122,7 +122,7 @@ def test_nodes_without_partition_id_use_their_node_id_and_sampling_still_works(t
            "fraction-train": 0.5, "output-dir": str(tmp_path), "run-name": "nopid"}
     files = convert(tmp_path / "data", NODES, task="synthetic-linear", synthetic_dim=4)
     grid = LoopbackGrid(client_app, NODES, cfg, node_ids=[11, 22, 33, 44])
-    for ctx, f in zip(grid.contexts.values(), files):
+    for ctx, f in zip(grid.contexts.values(), files, strict=True):
         ctx.node_config.clear()
         ctx.node_config["data-path"] = str(f)
     summary = run(grid, cfg)

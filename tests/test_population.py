@@ -24,12 +24,12 @@ def test_leaf_synthetic_clients_are_made_on_demand_deterministically():
     x, y, xt, yt = T.leaf_synthetic_client(7, 0.5, 0.5, 3)
     n = T.leaf_synthetic_size(7, 3)
     assert x.shape == (int(0.9 * n), 60) and xt.shape == (n - int(0.9 * n), 60)
-    assert y.shape == (len(x),) and y.dtype == np.int64 and 0 <= y.min() and y.max() < 10
+    assert y.shape == (len(x),) and y.dtype == np.int64 and y.min() >= 0 and y.max() < 10
     T.leaf_synthetic_client.cache_clear()
     for i in range(7):  # generating others first changes nothing: client 7 depends on (seed, 7) only
         T.leaf_synthetic_client(i, 0.5, 0.5, 3)
     again = T.leaf_synthetic_client(7, 0.5, 0.5, 3)
-    assert all(np.array_equal(a, b) for a, b in zip((x, y, xt, yt), again))
+    assert all(np.array_equal(a, b) for a, b in zip((x, y, xt, yt), again, strict=True))
     other = T.leaf_synthetic_client(7, 0.5, 0.5, 4)
     assert not np.array_equal(other[0][:1], x[:1])
     # Σ = diag(j^-1.2): the spread of feature j around the client's mean falls with j
@@ -54,7 +54,7 @@ def test_alpha_and_beta_control_heterogeneity():
         return np.std([T.leaf_synthetic_client(i, 0.0, beta, 1)[0].mean() for i in range(40)])
 
     assert input_spread(4.0) > 2 * input_spread(0.0)
-    assert 0.1 < label_skew(0.0, 0.0) and label_skew(1.0, 1.0) > label_skew(0.0, 0.0)
+    assert label_skew(0.0, 0.0) > 0.1 and label_skew(1.0, 1.0) > label_skew(0.0, 0.0)
 
 
 def test_leaf_synthetic_model_and_test_set():
@@ -127,7 +127,7 @@ def test_runs_with_the_store_equal_runs_without_it_bit_for_bit(tmp_path, engine)
 
     ref, ref_grid = one()
     got, grid = one(state_dir=str(tmp_path / "rows"))
-    assert all(np.array_equal(a, b) for a, b in zip(ref, got)) and np.abs(ref[-1] - ref[0]).max() > 0.01
+    assert all(np.array_equal(a, b) for a, b in zip(ref, got, strict=True)) and np.abs(ref[-1] - ref[0]).max() > 0.01
     assert not grid.contexts.live  # every context went back to the store
     key = STATE_PREFIX + CLIENT_CONTROL
     held = {n for n, c in ref_grid.contexts.items() if key in c.state.array_records}

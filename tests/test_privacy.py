@@ -230,9 +230,10 @@ def test_joint_clip_and_noise_against_numpy_reference():
     np.testing.assert_allclose(scales, [min(1.0, clip / n) for n in joint], rtol=1e-14)  # BLAS may round the norm
     assert min(scales) < 1
     agg = privacy.private_aggregates(kept, specs, current, scales, 4, 0.0, rng)
-    upd = sum(s * (k[R.MODEL]["w"] - current["w"]) for s, k in zip(scales, kept))
+    upd = sum(s * (k[R.MODEL]["w"] - current["w"]) for s, k in zip(scales, kept, strict=True))
     np.testing.assert_allclose(agg[R.MODEL]["w"], current["w"] + upd / 4, rtol=1e-14)
-    np.testing.assert_allclose(agg["v"]["w"], sum(s * k["v"]["w"] for s, k in zip(scales, kept)), rtol=1e-14)
+    expected = sum(s * k["v"]["w"] for s, k in zip(scales, kept, strict=True))
+    np.testing.assert_allclose(agg["v"]["w"], expected, rtol=1e-14)
     # noise: 200,000 coordinates, std z·C/n on the mean (±1 % at 5σ of the sample std's error)
     big = {"w": np.zeros(200_000)}
     one = [{R.MODEL: {"w": np.zeros(200_000)}}]

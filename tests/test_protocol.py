@@ -172,7 +172,7 @@ def test_fold_is_bit_identical_to_a_reply_by_reply_loop_and_measures_norms(rule)
     out, norms = fold(items, weights, rule), update_norms(items, ref)
     ws = weights if rule == "wmean" else [1.0] * 5
     acc = items[0]["w"] * np.float32(ws[0]) if ws[0] != 1.0 else items[0]["w"].copy()
-    for item, w in zip(items[1:], ws[1:]):
+    for item, w in zip(items[1:], ws[1:], strict=True):
         if rule == "max":
             acc = np.maximum(acc, item["w"])
         else:

@@ -108,6 +108,5 @@ def test_the_probe_falls_back_instead_of_crashing(monkeypatch):
         assert R._fast_path_matches().startswith("AttributeError")
     assert R.FAST is (R.FAST_PATH_FAILURE is None)  # the probe leaves the module's choice as it was
     monkeypatch.setattr(R, "FAST_PATH_FAILURE", "simulated")
-    with pytest.raises(RuntimeError, match="do not match this Flower: simulated"):
-        with R.record_path(True):
-            pass
+    with pytest.raises(RuntimeError, match="do not match this Flower: simulated"), R.record_path(True):
+        pass

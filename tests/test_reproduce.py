@@ -121,7 +121,7 @@ def test_summarize_and_judge_on_hand_made_rows():
     rows = [{"round": 0, "test-accuracy": 0.1, "test-loss": 2.0}] + [
         {"round": t, "test-accuracy": a, "test-loss": 1.0 / t, "train-loss-before": 4.0 - t, "bytes-up": 10,
          "bytes-down": 30}
-        for t, a in zip(range(1, 9), (0.2, 0.5, 0.79, 0.81, 0.7, 0.85, 0.9, 0.88))
+        for t, a in zip(range(1, 9), (0.2, 0.5, 0.79, 0.81, 0.7, 0.85, 0.9, 0.88), strict=True)
     ]
     s = R.summarize(rows, 0.8)
     assert s["rounds_to_target"] == 4 and s["final_test_accuracy"] == 0.88 and s["best_test_accuracy"] == 0.9

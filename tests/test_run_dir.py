@@ -68,15 +68,14 @@ def test_a_lock_file_left_by_a_dead_run_does_not_block(tmp_path):
 def test_claim_holds_the_directory_until_released(tmp_path):
     out = tmp_path / "x"
     with rundir.claim(out, fresh=True):
-        with pytest.raises(rundir.RunDirBusy, match="run-name / output-dir"):
-            with rundir.claim(out, fresh=True):
-                pass
+        with pytest.raises(rundir.RunDirBusy, match="run-name / output-dir"), rundir.claim(out, fresh=True):
+            pass
         (out / "summary.json").write_text("{}")
     with rundir.claim(out, fresh=False):  # resume: the files stay
         assert (out / "summary.json").exists()
-    with pytest.raises(rundir.RunDirUsed, match="overwrite = true"):
-        with rundir.claim(out, fresh=True):  # a fresh run: refused, the earlier files stay
-            pass
+    # a fresh run: refused, the earlier files stay
+    with pytest.raises(rundir.RunDirUsed, match="overwrite = true"), rundir.claim(out, fresh=True):
+        pass
     assert (out / "summary.json").exists()
     with rundir.claim(out, fresh=True, overwrite=True):  # a fresh run told to: the earlier files move aside
         assert [p.name for p in out.iterdir()] == [".lock"]

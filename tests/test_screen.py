@@ -242,7 +242,7 @@ def test_centre_cosines_match_a_float64_closed_form():
     items = [{"w": ref["w"] + u, "n": np.array(1, np.int64)} for u in updates]
     norms = [float(np.linalg.norm(u)) for u in updates]
     median = sorted(norms)[2]
-    centre = sum(min(1.0, median / n) * u for u, n in zip(updates, norms)) / 5
+    centre = sum(min(1.0, median / n) * u for u, n in zip(updates, norms, strict=True)) / 5
     expected = [float(u @ centre / (np.linalg.norm(u) * np.linalg.norm(centre))) for u in updates]
     got = centre_cosines(items, ref, norms)
     assert got == pytest.approx(expected, rel=1e-12)

@@ -80,16 +80,16 @@ def test_secaggplus_equals_the_plain_server_math_within_the_quantisation_bound(n
             ns = [res.num_examples for _, res in replies]
             assert max(ns) <= MAX_WEIGHT and all(np.abs(a).max() <= C for _, res in replies
                                                  for a in parameters_to_ndarrays(res.parameters))  # bound's premise
-            exact = [sum(n * parameters_to_ndarrays(res.parameters)[j] for n, (_, res) in zip(ns, replies)) / sum(ns)
-                     for j in range(len(parameters_to_ndarrays(replies[0][1].parameters)))]
+            arrays = [parameters_to_ndarrays(res.parameters) for _, res in replies]
+            exact = [sum(n * a[j] for n, a in zip(ns, arrays, strict=True)) / sum(ns) for j in range(len(arrays[0]))]
             secure = parameters_to_ndarrays(results[0][1].parameters)
-            err = max(float(np.abs(s - e).max()) for s, e in zip(secure, exact))
+            err = max(float(np.abs(s - e).max()) for s, e in zip(secure, exact, strict=True))
             bound = error_bound(ns, C, Q, MAX_WEIGHT)
             ref = LegacyStrategy(copy.deepcopy(self.inner), self.initial)
             ref_out, _ = ref.aggregate_fit(server_round, [(_Proxy(nid), res) for nid, res in replies], [])
             out, metrics = super().aggregate_fit(server_round, results, failures)
             model_err = max(float(np.abs(a - b).max()) for a, b in
-                            zip(parameters_to_ndarrays(out), parameters_to_ndarrays(ref_out)))
+                            zip(parameters_to_ndarrays(out), parameters_to_ndarrays(ref_out), strict=True))
             seen.append((err, bound, model_err, lipschitz(ref, bound) * bound))
             assert metrics["replies-used"] == 3 and metrics[secagg.CLIPPED] == 0
             return out, metrics

@@ -130,7 +130,7 @@ def test_natural_id_partitions_and_task_entry_points(cache):
     assert [n for n, _ in model.named_parameters()][:1] == ["embed.weight"]
     assert model.lstm.num_layers == 2 and model.lstm.hidden_size == 256 and model.embed.embedding_dim == 8
     m2 = build_model("shakespeare-lstm", 0)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values(), strict=True))
 
 
 def test_missing_cache_names_the_prepare_command(tmp_path):
@@ -185,6 +185,7 @@ def test_vectorized_engine_trains_the_lstm_as_the_sequential_engine(cache):
         runs[engine] = simulate(strategy, ArrayRecord(model.state_dict()), 2, nodes, rc, engine=engine)
     (seq, _), (vec, grid) = runs["inprocess"], runs["vectorized"]
     assert isinstance(grid, VectorGrid) and grid.stacked_clients == 2 * 3
-    rel = max(float(np.linalg.norm(a[k] - b[k]) / np.linalg.norm(a[k])) for a, b in zip(seq, vec) for k in a)
+    rel = max(float(np.linalg.norm(a[k] - b[k]) / np.linalg.norm(a[k]))
+              for a, b in zip(seq, vec, strict=True) for k in a)
     assert rel <= 1e-12, rel
     assert any(not np.array_equal(seq[0][k], seq[-1][k]) for k in seq[0])  # the model moved

@@ -61,7 +61,7 @@ def _compare(rc, nodes, tol, **grid):
     vec, grid_ = _run(rc, "vectorized", nodes, **grid)
     assert len(seq) == len(vec) == ROUNDS + 1
     assert isinstance(grid_, VectorGrid) and grid_.stacked_clients > 0  # the stacked path did train
-    err = max(_rel(a, b) for a, b in zip(seq, vec))
+    err = max(_rel(a, b) for a, b in zip(seq, vec, strict=True))
     assert err <= tol, f"relative difference {err:.3e} > {tol}"
     assert _rel(seq[0], seq[-1]) > 1e-3  # the runs did move the model
     return grid_
@@ -108,7 +108,7 @@ def test_stacked_loss_before_and_full_gradient_equal_the_per_client_functions():
     seq = [train_reply(model, content, x, y, loss_fn, seed=7, client_key=i) for i, (x, y) in enumerate(data)]
     vec = train_stacked(model, [ClientRound(content, None, seed=7, client_key=i) for i in range(len(data))],
                         [TensorPartition(x, y) for x, y in data], example_cross_entropy)
-    for a, b in zip(seq, vec):
+    for a, b in zip(seq, vec, strict=True):
         before = a["metrics"]["train-loss-before"]
         assert b["metrics"]["train-loss-before"] == pytest.approx(before, rel=1e-12, abs=0)
         for record in ("arrays", "full-gradient"):
@@ -149,7 +149,7 @@ def test_a_failing_stacked_pass_falls_back_to_the_sequential_clientapp(monkeypat
     seq, _ = _run(rc, "inprocess", 4)
     vec, grid = _run(rc, "vectorized", 4)
     assert calls and grid.stacked_clients == 0  # every chunk was tried, then answered sequentially
-    assert max(_rel(a, b) for a, b in zip(seq, vec)) == 0.0  # the sequential ClientApp's exact results
+    assert max(_rel(a, b) for a, b in zip(seq, vec, strict=True)) == 0.0  # the sequential ClientApp's exact results
 
 
 def test_launcher_engine_vectorized_gives_the_sequential_run(tmp_path):
@@ -292,5 +292,5 @@ def test_stackable_lstm_equals_nn_lstm_under_vmap(batch_first):
             for n, p in model.named_parameters():
                 p.copy_(params[n][c])
         own = torch.autograd.grad(model(xs[c])[0].square().mean(), list(model.parameters()))
-        for g, o in zip(grads, own):
+        for g, o in zip(grads, own, strict=True):
             assert torch.allclose(g[c], o, rtol=1e-12, atol=1e-15)

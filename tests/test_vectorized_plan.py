@@ -35,7 +35,7 @@ def test_the_import_check_passed():
                                                       max_size=8)))
 def test_generators_are_default_rng(entropies):
     """Same PCG64 state (also for entropies longer than SeedSequence's pool of 4 words) and the same draws."""
-    for e, gen in zip(entropies, seeding.generators(entropies)):
+    for e, gen in zip(entropies, seeding.generators(entropies), strict=True):
         want = np.random.default_rng(e)
         assert gen.bit_generator.state == want.bit_generator.state
         assert (gen.permutation(17) == want.permutation(17)).all()
@@ -45,7 +45,7 @@ def test_generators_are_default_rng(entropies):
 def test_entropies_the_fast_path_does_not_handle_get_default_rng(entropies):
     gens = list(seeding.generators(entropies))
     assert len(gens) == len(entropies) and len({id(g) for g in gens}) == len(gens)  # each its own default_rng
-    for e, gen in zip(entropies, gens):
+    for e, gen in zip(entropies, gens, strict=True):
         assert gen.bit_generator.state == np.random.default_rng([int(v) for v in e]).bit_generator.state
 
 
@@ -66,7 +66,7 @@ def test_the_batch_plan_is_every_clients_batch_indices(batch, sizes, steps):
     index, count = _batch_plan(rnds, sizes, steps)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     assert index.shape[:2] == count.shape == (max(steps), len(sizes))
-    for c, (rnd, n, k) in enumerate(zip(rnds, sizes, steps)):
+    for c, (rnd, n, k) in enumerate(zip(rnds, sizes, steps, strict=True)):
         want = batch_indices(n, n if full else batch, k, rnd.seed, rnd.server_round, rnd.client_key)
         assert count[:, c].tolist() == [len(b) for b in want] + [0] * (max(steps) - k)
         for s in range(max(steps)):

@@ -56,7 +56,7 @@ def test_ray_actors_equal_the_one_process_engine_bit_for_bit(tmp_path):
             one, _ = _run(rc, "vectorized", 8, chunk=2)
             dist, grid = _run(rc, "vectorized", 8, chunk=2, actors=2)
             assert grid.stacked_clients == 6 * 10 and all(c > 0 for c in grid.chunks_per_actor)
-            for a, b in zip(one, dist):
+            for a, b in zip(one, dist, strict=True):
                 assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), method
             assert any(not np.array_equal(one[0][k], one[-1][k]) for k in one[0])  # the model moved
             if method == "scaffold":  # every trained node holds its c_i, as in the one-process run

@@ -75,15 +75,15 @@ def _probs(n: int, probs: Sequence[float] | None) -> np.ndarray:
 def expected_round_update(x, mats, centers, gamma: float, theta: Sequence[float], probs=None) -> np.ndarray:
     """``E q = Σ_i p_i Q_i A_i (x − c_i) = ∇f̃(x, γ, Θ)``; one round is ``x ← x − η·E q`` in expectation."""
     p = _probs(len(mats), probs)
-    return sum(pi * expected_update(x, a, c, gamma, theta) for pi, a, c in zip(p, mats, centers))
+    return sum(pi * expected_update(x, a, c, gamma, theta) for pi, a, c in zip(p, mats, centers, strict=True))
 
 
 def surrogate_minimizer(mats, centers, gamma: float, theta: Sequence[float], probs=None) -> np.ndarray:
     """``x*(γ, Θ) = (Σ p_i Q_i A_i)^{-1} Σ p_i Q_i A_i c_i``, the fixed point of LocalUpdate (§3–4)."""
     p = _probs(len(mats), probs)
     hs = [surrogate_hessian(a, gamma, theta) for a in mats]
-    h = sum(pi * hi for pi, hi in zip(p, hs))
-    b = sum(pi * hi @ np.atleast_1d(np.asarray(c, dtype=np.float64)) for pi, hi, c in zip(p, hs, centers))
+    h = sum(pi * hi for pi, hi in zip(p, hs, strict=True))
+    b = sum(pi * hi @ np.atleast_1d(np.asarray(c, dtype=np.float64)) for pi, hi, c in zip(p, hs, centers, strict=True))
     return np.linalg.solve(h, b)
 
 
@@ -95,7 +95,7 @@ def true_minimizer(mats, centers, probs=None) -> np.ndarray:
 def surrogate_condition_number(mats, gamma: float, theta: Sequence[float], probs=None) -> float:
     """Condition number of the surrogate Hessian ``Σ p_i Q_i A_i`` (assumed symmetric positive definite)."""
     p = _probs(len(mats), probs)
-    h = sum(pi * surrogate_hessian(a, gamma, theta) for pi, a in zip(p, mats))
+    h = sum(pi * surrogate_hessian(a, gamma, theta) for pi, a in zip(p, mats, strict=True))
     ev = np.linalg.eigvalsh(0.5 * (h + h.T))
     return float(ev[-1] / ev[0])
 
@@ -131,7 +131,7 @@ def run_deterministic(x0, mats, centers, gamma: float, theta: Sequence[float], e
     x = np.atleast_1d(np.asarray(x0, dtype=np.float64)).copy()
     out = [x.copy()]
     for _ in range(rounds):
-        x = x - eta * sum(pi * gd_inner_loop(x, a, c, gamma, theta) for pi, a, c in zip(p, mats, centers))
+        x = x - eta * sum(pi * gd_inner_loop(x, a, c, gamma, theta) for pi, a, c in zip(p, mats, centers, strict=True))
         out.append(x.copy())
     return np.asarray(out)
 
@@ -151,5 +151,5 @@ def continuum_minimizer(gamma: float, steps: int, num: int = 4001) -> float:
     i = np.linspace(0.5, 2.0, num)
     dens = 8.0 * i / 15.0
     qa = i * steps if gamma == 0.0 else (1.0 - (1.0 - gamma * i) ** steps) / gamma  # Q_i A_i for Θ_{1:K}
-    trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")  # NumPy < 2.0 names it trapz
+    trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")  # noqa: B009 - NumPy < 2.0 names it trapz (absent in NumPy 2.x stubs)
     return float(trapezoid(dens * qa / i, i) / trapezoid(dens * qa, i))

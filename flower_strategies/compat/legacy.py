@@ -84,7 +84,7 @@ def unpack(arrays: list[np.ndarray], layout: str) -> dict[str, NamedArrays]:
     if len(entries) != len(arrays):
         raise ValueError(f"layout lists {len(entries)} arrays but {len(arrays)} were received")
     out: dict[str, NamedArrays] = {}
-    for (name, key), arr in zip(entries, arrays):
+    for (name, key), arr in zip(entries, arrays, strict=True):
         out.setdefault(name, {})[key] = arr
     return out
 
@@ -186,7 +186,7 @@ class FedAdaptNumPyClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
         keys = list(self.model.state_dict())
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, parameters)})
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, parameters, strict=True)})
         if self.evaluate_fn is None:
             return mean_loss(self.model, self.data, self.loss_fn), num_examples_of(self.data), {}
         return self.evaluate_fn(self.model)
@@ -249,7 +249,7 @@ class LegacyStrategy(LegacyBase):
         nds = parameters_to_ndarrays(parameters)
         if len(nds) != len(self.keys):
             raise ValueError(f"expected {len(self.keys)} global arrays, got {len(nds)}")
-        return dict(zip(self.keys, nds))
+        return dict(zip(self.keys, nds, strict=True))
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager,
                       ) -> list[tuple[ClientProxy, FitIns]]:

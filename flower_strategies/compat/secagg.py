@@ -250,7 +250,7 @@ class SecAggStrategy(LegacyStrategy):
         if current is None:
             return None
         total, seen = 0.0, False
-        for (name, key), arr in zip(entries, arrays):
+        for (name, key), arr in zip(entries, arrays, strict=True):
             if name == R.MODEL and key in current and is_float(np.asarray(current[key])):
                 diff = np.asarray(arr, np.float64) - np.asarray(current[key], np.float64)
                 total, seen = total + float(np.vdot(diff, diff)), True

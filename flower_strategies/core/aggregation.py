@@ -54,7 +54,7 @@ def _private(items: Sequence[Mapping[str, np.ndarray]], scales: Sequence[float],
             out[key] = np.array(ref if ref is not None else first)
             continue
         acc = np.zeros(first.shape, np.float64)
-        for item, scale in zip(items, scales):
+        for item, scale in zip(items, scales, strict=True):
             acc += scale * (np.asarray(item[key], np.float64) - (0.0 if ref is None else ref))
         if rule.sum_std > 0:
             acc += rule.rng.normal(0.0, rule.sum_std, acc.shape)

@@ -164,7 +164,7 @@ def model_digest(arrays: NamedArrays) -> bytes:
     h = hashlib.blake2b(digest_size=DIGEST_BYTES)
     flat = {key: np.ascontiguousarray(value) for key, value in arrays.items()}
     for (key, arr), fingerprint in zip(flat.items(), _fingerprints([a.reshape(-1).view(np.uint8)
-                                                                    for a in flat.values()])):
+                                                                    for a in flat.values()]), strict=True):
         h.update(repr((key, arr.dtype.str, arr.shape)).encode() + fingerprint)
     return h.digest()
 
@@ -205,7 +205,8 @@ class ReplyBinder:
         reasons = {id(msg): self._reason(msg, sent, cap) for msg in replies if not msg.has_error()}
         fresh = [msg for msg in replies if id(msg) in reasons and reasons[id(msg)] is None]
         digests: dict[int, bytes] = {}
-        for msg, digest in zip(fresh, reply_digests([msg.content for msg in fresh])):  # all of the round at once
+        round_digests = reply_digests([msg.content for msg in fresh])  # all of the round at once
+        for msg, digest in zip(fresh, round_digests, strict=True):
             then = self.seen.get(digest)
             if then is not None and then != model:
                 reasons[id(msg)] = Rejection(None, Kind.REPLAY, "replay: byte-identical to a reply to an earlier "

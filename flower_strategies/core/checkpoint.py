@@ -182,7 +182,7 @@ def _read_members(path: Path, where: str, max_member_bytes: int | None) -> dict[
         names = [i.filename[:-4] if i.filename.endswith(".npy") else i.filename for i in infos]
         if len(set(names)) != len(names) or not all(i.filename.endswith(".npy") for i in infos):
             raise CheckpointError(f"{where}: not a fedadapt checkpoint (its members are not distinct .npy arrays)")
-        for name, info in zip(names, infos):
+        for name, info in zip(names, infos, strict=True):
             limit = META_MAX_BYTES if name == META else max_member_bytes
             if limit is not None and info.file_size > limit:
                 raise CheckpointError(f"{where}: member {name!r} is {info.file_size} bytes uncompressed, more than "

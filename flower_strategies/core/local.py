@@ -203,7 +203,7 @@ class LocalOptimizer(torch.optim.Optimizer):
     # -------------------------------------------------------------- helpers
     def named_params(self) -> Iterable[tuple[str, Tensor, dict[str, Any]]]:
         for group in self.param_groups:
-            for name, p in zip(group["param_names"], group["params"]):
+            for name, p in zip(group["param_names"], group["params"], strict=True):
                 yield name, p, group
 
     def param_state(self, name: str, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def fold(items: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float] | N
     out: NamedArrays = {}
     for key, first in items[0].items():
         acc = np.asarray(_as_float(first) * ws[0])  # (0-d arrays: an array, not a NumPy scalar)
-        for item, w in zip(items[1:], ws[1:]):
+        for item, w in zip(items[1:], ws[1:], strict=True):
             a = _as_float(item[key])
             if rule == "max":
                 np.maximum(acc, a, out=acc)

@@ -129,18 +129,18 @@ def centre_cosines(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping
         if not is_float(np.asarray(value)):
             continue
 
-        def update(item: Mapping[str, np.ndarray]) -> np.ndarray:
+        def update(item: Mapping[str, np.ndarray], key: str = key, ref: np.ndarray = ref) -> np.ndarray:
             return np.asarray(item[key], np.float64) - ref
 
         kept = [update(item) for item in items] if len(items) * ref.nbytes <= CENTRE_DIFF_BYTES else None
         centre = np.zeros_like(ref)
-        for j, (scale, item) in enumerate(zip(scales, items)):
+        for j, (scale, item) in enumerate(zip(scales, items, strict=True)):
             centre += scale * (update(item) if kept is None else kept[j])
         centre_sq += float(np.vdot(centre, centre))
         for j, item in enumerate(items):
             dots[j] += float(np.vdot(update(item) if kept is None else kept[j], centre))
     size = math.sqrt(centre_sq)
-    return [d / (n * size) if n > 0 and size > 0 else 0.0 for d, n in zip(dots, norms)]
+    return [d / (n * size) if n > 0 and size > 0 else 0.0 for d, n in zip(dots, norms, strict=True)]
 
 
 # ------------------------------------------------------------------------------------------ coordinate-wise rules
@@ -198,7 +198,7 @@ def flat_updates(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping[s
     def row(item: Mapping[str, np.ndarray]) -> np.ndarray:
         parts = [np.asarray(item[k], np.float64).reshape(-1) for k in keys]
         if reference is not None:
-            parts = [p - np.asarray(reference[k], np.float64).reshape(-1) for p, k in zip(parts, keys)]
+            parts = [p - np.asarray(reference[k], np.float64).reshape(-1) for p, k in zip(parts, keys, strict=True)]
         return np.concatenate(parts) if parts else np.zeros(0)
     return np.stack([row(item) for item in items])
 
@@ -245,7 +245,7 @@ def fltrust_aggregate(updates: np.ndarray, root: np.ndarray) -> np.ndarray:
     total = sum(trust)
     if total == 0:
         return np.zeros_like(root, dtype=np.float64)
-    return sum(t * s * row for t, s, row in zip(trust, scales, updates)) / total
+    return sum(t * s * row for t, s, row in zip(trust, scales, updates, strict=True)) / total
 
 
 # ------------------------------------------------------------------------------------ centered clipping, bucketing

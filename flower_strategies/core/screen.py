@@ -141,7 +141,7 @@ class Screened:
         out: list[dict[str, Any]] = []
         clipped = 0
         caps = self.step_caps or [math.inf] * len(self.kept)
-        for (msg, _), weight, cap in zip(self.kept, self.weights, caps):
+        for (msg, _), weight, cap in zip(self.kept, self.weights, caps, strict=True):
             metrics: dict[str, Any] = dict(_metrics(msg))
             clipped += weight < float(metrics[R.NUM_EXAMPLES])
             if R.NUM_STEPS in metrics and metrics[R.NUM_STEPS] > cap:
@@ -280,7 +280,7 @@ class ReplyScreen:
         updates = flat_updates([kept[j][1][spec.name] for j in survivors], reference, keys)
         trust, scales = fltrust_scores(updates, flat_updates([like], reference, keys)[0])
         weights: dict[int, float] = {}
-        for j, t, scale in zip(list(survivors), trust, scales):
+        for j, t, scale in zip(list(survivors), trust, scales, strict=True):
             if t <= 0:
                 survivors.remove(j)
                 self._reject(out, server_round, kept[j][0], Rejection(
@@ -312,7 +312,7 @@ class ReplyScreen:
                 continue
             cosines = centre_cosines([kept[j][1][spec.name] for j in survivors], self.current,
                                      [norms[i][j] for j in survivors])
-            for j, cos in list(zip(survivors, cosines)):
+            for j, cos in list(zip(survivors, cosines, strict=True)):
                 if cos < floor:
                     survivors.remove(j)
                     self._reject(out, server_round, kept[j][0], Rejection(
@@ -328,7 +328,7 @@ class ReplyScreen:
         if ratio <= 0 or len(kept) <= 2:
             return 0
         hit: set[int] = set()
-        for spec, record_norms in zip(self.specs, norms):
+        for spec, record_norms in zip(self.specs, norms, strict=True):
             if self.policy.aggregator == "fltrust" and spec == self.trust_spec():
                 continue  # FLTrust has rescaled every model update onto the server update's norm
             scales, bound = clip_scales(record_norms, ratio)
@@ -380,7 +380,7 @@ class ReplyScreen:
         """:meth:`ScreenPolicy.step_caps` of the kept replies (a capped reply is logged)."""
         steps = [_metrics(msg).get(R.NUM_STEPS) for msg, _ in kept]
         caps = self.policy.step_caps([None if k is None else float(k) for k in steps], weights)
-        for (msg, _), k, cap in zip(kept, steps, caps):
+        for (msg, _), k, cap in zip(kept, steps, caps, strict=True):
             if k is not None and k > cap:
                 log(WARNING, "Round %d: node %s reported num-steps %g, counted as %g (the round's plan)",
                     server_round, msg.metadata.src_node_id, k, cap)

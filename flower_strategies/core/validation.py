@@ -134,7 +134,7 @@ def nonfinite_reason(parsed: Mapping[str, NamedArrays], norms: Sequence[float],
     """The NaN/Inf rejection of :func:`parse_reply`, decided from the records' update norms: a finite norm proves
     every value of its record finite; only a non-finite one (NaN/Inf, or a sum of squares that overflowed) is
     re-checked value by value."""
-    for name, norm in zip(names, norms):
+    for name, norm in zip(names, norms, strict=True):
         if not np.isfinite(norm):
             bad = all_finite(parsed[name])
             if bad is not None:

@@ -275,20 +275,21 @@ class FedLAMBOptimizer(LocalOptimizer):
     def apply_step(self) -> None:
         t = self.steps_taken + 1
         for group in self.param_groups:
-            params = dict(zip(group["param_names"], group["params"]))
+            params = dict(zip(group["param_names"], group["params"], strict=True))
             for layer in layer_groups(group["param_names"], group["layers"]):
                 ps = [params[n] for n in layer if params[n].grad is not None]
                 if not ps:
                     continue
                 states = [self.state[p] for p in ps]
-                thetas = [st["iterate"] if group["gradient_point"] == "round_start" else p for p, st in zip(ps, states)]
-                u = [self.amsgrad_direction(p.grad, st, group, t) for p, st in zip(ps, states)]
+                thetas = [st["iterate"] if group["gradient_point"] == "round_start" else p
+                          for p, st in zip(ps, states, strict=True)]
+                u = [self.amsgrad_direction(p.grad, st, group, t) for p, st in zip(ps, states, strict=True)]
                 if group["weight_decay"]:
-                    u = [u_j.add(theta, alpha=group["weight_decay"]) for u_j, theta in zip(u, thetas)]
+                    u = [u_j.add(theta, alpha=group["weight_decay"]) for u_j, theta in zip(u, thetas, strict=True)]
                 ratio: float | Tensor = 1.0
                 if group["trust_ratio"]:
                     ratio = trust_ratio(self._norm(thetas), self._norm(u), group["phi_min"], group["phi_max"])
-                for theta, u_j in zip(thetas, u):
+                for theta, u_j in zip(thetas, u, strict=True):
                     theta.sub_(u_j * self.per_client(ratio, u_j) * group["lr"])
 
     def _norm(self, tensors: list[Tensor]) -> Tensor:

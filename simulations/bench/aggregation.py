@@ -223,7 +223,7 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
         aggregate(2, resident)
         return {"rss_bytes": resident.peak}
     clocks = [Clock() for _ in range(3)]
-    for r, c in zip((2, 3, 4), clocks):
+    for r, c in zip((2, 3, 4), clocks, strict=True):
         aggregate(r, c)
     # tracemalloc only sees blocks allocated while it runs: round 5 runs traced (unmeasured) so that the server state
     # it creates is traced, and its release when round 6 replaces it lowers the count as it lowers real memory

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -149,6 +150,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def _cnn_prefix(kind: str, n: int, *, model: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, plan: torch.Tensor,
+                lr: float, chunk: int) -> list[dict[str, torch.Tensor]]:
+    """:func:`_cnn_round` on the first ``n`` clients."""
+    return _cnn_round(kind, model, xs[:n], ys[:n], plan[:n], lr, chunk)
+
+
+def _engine_prefix(kind: str, n: int, *, model: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor,
+                   args: argparse.Namespace) -> list[dict[str, torch.Tensor]]:
+    """:func:`_engine_round` on the first ``n`` clients."""
+    return _engine_round(kind, model, xs[:n], ys[:n], args)
+
+
 def _cnn_round(kind: str, model: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, plan: torch.Tensor,
                lr: float, chunk: int) -> list[dict[str, torch.Tensor]]:
     """One round of local SGD of every client (``plan[c, s]``: client c's batch at step s); each client's model.
@@ -184,7 +197,7 @@ def _cnn_round(kind: str, model: torch.nn.Module, xs: torch.Tensor, ys: torch.Te
             logits = forward(leaves, x)
             losses = loss_fn(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-            params = {n: (p - lr * g).detach() for (n, p), g in zip(leaves.items(), grads)}
+            params = {n: (p - lr * g).detach() for (n, p), g in zip(leaves.items(), grads, strict=True)}
         out += [{n: v[c] for n, v in params.items()} for c in range(len(ids))]
     return out
 
@@ -246,8 +259,8 @@ def cnn_main(args: argparse.Namespace) -> int:
         plan = perms.reshape(clients, steps, args.batch_size).to(device)
         results: dict[str, tuple[float, float, list]] = {}
         for kind in kinds:
-            run = ((lambda k, n: _cnn_round(k, model, xs[:n], ys[:n], plan[:n], args.lr, args.chunk))
-                   if not kind.startswith("engine") else (lambda k, n: _engine_round(k, model, xs[:n], ys[:n], args)))
+            run = (partial(_cnn_prefix, model=model, xs=xs, ys=ys, plan=plan, lr=args.lr, chunk=args.chunk)
+                   if not kind.startswith("engine") else partial(_engine_prefix, model=model, xs=xs, ys=ys, args=args))
             run(kind, min(2, clients))  # warm-up: cuDNN / vmap first calls
             _sync(device)
             if device.type == "cuda":
@@ -262,7 +275,7 @@ def cnn_main(args: argparse.Namespace) -> int:
         for kind, (sec, peak, _) in results.items():
             print(f"{kind:18s} {dev:6s} {sec:9.2f} {results['plain'][0] / sec:8.2f}x {peak:14.0f}")
         worst = max(float((a[n] - b[n]).abs().max() / b[n].abs().max().clamp(min=1e-30))
-                    for a, b in zip(results["stacked"][2], results["plain"][2]) for n in a)
+                    for a, b in zip(results["stacked"][2], results["plain"][2], strict=True) for n in a)
         print(f"max relative difference, stacked vs plain (first clients' models): {worst:.1e}", flush=True)
         if "engine-sequential" in results:
             print(f"engine-stacked vs engine-sequential: "

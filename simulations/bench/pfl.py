@@ -136,16 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     cases = [("N=100", 100, 100, 1.0), ("N=1000 1%", 1000, 10, 0.01)]
     res: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="fedadapt-pfl-") as tmp:
-        for label, nodes, _, _ in cases:
+        for _, nodes, _, _ in cases:
             pfl_data(Path(tmp) / f"{nodes}.npz", nodes)
         cwd = Path(tmp) / "fedadapt"
         cwd.mkdir()
-        for label, nodes, _, fraction in cases:  # fills fedadapt's data cache (untimed), as a repeated run finds it
+        for _, nodes, _, fraction in cases:  # fills fedadapt's data cache (untimed), as a repeated run finds it
             measure(tree, cwd, "vectorized", nodes, args.rounds, fraction)
         for r in range(args.repeats):
             for label, nodes, cohort, fraction in cases:
                 runs: dict[str, Callable[[], dict[str, float]]] = {
-                    "pfl": lambda: run_pfl(args.pfl_python, Path(tmp) / f"{nodes}.npz", nodes, cohort, args.rounds)}
+                    "pfl": partial(run_pfl, args.pfl_python, Path(tmp) / f"{nodes}.npz", nodes, cohort, args.rounds)}
                 for engine in ("inprocess", "vectorized"):
                     runs[engine] = partial(measure, tree, cwd, engine, nodes, args.rounds, fraction)
                 for name, fn in runs.items():

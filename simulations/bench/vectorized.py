@@ -175,7 +175,7 @@ def _max_rel(a: list, b: list) -> float:
     import numpy as np
 
     worst = 0.0
-    for ma, mb in zip(a, b):
+    for ma, mb in zip(a, b, strict=True):
         for k in ma:
             x, y = np.asarray(ma[k]), np.asarray(mb[k])
             worst = max(worst, float(np.abs(x - y).max() / max(np.abs(x).max(), 1e-30)))

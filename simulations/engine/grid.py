@@ -93,7 +93,7 @@ class LoopbackGrid(Grid):
             ids.append(uuid.uuid4().hex)
             msg.metadata.__dict__["_message_id"] = ids[-1]
         ready = self.prepared_replies(msgs)
-        for i, (msg, mid) in enumerate(zip(msgs, ids)):
+        for i, (msg, mid) in enumerate(zip(msgs, ids, strict=True)):
             ctx = self.contexts[msg.metadata.dst_node_id]
             reply = ready[i] if i in ready else self.call_app(msg, ctx)
             if self.intercept is not None:

@@ -93,7 +93,7 @@ class RowStore:
         for slot, (name, layout) in enumerate(self.slots):
             present, files = self._files(slot)
             if present[row]:
-                out[name] = {key: np.array(f[row]) for (key, _, _), f in zip(layout, files)}
+                out[name] = {key: np.array(f[row]) for (key, _, _), f in zip(layout, files, strict=True)}
         return out
 
     def write(self, row: int, records: Mapping[str, Mapping[str, np.ndarray]]) -> None:
@@ -103,7 +103,7 @@ class RowStore:
             slot = self._slot(name, layout, create=True)
             assert slot is not None
             present, files = self._files(slot)
-            for f, a in zip(files, arrays.values()):
+            for f, a in zip(files, arrays.values(), strict=True):
                 f[row] = a
             present[row] = 1
             chosen.add(slot)

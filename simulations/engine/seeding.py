@@ -75,7 +75,7 @@ def pcg64_states(entropies: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
         words = [h.mix(pool[i % _POOL]).astype(np.uint64) for i in range(8)]  # 8 uint32 words = 4 uint64
     halves = [(words[2 * j] | (words[2 * j + 1] << np.uint64(32))).tolist() for j in range(4)]
     out = []
-    for s_hi, s_lo, i_hi, i_lo in zip(*halves):
+    for s_hi, s_lo, i_hi, i_lo in zip(*halves, strict=True):
         inc = ((((i_hi << 64) | i_lo) << 1) | 1) & _M128
         # PCG64's seeding: from state 0 one step (state = inc), add the seed, one more step
         state = (((inc + ((s_hi << 64) | s_lo)) & _M128) * _PCG_MULT + inc) & _M128

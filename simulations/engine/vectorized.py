@@ -238,7 +238,8 @@ class VectorGrid(LoopbackGrid):
                 raise
             except Exception as err:  # noqa: BLE001 - the sequential ClientApp answers (or reports the error per client)
                 _chunk_failed(len(part), err)
-                for (_, (_, ctx, *_)), before in zip(part, job.before):  # as if the stacked pass had never run
+                # as if the stacked pass had never run
+                for (_, (_, ctx, *_)), before in zip(part, job.before, strict=True):
                     replace_state(ctx.state, before)
                 continue
             replies.update(finish_chunk(part, contents))
@@ -282,8 +283,8 @@ def run_chunk(job: ChunkJob) -> list[RecordDict]:
     model = stackable(model_for(job.fed, device))
     seed = job.fed.seed
     first = ClientRound(job.content, job.states[0], seed=seed, client_key=job.keys[0])
-    rnds = [first, *(_for_client(first, s, seed, k) for s, k in zip(job.states[1:], job.keys[1:]))]
-    data = [TensorPartition(x.to(device), y.to(device)) for x, y in zip(job.x, job.y)]
+    rnds = [first, *(_for_client(first, s, seed, k) for s, k in zip(job.states[1:], job.keys[1:], strict=True))]
+    data = [TensorPartition(x.to(device), y.to(device)) for x, y in zip(job.x, job.y, strict=True)]
     return train_stacked(model, rnds, data, TASK_SPECS[job.fed.task].example_losses(),
                          loss_before=job.fed.train_loss_before)
 
@@ -292,7 +293,8 @@ def finish_chunk(part: list[tuple[int, tuple]], contents: list[RecordDict]) -> d
     """Every client's reply message (the sequential ClientApp's :func:`client_app.app.finish_train`), by position."""
     from client_app.app import finish_train
 
-    return {i: finish_train(job, content, msg, ctx) for (i, (msg, ctx, job, _, _)), content in zip(part, contents)}
+    return {i: finish_train(job, content, msg, ctx)
+            for (i, (msg, ctx, job, _, _)), content in zip(part, contents, strict=True)}
 
 
 def replace_state(state: RecordDict, records: Mapping[str, Any]) -> None:
@@ -317,7 +319,7 @@ def chunk_bounds(n: int, size: int, workers: int = 1) -> list[tuple[int, int]]:
         raise ValueError(f"chunk_bounds needs n >= 0, size >= 1, workers >= 1, got {n}, {size}, {workers}")
     count = min(n, max(-(-n // size), workers))
     edges = [n * k // count for k in range(count + 1)] if count else [0]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 def _for_client(rnd: ClientRound, state: Any, seed: int, client_key: int) -> ClientRound:
@@ -388,14 +390,15 @@ def _batch_plan(rnds: list[ClientRound], sizes: list[int], steps: list[int]) -> 
     ``default_rng([seed, round, client])``, cut into batches, the last of an epoch possibly shorter), drawn for all
     clients at once: the generators from :func:`.seeding.generators`, each client's permutations in one
     ``Generator.permuted`` call (the same draws as one ``permutation`` per epoch), cut by a reshape."""
-    widths = [min(n if rnd.full_batch else int(rnd.config.get("batch-size", 32)), n) for rnd, n in zip(rnds, sizes)]
-    width = max(w for w, k in zip(widths, steps) if k > 0)
+    widths = [min(n if rnd.full_batch else int(rnd.config.get("batch-size", 32)), n)
+              for rnd, n in zip(rnds, sizes, strict=True)]
+    width = max(w for w, k in zip(widths, steps, strict=True) if k > 0)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     index = np.repeat(offsets[None, :, None], max(steps), axis=0).repeat(width, axis=2)
     count = np.zeros((max(steps), len(rnds)), dtype=np.int64)
     entropies = [[rnd.seed, rnd.server_round, rnd.client_key] for rnd in rnds]
     ordered: dict[tuple[int, int], np.ndarray] = {}  # (n, epochs) → rows 0..n-1 (permuted copies them)
-    for c, (rng, n, w, k) in enumerate(zip(generators(entropies), sizes, widths, steps)):
+    for c, (rng, n, w, k) in enumerate(zip(generators(entropies), sizes, widths, steps, strict=True)):
         if k == 0:
             continue
         per_epoch = -(-n // w)  # batches per epoch
@@ -439,7 +442,7 @@ def _losses_before(model: nn.Module, rnds: list[ClientRound], x_all: Tensor, y_a
     model.train(was_training)
     values = per.double().cpu().numpy()
     out, start = [], 0
-    for rnd, n in zip(rnds, sizes):
+    for rnd, n in zip(rnds, sizes, strict=True):
         own, start = values[start : start + n], start + n
         sample = loss_before_sample(n, rnd.config, rnd.seed, rnd.client_key)
         chosen = own if sample is None else own[sample]
@@ -489,7 +492,7 @@ def train_stacked(
     x_all, y_all = torch.cat([d.x for d in data]), torch.cat([d.y for d in data])
     befores = (_losses_before(model, rnds, x_all, y_all, sizes, example_losses) if loss_before
                else [None] * clients)
-    steps = [r.num_steps(n) for r, n in zip(rnds, sizes)]
+    steps = [r.num_steps(n) for r, n in zip(rnds, sizes, strict=True)]
     named = dict(model.named_parameters())
     params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
     weight_dtype = x_all.dtype if x_all.is_floating_point() else torch.float32
@@ -512,7 +515,7 @@ def train_stacked(
             losses = (per_example * weight).sum(1) / count.clamp(min=1)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True,
                                         materialize_grads=True)
-        return dict(zip(leaves, grads)), losses.detach()
+        return dict(zip(leaves, grads, strict=True)), losses.detach()
 
     # MimeLite's gradient over all local data at x_t: every client's whole partition as one (padded) batch
     full = stacked_grads(*_whole_plan(sizes))[0] if rnd0.needs_full_gradient else None

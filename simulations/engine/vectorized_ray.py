@@ -116,7 +116,7 @@ class RayVectorGrid(VectorGrid):
                 _chunk_failed(len(part), out)
                 continue
             contents, states = out
-            for (_, (_, ctx, *_)), state in zip(part, states):
+            for (_, (_, ctx, *_)), state in zip(part, states, strict=True):
                 replace_state(ctx.state, state)
             replies.update(finish_chunk(part, contents))
         return replies

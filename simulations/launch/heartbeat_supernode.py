@@ -71,7 +71,7 @@ def set_heartbeat_interval(seconds: float) -> None:
             raise SystemExit(f"no code in {module.__name__} reads HEARTBEAT_DEFAULT_INTERVAL when it runs: setting "
                              f"it would not change the heartbeat (not flwr 1.42?)")
         module.HEARTBEAT_DEFAULT_INTERVAL = seconds  # type: ignore[attr-defined]
-        if module.HEARTBEAT_DEFAULT_INTERVAL != seconds:
+        if seconds != module.HEARTBEAT_DEFAULT_INTERVAL:
             raise SystemExit(f"{module.__name__}.HEARTBEAT_DEFAULT_INTERVAL did not take {seconds} s")
 
 

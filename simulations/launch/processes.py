@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+import contextlib
 
 APP_DIR = Path(__file__).resolve().parent.parent.parent
 BASE_ENV = {
@@ -52,10 +53,8 @@ def bin_path(name: str) -> str:
 
 
 def signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def start_time(pid: int) -> str | None:
@@ -196,24 +195,20 @@ class Cluster:
             signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + (min(self.grace_s, LOST_GRACE_S) if self.lost else self.grace_s)
         for _, proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         for pgid in groups:
             signal_group(pgid, signal.SIGKILL)
         for _, proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         self.procs.clear()
         self._seen.clear()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         raise Stopped(signum)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         try:
             for sig in STOP_SIGNALS:
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)

@@ -219,7 +219,7 @@ def curves(results: Sequence[Mapping[str, Any]], column: str) -> dict[str, tuple
         arr = np.array(series, dtype=float)
         keep = ~np.all(np.isnan(arr), axis=0)  # rounds without the metric (round 0 has no training loss)
         arr = arr[:, keep]
-        rounds = [t for t, k in zip(rounds_of[label], keep) if k]
+        rounds = [t for t, k in zip(rounds_of[label], keep, strict=True) if k]
         out[label] = (rounds, list(np.nanmean(arr, 0)), list(np.nanstd(arr, 0)))
     return out
 

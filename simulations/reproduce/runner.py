@@ -83,7 +83,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any
         "rounds_to_target": reach,
         "bytes_up_per_round": mean(up),
         "bytes_down_per_round": mean(down),
-        "bytes_per_round": mean([a + b for a, b in zip(up, down)]),
+        "bytes_per_round": mean([a + b for a, b in zip(up, down, strict=True)]),
     }
 
 
@@ -194,7 +194,7 @@ def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out:
                             "run_dir": str(runs_dir / cfg["run-name"])})
             tasks.append(Task(f"{paper.key}/{setting} {entry.label} seed {seed}", cfg, num_nodes))
     pending = [r for r in results if "run_dir" in r]
-    for row, (metrics, error, seconds) in zip(pending, execute(tasks, jobs, progress)):
+    for row, (metrics, error, seconds) in zip(pending, execute(tasks, jobs, progress), strict=True):
         if error is None:
             assert metrics is not None  # a run without an error has its metrics
             row.update(summarize(metrics, paper.target_for(setting)), status="ok")

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> Path:
         "continuum example (Fig. 1)": [(1 / 1.4, "true minimiser 1/E[i]"), (0.8, "mean client minimiser E[1/i]")],
     }
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, (title, lines) in zip(axes, data.items()):
+    for ax, (title, lines) in zip(axes, data.items(), strict=True):
         for label, (g, x) in lines.items():
             ax.plot(g, x, label=label)
         for y, label in refs[title]:

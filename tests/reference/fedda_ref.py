@@ -87,8 +87,8 @@ def fedda_reference(w0: np.ndarray, data: Data, sampled: Sequence[Sequence[int]]
             ps.append(p_i)
             ms.append(m_i)
         wt = _weights(data, ids, cfg.get("weighting", "examples"))
-        p_r = sum(c * p for c, p in zip(wt, ps))  # line 9
-        m_next = sum(c * mi for c, mi in zip(wt, ms))  # line 10
+        p_r = sum(c * p for c, p in zip(wt, ps, strict=True))  # line 9
+        m_next = sum(c * mi for c, mi in zip(wt, ms, strict=True))  # line 10
         if variant == "sgdm":
             w = w - p_r * eta * alpha if cfg.get("eta_in_server", True) else w - p_r * alpha  # Alg. 1 line 11
         else:
@@ -161,8 +161,8 @@ def mimelite_reference(w0: np.ndarray, data: Data, sampled: Sequence[Sequence[in
                 y = y - eta * d
             ys.append(y)
         wt = _weights(data, ids, cfg.get("weighting", "examples"))
-        y_bar = sum(c * y for c, y in zip(wt, ys))
-        g_bar = sum(c * g for c, g in zip(wt, gs))
+        y_bar = sum(c * y for c, y in zip(wt, ys, strict=True))
+        g_bar = sum(c * g for c, g in zip(wt, gs, strict=True))
         x = x - eta_g * (x - y_bar)
         if base in ("sgdm", "adam"):
             m = b1 * m + (1 - b1) * g_bar

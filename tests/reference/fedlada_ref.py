@@ -47,7 +47,7 @@ def weights_for(ns, weighting: str) -> np.ndarray:
 
 
 def wmean(arrs, w: np.ndarray) -> np.ndarray:
-    return sum(wi * a for wi, a in zip(w, arrs))
+    return sum(wi * a for wi, a in zip(w, arrs, strict=True))
 
 
 # ------------------------------------------------------------------------------------------ FedLADA
@@ -156,7 +156,7 @@ def run_fedlada(x0: np.ndarray, clients, schedule, cfg: LadaConfig) -> LadaTrace
             "initial": cfg.client_lr,
         }[cfg.offset_lr]
         if cfg.offset_steps == "per-client":                           # line 18, each client's own K_i
-            g_a = wmean([d / (lr_for_offset * k) for d, k in zip(deltas, ks)], w)
+            g_a = wmean([d / (lr_for_offset * k) for d, k in zip(deltas, ks, strict=True)], w)
         else:                                                          # line 18, the mean step count K̄
             k_bar = float(np.dot(w, ks))
             g_a = (x - x_next) / (cfg.server_lr * lr_for_offset * k_bar)

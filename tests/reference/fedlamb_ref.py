@@ -154,10 +154,7 @@ def client_round(
                 ratio = 1.0
             for k in layer:
                 theta[k] = theta[k] - alpha * ratio * u[k]
-    if cfg.bias_correction == "as_written" and t > 0:
-        v_up = {k: v[k] / (1 - b2**t) for k in keys}
-    else:
-        v_up = v
+    v_up = {k: v[k] / (1 - b2 ** t) for k in keys} if cfg.bias_correction == "as_written" and t > 0 else v
     return theta, v_up, m, s_m0 + t                                              # line 14
 
 
@@ -190,8 +187,8 @@ def run_reference(
             weights.append(float(len(x)) if cfg.weighting == "examples" else 1.0)
             steps.append(len(idx))
         w = np.asarray(weights) / np.sum(weights)
-        theta_bar = {k: sum(wi * th[k] for wi, th in zip(w, thetas)) for k in theta_bar}     # line 16
-        mean_v = {k: sum(wi * vi[k] for wi, vi in zip(w, vs)) for k in v_hat}
+        theta_bar = {k: sum(wi * th[k] for wi, th in zip(w, thetas, strict=True)) for k in theta_bar}     # line 16
+        mean_v = {k: sum(wi * vi[k] for wi, vi in zip(w, vs, strict=True)) for k in v_hat}
         v_hat = {k: np.maximum(v_hat[k], mean_v[k]) for k in v_hat}                          # line 16 (A5)
         v_steps += float(np.mean(steps))
         res.models.append({k: a.copy() for k, a in theta_bar.items()})

@@ -170,7 +170,7 @@ class ServerRef:
 
 def aggregate(uploads, weights):
     w = np.asarray(weights, dtype=np.float64)
-    return sum(wi * u for wi, u in zip(w, uploads)) / w.sum()
+    return sum(wi * u for wi, u in zip(w, uploads, strict=True)) / w.sum()
 
 
 # ------------------------------------------------------------------------------------------ full run
@@ -230,7 +230,7 @@ def theorem2_fixed_point(H, xstar_i, P, lr, tau, w):
     """x̃ = [Σ w_i(I−K_i)]⁻¹ Σ w_i (I−K_i) x_i*,  K_i = (I − η P_i H_i)^τ_i  (P_i diagonal given as vectors)."""
     d = H[0].shape[0]
     lhs, rhs = np.zeros((d, d)), np.zeros(d)
-    for Hi, xi, Pi, ti, wi in zip(H, xstar_i, P, tau, w):
+    for Hi, xi, Pi, ti, wi in zip(H, xstar_i, P, tau, w, strict=True):
         Ki = np.linalg.matrix_power(np.eye(d) - lr * np.diag(Pi) @ Hi, ti)
         lhs += wi * (np.eye(d) - Ki)
         rhs += wi * (np.eye(d) - Ki) @ xi
@@ -241,7 +241,7 @@ def theorem2_limit(H, xstar_i, P, tau, w):
     """lim_{η→0} x̃ = (Σ w_i τ_i P_i H_i)⁻¹ Σ w_i τ_i P_i H_i x_i*  (Eq. 8, γ_i = 1)."""
     d = H[0].shape[0]
     lhs, rhs = np.zeros((d, d)), np.zeros(d)
-    for Hi, xi, Pi, ti, wi in zip(H, xstar_i, P, tau, w):
+    for Hi, xi, Pi, ti, wi in zip(H, xstar_i, P, tau, w, strict=True):
         A = wi * ti * np.diag(Pi) @ Hi
         lhs += A
         rhs += A @ xi
@@ -250,6 +250,6 @@ def theorem2_limit(H, xstar_i, P, tau, w):
 
 def global_optimum(H, xstar_i, w):
     """x* = (Σ w_i H_i)⁻¹ Σ w_i H_i x_i*."""
-    lhs = sum(wi * Hi for Hi, wi in zip(H, w))
-    rhs = sum(wi * Hi @ xi for Hi, xi, wi in zip(H, xstar_i, w))
+    lhs = sum(wi * Hi for Hi, wi in zip(H, w, strict=True))
+    rhs = sum(wi * Hi @ xi for Hi, xi, wi in zip(H, xstar_i, w, strict=True))
     return np.linalg.solve(lhs, rhs)

@@ -56,7 +56,7 @@ def run(kind: str, *, rounds: int, num_clients: int, dim: int, seed: int, client
             locals_.append(client_update(x, a, y, batches, client_lr, mu=mu))
             weights.append(len(a) if weighting == "examples" else 1.0)
         p = np.array(weights) / np.sum(weights)
-        delta = sum(pi * (xi - x) for pi, xi in zip(p, locals_))  # ascent sign (Reddi et al.)
+        delta = sum(pi * (xi - x) for pi, xi in zip(p, locals_, strict=True))  # ascent sign (Reddi et al.)
         if kind in ("fedavg", "fedprox"):
             x = x + server_lr * delta
         elif kind == "fedavgm":

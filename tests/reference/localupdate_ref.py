@@ -134,7 +134,7 @@ def outer_loop(
             ell, q = inner_loop(w, a, y, gamma, theta, batches)
             qs.append(q), ells.append(ell), ns.append(len(y))
         p = np.full(len(qs), 1.0 / len(qs)) if weighting == "uniform" else np.asarray(ns, float) / sum(ns)
-        qbar = sum(pi * qi for pi, qi in zip(p, qs))
+        qbar = sum(pi * qi for pi, qi in zip(p, qs, strict=True))
         if server == "sgd":
             w = w - eta * qbar                                  # x_{t+1} = x_t − η_t q_t
         else:  # yogi (Zaheer et al.; no bias correction)

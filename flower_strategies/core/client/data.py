@@ -118,7 +118,7 @@ def concat_batches(items: list[Any], method: str = "the method") -> Any:
     if isinstance(first, Mapping):
         return type(first)({k: concat_batches([b[k] for b in items], method) for k in first})  # type: ignore[call-arg]
     if isinstance(first, (tuple, list)):
-        parts = [concat_batches(list(col), method) for col in zip(*items)]
+        parts = [concat_batches(list(col), method) for col in zip(*items, strict=True)]
         return type(first)(parts) if not hasattr(first, "_fields") else type(first)(*parts)
     raise TypeError(
         f"{method}'s full-batch round needs one batch of every example, and the loader's batches of type "

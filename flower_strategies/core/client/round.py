@@ -331,6 +331,17 @@ class ClientRound:
                 reply[R.MODEL] = model_arrays()
             for name, arrays in uplink.items():
                 reply[name] = tensor_record({k: v.detach().cpu().contiguous() for k, v in arrays.items()})
+        ours = self._metrics(model, num_examples, steps, train_loss, train_loss_before)
+        info = guard_reply(self.method, reply, self.config)  # Flower's DP mods (core/privacy.py); array records only
+        # the caller's metrics are type-checked by Flower; the values built here are an int, floats and a str
+        reply[R.METRICS] = R.filled(MetricRecord(dict(metrics)) if metrics else MetricRecord(), ours.items())
+        reply[R.REPLY_INFO] = R.filled(ConfigRecord(), [(R.METHOD, self.method), *info])
+        return R.filled(RecordDict(), reply.items())
+
+    def _metrics(self, model: nn.Module, num_examples: int, steps: int, train_loss: float | None,
+                 train_loss_before: float | None) -> dict[str, Any]:
+        """The reply's own metrics: ``num-examples``, ``num-steps`` (when any), the losses; without the loss before
+        training, the first batch's loss (the divergence warning's reference) when it is known."""
         ours: dict[str, Any] = {R.NUM_EXAMPLES: int(num_examples)}
         if steps:
             ours[R.NUM_STEPS] = float(steps)
@@ -342,11 +353,7 @@ class ClientRound:
             start = self._first_batch_loss(model)
             if start is not None:
                 ours[FIRST_BATCH_LOSS] = start
-        info = guard_reply(self.method, reply, self.config)  # Flower's DP mods (core/privacy.py); array records only
-        # the caller's metrics are type-checked by Flower; the values built here are an int, floats and a str
-        reply[R.METRICS] = R.filled(MetricRecord(dict(metrics)) if metrics else MetricRecord(), ours.items())
-        reply[R.REPLY_INFO] = R.filled(ConfigRecord(), [(R.METHOD, self.method), *info])
-        return R.filled(RecordDict(), reply.items())
+        return ours
 
     def _first_batch_loss(self, model: nn.Module) -> float | None:
         """The received model's loss on the first batch :attr:`loader` yielded (a copy of ``model`` holding x_t; one
