@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -14,19 +15,32 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 
 import flower_strategies  # noqa: F401  (core registrations first)
 import flower_strategies.methods.fedlada  # noqa: F401  (registers fedlada, localadam)
-from flower_strategies.methods.baselines import FedAvg
-from flower_strategies.methods.fedlada import (
-    DELTA_PER_STEP, GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer,
-)
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, register
 from flower_strategies.core.strategy import RecordSpec, RoundInputs
-from tests.helpers import (
-    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
-    recorded_run,
-    synthetic_initial_arrays, with_server_state,
+from flower_strategies.methods.baselines import FedAvg
+from flower_strategies.methods.fedlada import (
+    DELTA_PER_STEP,
+    GLOBAL_OFFSET,
+    VHAT,
+    FedLADA,
+    FedLADAHParams,
+    FedLADAOptimizer,
 )
 from simulations.engine.inprocess import simulate
+from tests.helpers import (
+    SYNTH_DIM,
+    SYNTH_NODES,
+    SYNTH_RC,
+    SYNTH_X0,
+    assert_same_round,
+    mlp_task,
+    named_randn,
+    plain_loop_round,
+    recorded_run,
+    synthetic_initial_arrays,
+    with_server_state,
+)
 from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada
 
 DIM, NODES, RC, X0 = SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0
@@ -265,7 +279,7 @@ def test_vhat_never_decreases():
     for t, per_client in enumerate(ref.client_vhats):
         for steps in per_client:
             seq = [ref.vsrv[t]] + steps
-            assert all((b >= a).all() for a, b in zip(seq, seq[1:], strict=True))
+            assert all((b >= a).all() for a, b in pairwise(seq))
     # the real client optimizer, step by step
     p = torch.nn.Parameter(torch.zeros(1, 3, dtype=torch.float64))
     opt = FedLADAOptimizer([("w", p)], lr=0.1, amend_weight=0.5, weight_decay=0.0,

@@ -4,6 +4,7 @@ pure server math, optimizer steps on tiny tensors and the mocked-reply protocol.
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -313,7 +314,7 @@ def test_server_vhat_never_decreases():
     strategy, *_ = run_engine("fedlamb", {}, rounds=10)
     hist = strategy.vhat_history
     assert len(hist) == 10
-    for prev, nxt in zip(hist, hist[1:], strict=True):
+    for prev, nxt in pairwise(hist):
         for k in prev:
             assert np.all(nxt[k] >= prev[k])
     assert any(np.any(hist[-1][k] > hist[0][k]) for k in hist[0])

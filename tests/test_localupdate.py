@@ -5,24 +5,23 @@ from __future__ import annotations
 import io
 import random
 import time
+from itertools import pairwise
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401
 import flower_strategies.methods.localupdate as LU
+from app_common.task import build_model, half_mse
 from flower_strategies.analysis import quadratic as QT
-from flower_strategies.methods.baselines import FedAvg
+from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config
-
-from app_common.task import build_model, half_mse
-from flower_strategies.core.client import batch_indices, train_reply
+from flower_strategies.methods.baselines import FedAvg
 from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import localupdate_ref as ref
-
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 DIM = 5
 RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": DIM}
@@ -296,7 +295,7 @@ def test_condition_number_bound_and_continuum_example():
     assert QT.continuum_minimizer(0.5, 1) == pytest.approx(1 / 1.4, abs=1e-6)
     assert QT.continuum_minimizer(0.5, 2000) == pytest.approx(0.8, abs=1e-6)
     xs = [QT.continuum_minimizer(0.5, k) for k in (1, 2, 5, 10, 20)]
-    assert all(b > a for a, b in zip(xs, xs[1:], strict=True))
+    assert all(b > a for a, b in pairwise(xs))
 
 
 def _least_squares(pid):
@@ -398,7 +397,7 @@ def test_paper_rule_never_decays_during_cooldown(seed):
     c = rng.randint(1, 4)
     fired = _fired(losses, "paper", window=rng.randint(1, 3), patience=1, cooldown=c, min_delta=0.01)
     assert fired and fired[0] > c
-    assert all(b - a > c for a, b in zip(fired, fired[1:], strict=True))
+    assert all(b - a > c for a, b in pairwise(fired))
 
 
 def test_decay_factors_one_is_localupdate():

@@ -40,8 +40,9 @@ would skip it — none of the tasks has one).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
 from logging import INFO, WARNING
 from typing import Any
 
@@ -52,6 +53,7 @@ from flwr.common import MessageType, log
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from flower_strategies.core import records as R
 from flower_strategies.core.client import (
     EVAL_CHUNK,
     ClientRound,
@@ -59,7 +61,6 @@ from flower_strategies.core.client import (
     load_client_state,
     loss_before_sample,
 )
-from flower_strategies.core import records as R
 from flower_strategies.core.local import ROUND, LocalOptimizer
 
 from .grid import LoopbackGrid
@@ -276,8 +277,8 @@ def run_chunk(job: ChunkJob) -> list[RecordDict]:
     """Train one chunk stacked (:func:`train_stacked`): each client's reply content, in order; each client's state
     is written into ``job.states``.  The one seam between the engine and where a chunk runs: this process
     (:meth:`VectorGrid.train_chunks`) or a Ray actor (:mod:`simulations.engine.vectorized_ray`)."""
-    from client_app.app import model_for
     from app_common.task import TASK_SPECS
+    from client_app.app import model_for
 
     device = torch.device(job.device)
     model = stackable(model_for(job.fed, device))
@@ -319,7 +320,7 @@ def chunk_bounds(n: int, size: int, workers: int = 1) -> list[tuple[int, int]]:
         raise ValueError(f"chunk_bounds needs n >= 0, size >= 1, workers >= 1, got {n}, {size}, {workers}")
     count = min(n, max(-(-n // size), workers))
     edges = [n * k // count for k in range(count + 1)] if count else [0]
-    return list(zip(edges[:-1], edges[1:], strict=True))
+    return list(pairwise(edges))
 
 
 def _for_client(rnd: ClientRound, state: Any, seed: int, client_key: int) -> ClientRound:

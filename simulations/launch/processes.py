@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,7 +16,6 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-import contextlib
 
 APP_DIR = Path(__file__).resolve().parent.parent.parent
 BASE_ENV = {
