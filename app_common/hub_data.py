@@ -74,12 +74,8 @@ HUB_MIN_PARTITION = 2
 
 def make_partitioner(s: HubSpec, kind: str, num_partitions: int, seed: int, alpha: float = 0.3,
                      classes_per_client: int = 2, min_size: int = HUB_MIN_PARTITION):
-    from flwr_datasets.partitioner import (
-        DirichletPartitioner,
-        IidPartitioner,
-        NaturalIdPartitioner,
-        PathologicalPartitioner,
-    )
+    from flwr_datasets.partitioner import (DirichletPartitioner, IidPartitioner, NaturalIdPartitioner,
+                                           PathologicalPartitioner)
 
     if kind == "iid":
         return IidPartitioner(num_partitions=num_partitions)

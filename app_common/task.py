@@ -31,12 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from app_common.partitions import (
-    disk_cached,
-    fit_partitioner,
-    package_version,
-    partition_hint,  # noqa: F401 - re-exported
-)
+from app_common.partitions import disk_cached, fit_partitioner, package_version
+from app_common.partitions import partition_hint  # noqa: F401 - re-exported
 from app_common.sampling import seeded_subset
 
 

@@ -10,8 +10,8 @@ and, in runs that write checkpoints, also in a node-local directory (:mod:`clien
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import torch

@@ -43,11 +43,12 @@ from flower_strategies.core.client import record_tensors
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.loop import exchange, run_rounds
 from flower_strategies.core.policy import RunFailed
-from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.robust import TRUST_RULES
+from flower_strategies.core.registry import parse_run_config, run_config_defaults
 from flower_strategies.core.strategy import ClientHalfMissing, FedAdaptStrategy, RoundLog
 
-from . import plots, presets, provenance, root, rundir, secure, tracking
+from . import plots, presets, provenance, rundir, tracking
+from . import root, secure
 from .metrics import MetricsWriter, Progress, progress_line
 
 app = ServerApp()

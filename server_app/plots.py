@@ -7,11 +7,11 @@ metrics rows (round 0 = the initial model). Matplotlib with the non-interactive 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
 from flwr.common import log
+from logging import INFO, WARNING
 
 FILENAME = "learning_curve.png"
 

@@ -191,12 +191,7 @@ def plain_loop_round(strategy, make_model, x, y, loss_fn, *, client_state=None, 
 
     from flower_strategies.core import records as R
     from flower_strategies.core.client import (
-        batch_indices,
-        downlink_records,
-        load_client_state,
-        num_local_steps,
-        save_client_state,
-        train_reply,
+        batch_indices, downlink_records, load_client_state, num_local_steps, save_client_state, train_reply,
     )
     from flower_strategies.core.registry import get_method
 

@@ -8,13 +8,14 @@ import time
 
 import numpy as np
 import pytest
+
+from server_app.app import RunFailed
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
-from app_common.task import build_model
 from client_app.app import app as client_app
 from flower_strategies.core import records as R
-from server_app.app import RunFailed
+from app_common.task import build_model
 from simulations.engine.inprocess import run_inprocess
 from tests.helpers import client_keys
 

@@ -12,14 +12,8 @@ from flwr.clientapp import ClientApp
 
 import flower_strategies as fs
 from flower_strategies.core import records as R
-from flower_strategies.core.binding import (
-    REPLY_BYTES_FACTOR,
-    REPLY_BYTES_SLACK,
-    ReplyBinder,
-    content_nbytes,
-    expected_reply_bytes,
-    reply_digest,
-)
+from flower_strategies.core.binding import (REPLY_BYTES_FACTOR, REPLY_BYTES_SLACK, ReplyBinder, content_nbytes,
+                                            expected_reply_bytes, reply_digest)
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.rejections import Kind
 from flower_strategies.core.screen import ReplyScreen

@@ -22,8 +22,8 @@ import torch
 from flwr.serverapp.strategy import Strategy
 
 import flower_strategies  # noqa: F401 - registers the methods
-from app_common.config import AppConfig
 from client_app.app import app as client_app
+from app_common.config import AppConfig
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core.registry import METHODS
 from server_app.app import run
@@ -396,9 +396,9 @@ def test_start_round_loop_equals_flowers_loop():
     from flwr.app import ArrayRecord
 
     from app_common.task import build_model
-    from flower_strategies.core.loop import run_rounds
     from flower_strategies.core.records import to_numpy
     from flower_strategies.core.registry import build_strategy
+    from flower_strategies.core.loop import run_rounds
 
     cfg = {**BASE, "method": "fedadam"}
     out = []

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord

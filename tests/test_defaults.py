@@ -10,12 +10,11 @@ switched off here, and checked to touch only the keys they name.
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
-
 import flower_strategies as fs
 from app_common.config import AppConfig
 from flower_strategies.core.hparams import StrategyConfig

@@ -46,12 +46,13 @@ import torch
 from client_app.app import app as client_app
 from flower_strategies.core import checkpoint as ckpt
 from server_app.app import run
+from simulations.tools.convert_data import convert
 from simulations.engine.inprocess import LoopbackGrid
 from simulations.launch import APP_DIR, build_run_config, deploy_cluster
 from simulations.launch.flwr_cli import flwr_json, flwr_run, format_run_config, list_supernodes
 from simulations.launch.processes import LOST_GRACE_S, process_tree
-from simulations.tools.convert_data import convert
-from tests.helpers import check_secagg_run, our_processes
+from tests.helpers import our_processes
+from tests.helpers import check_secagg_run
 
 pytestmark = pytest.mark.slow
 NODES = 3

@@ -17,15 +17,15 @@ Fast: it reads text and imports modules; the only model it builds is the default
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
+import contextlib
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

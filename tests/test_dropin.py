@@ -26,6 +26,7 @@ from pytorchapp.task import Net  # noqa: E402
 from tests.helpers import client_keys, read_digits_once  # noqa: E402
 
 
+
 @pytest.fixture(autouse=True)
 def _digits_once(monkeypatch):
     read_digits_once(monkeypatch, sys.modules["pytorchapp.task"])

@@ -13,25 +13,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 import flower_strategies  # noqa: F401
 import flower_strategies.methods.fedcm  # noqa: F401  (registers fedcm)
 import flower_strategies.methods.fedlada  # noqa: F401
-from flower_strategies.core.ops import averaging_step
-from flower_strategies.core.registry import METHODS, parse_run_config
-from flower_strategies.core.strategy import weighted_mean
 from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.methods.fedcm import GLOBAL_UPDATE, FedCM, FedCMHParams, FedCMOptimizer
 from flower_strategies.methods.fedlada import GLOBAL_OFFSET, VHAT, FedLADAOptimizer
+from flower_strategies.core.ops import averaging_step
+from flower_strategies.core.registry import METHODS, parse_run_config
+from flower_strategies.core.strategy import weighted_mean
 from tests.helpers import (
-    SYNTH_DIM,
-    SYNTH_NODES,
-    SYNTH_RC,
-    SYNTH_X0,
-    assert_same_round,
-    mlp_task,
-    named_randn,
-    plain_loop_round,
-    recorded_run,
     set_task_identity,
-    synthetic_initial_arrays,
-    with_server_state,
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
+    recorded_run,
+    synthetic_initial_arrays, with_server_state,
 )
 from tests.reference.fedcm_ref import CMConfig, run_fedcm
 from tests.reference.fedlada_ref import load_clients

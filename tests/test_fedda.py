@@ -12,16 +12,16 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
+from flower_strategies.core.strategy import ClientHalfMissing
 import flower_strategies  # noqa: F401  (registers the core methods)
 import flower_strategies.methods.fedda as fd
 from app_common.task import build_model, half_mse, synthetic_client
 from flower_strategies.core import records as R
 from flower_strategies.core.client import batch_indices, train_reply
+from flower_strategies.methods.baselines import FedAdagrad, FedAdam, FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.records import to_record
 from flower_strategies.core.registry import METHODS, build_strategy
-from flower_strategies.core.strategy import ClientHalfMissing
-from flower_strategies.methods.baselines import FedAdagrad, FedAdam, FedAvg
 from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import fedda_ref as ref
 

@@ -15,32 +15,19 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, 
 
 import flower_strategies  # noqa: F401  (core registrations first)
 import flower_strategies.methods.fedlada  # noqa: F401  (registers fedlada, localadam)
+from flower_strategies.methods.baselines import FedAvg
+from flower_strategies.methods.fedlada import (
+    DELTA_PER_STEP, GLOBAL_OFFSET, VHAT, FedLADA, FedLADAHParams, FedLADAOptimizer,
+)
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, register
 from flower_strategies.core.strategy import RecordSpec, RoundInputs
-from flower_strategies.methods.baselines import FedAvg
-from flower_strategies.methods.fedlada import (
-    DELTA_PER_STEP,
-    GLOBAL_OFFSET,
-    VHAT,
-    FedLADA,
-    FedLADAHParams,
-    FedLADAOptimizer,
+from tests.helpers import (
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
+    recorded_run,
+    synthetic_initial_arrays, with_server_state,
 )
 from simulations.engine.inprocess import simulate
-from tests.helpers import (
-    SYNTH_DIM,
-    SYNTH_NODES,
-    SYNTH_RC,
-    SYNTH_X0,
-    assert_same_round,
-    mlp_task,
-    named_randn,
-    plain_loop_round,
-    recorded_run,
-    synthetic_initial_arrays,
-    with_server_state,
-)
 from tests.reference.fedlada_ref import LadaConfig, load_clients, run_fedlada
 
 DIM, NODES, RC, X0 = SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0

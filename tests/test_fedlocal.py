@@ -11,23 +11,23 @@
 from __future__ import annotations
 
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401 - registers the core methods
 import flower_strategies.methods.fedlocal as FL
 from app_common.task import build_model, load_client_data
 from flower_strategies.core import records as R
+from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy, get_method, parse_run_config
 from flower_strategies.core.server_opt import ServerOptimizer
-from flower_strategies.methods.baselines import FedAvg
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import fedlocal_ref as ref
 

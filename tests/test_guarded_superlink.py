@@ -13,16 +13,8 @@ import types
 
 import pytest
 
-from simulations.launch.guarded_superlink import (
-    REFUSAL,
-    NodeHostsFleetOnly,
-    allowed,
-    install,
-    is_loopback,
-    local_url,
-    probe,
-    self_check,
-)
+from simulations.launch.guarded_superlink import (REFUSAL, NodeHostsFleetOnly, allowed, install, is_loopback,
+                                                  local_url, probe, self_check)
 
 # The guard patches Flower internals of the release the app pins (constraints.txt): not a library test.
 pytestmark = pytest.mark.pinned_flower

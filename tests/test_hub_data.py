@@ -247,8 +247,8 @@ def test_hub_tasks_run_through_the_real_apps(task, tmp_path, monkeypatch):
     ``save_to_disk``, the real ServerApp + ClientApp train them (in-process) and evaluate centrally on its test
     split (FEMNIST: its writers' held-out parts); the hub is never asked.  cifar10-resnet18 trains a small GroupNorm
     CNN in ResNet-18's place (one ResNet-18 step takes seconds on a shared CPU; the model has its own test above)."""
-    from app_common import task as task_mod
     from client_app import app as client_mod
+    from app_common import task as task_mod
     from simulations.engine.inprocess import run_inprocess
 
     name = task_mod.HUB_TASKS[task][0]

@@ -10,8 +10,8 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 import flower_strategies as fs
 from app_common.task import build_model
-from flower_strategies.compat.legacy import LAYOUT, LegacyStrategy, pack, unpack
 from flower_strategies.core import records as R
+from flower_strategies.compat.legacy import LAYOUT, LegacyStrategy, pack, unpack
 from flower_strategies.core.registry import METHODS
 from simulations.engine.inprocess import simulate, simulate_legacy
 from tests.helpers import every_method

@@ -14,11 +14,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message
 from flwr.common.constant import HEARTBEAT_INTERVAL_INF, HEARTBEAT_PATIENCE, ErrorCode
 from flwr.proto.node_pb2 import NodeInfo
 
+from client_app.app import app as client_app
 from app_common.config import AppConfig
 from app_common.task import build_model
-from client_app.app import app as client_app
-from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy
+from flower_strategies.core.hparams import ConfigError
 from simulations.engine.inprocess import LoopbackGrid
 
 CFG = {"task": "synthetic-linear", "synthetic-dim": 3, "local-steps": 1, "num-server-rounds": 3, "seed": 0}

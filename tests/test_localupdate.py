@@ -10,18 +10,20 @@ from itertools import pairwise
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401
 import flower_strategies.methods.localupdate as LU
-from app_common.task import build_model, half_mse
 from flower_strategies.analysis import quadratic as QT
-from flower_strategies.core.client import batch_indices, train_reply
+from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config
-from flower_strategies.methods.baselines import FedAvg
+
+from app_common.task import build_model, half_mse
+from flower_strategies.core.client import batch_indices, train_reply
 from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import localupdate_ref as ref
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 DIM = 5
 RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": DIM}

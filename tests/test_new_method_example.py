@@ -15,13 +15,13 @@ from flwr.app import ArrayRecord
 
 import flower_strategies as fs
 from app_common.task import build_model
+from simulations.engine.inprocess import simulate
 
 # ------------------------------------------------------------------ the contributor's module (methods/clipped.py)
 from flower_strategies.core.hparams import HParams, param
 from flower_strategies.core.local import LocalOptimizer
 from flower_strategies.core.ops import averaging_step
 from flower_strategies.core.strategy import FedAdaptStrategy
-from simulations.engine.inprocess import simulate
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 import client_app.node as client_module
-from app_common.task import load_client_data
 from client_app.app import app as client_app
 from client_app.node_data import load_node_data
+from app_common.task import load_client_data
 from server_app.app import run
+from simulations.tools.convert_data import convert
 from simulations.engine.inprocess import LoopbackGrid
 from simulations.launch import node_config, node_data_paths
-from simulations.tools.convert_data import convert
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = 4

@@ -7,10 +7,10 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from flower_strategies.core.hparams import ConfigError, StrategyConfig
 

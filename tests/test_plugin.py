@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
-from flwr.client import ClientApp as LegacyClientApp
 from flwr.client import NumPyClient
+from flwr.client import ClientApp as LegacyClientApp
 from flwr.server.compat import start_grid
 
 import flower_strategies as fs

@@ -29,7 +29,8 @@ import torch
 
 from simulations.launch import Cluster, launch_sim
 from simulations.launch.processes import bin_path, free_port, process_tree
-from tests.helpers import check_secagg_run, our_processes
+from tests.helpers import our_processes
+from tests.helpers import check_secagg_run
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,11 +10,11 @@ import math
 import statistics
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
 
 from simulations import reproduce as R
 from simulations.reproduce.catalogue import CATALOGUE_DIR

@@ -8,13 +8,8 @@ import pytest
 
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError
-from flower_strategies.core.robust import (
-    bucket_means,
-    centered_clip,
-    fltrust_aggregate,
-    fltrust_scores,
-    record_aggregate,
-)
+from flower_strategies.core.robust import bucket_means, centered_clip, fltrust_aggregate, fltrust_scores, \
+    record_aggregate
 from flower_strategies.core.screen import ReplyScreen, ScreenPolicy
 from flower_strategies.core.validation import RecordSpec
 from tests.helpers import reply

@@ -9,12 +9,7 @@ import pytest
 
 from flower_strategies.core.rejections import Kind, Rejection
 from flower_strategies.core.rounds import (
-    METRIC_OUTLIER_RATIO,
-    RoundBook,
-    RoundLog,
-    mean_reply_metrics,
-    nonfinite_state,
-    weighted_mean,
+    METRIC_OUTLIER_RATIO, RoundBook, RoundLog, mean_reply_metrics, nonfinite_state, weighted_mean,
 )
 
 

@@ -13,31 +13,18 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 
 import flower_strategies  # noqa: F401
 import flower_strategies.methods.scaffold  # noqa: F401  (registers scaffold)
+from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.records import STATE_PREFIX
 from flower_strategies.core.registry import METHODS, parse_run_config
 from flower_strategies.core.strategy import RoundInputs
-from flower_strategies.methods.baselines import FedAvg
 from flower_strategies.methods.scaffold import (
-    CLIENT_CONTROL,
-    CONTROL_DELTA,
-    SERVER_CONTROL,
-    Scaffold,
-    ScaffoldHParams,
-    ScaffoldOptimizer,
+    CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, Scaffold, ScaffoldHParams, ScaffoldOptimizer,
 )
 from tests.helpers import (
-    SYNTH_DIM,
-    SYNTH_NODES,
-    SYNTH_RC,
-    SYNTH_X0,
-    assert_same_round,
-    mlp_task,
-    named_randn,
-    plain_loop_round,
+    SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
     recorded_run,
-    synthetic_initial_arrays,
-    with_server_state,
+    synthetic_initial_arrays, with_server_state,
 )
 from tests.reference.fedlada_ref import load_clients
 from tests.reference.scaffold_ref import ScaffoldConfig, run_scaffold

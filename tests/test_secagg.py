@@ -222,10 +222,11 @@ def _masking(request) -> bool:
 def _shift_masked(index: int, by: int = 2**30, pid: int = 0):
     """``intercept``: partition ``pid`` adds ``by`` (mod 2^32) to entry 0 of array ``index`` of its masked vector
     (index 0 is the weight factor Flower prepends, 1… the values)."""
-    from flwr.common import bytes_to_ndarray, ndarray_to_bytes
     from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_mod
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
     from flwr.common.typing import NDArray
+
+    from flwr.common import bytes_to_ndarray, ndarray_to_bytes
 
     def intercept(request, reply, partition_id):
         if partition_id != pid or reply.has_error() or not _masking(request):

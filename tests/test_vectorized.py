@@ -20,8 +20,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
-import flower_strategies  # noqa: F401  (registers every method)
 from app_common.task import build_model
+import flower_strategies  # noqa: F401  (registers every method)
 from flower_strategies.core.registry import build_strategy
 from simulations.engine.inprocess import simulate
 from simulations.engine.vectorized import NotVectorizable, VectorGrid, check_vectorizable

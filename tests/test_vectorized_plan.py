@@ -13,9 +13,10 @@ import types
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flower_strategies.core.client import ClientRound, batch_indices
 from simulations.engine import seeding

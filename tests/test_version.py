@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import datetime
 import re
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
-import tomllib
 import yaml
 
 import flower_strategies

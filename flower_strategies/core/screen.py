@@ -48,21 +48,8 @@ from .aggregation import aggregate
 from .ops import NamedArrays, is_float, update_norms
 from .privacy import rewritten_reply_reason
 from .rejections import Kind, Rejection
-from .robust import (
-    RECORD_RULES,
-    SELECTION_RULES,
-    TRUST_RULES,
-    TooFewReplies,
-    byzantine_count,
-    centre_cosines,
-    check_replies,
-    clip_scales,
-    clipped,
-    flat_updates,
-    fltrust_scores,
-    krum_select,
-    lower_median,
-)
+from .robust import RECORD_RULES, SELECTION_RULES, TRUST_RULES, TooFewReplies, byzantine_count, centre_cosines, \
+    check_replies, clip_scales, clipped, flat_updates, fltrust_scores, krum_select, lower_median
 from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
 
 #: A usable reply: the message and its parsed records (zero-copy views of the payload).

@@ -45,16 +45,8 @@ from .policy import RunFailed
 from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
 from .rejections import Kind, Rejection
 from .robust import TRUST_RULES, VECTOR_RULES, TooFewReplies, byzantine_count, check_replies
-from .rounds import (
-    RoundBook,
-    RoundInputs,
-    RoundLog,
-    ServerState,
-    ServerUpdate,
-    loss_alarm,
-    mean_reply_metrics,
-    weighted_mean,
-)
+from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
+                     weighted_mean)
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
 from .validation import RecordSpec

@@ -69,8 +69,8 @@ def _train_seconds(repeats: int) -> list[float]:
 
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
-    from app_common.task import build_model
     from client_app.app import app as client_app
+    from app_common.task import build_model
     from flower_strategies import FedAvg
 
     times = []

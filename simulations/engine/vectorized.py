@@ -40,8 +40,8 @@ would skip it — none of the tasks has one).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from itertools import pairwise
 from logging import INFO, WARNING
 from typing import Any
@@ -53,7 +53,6 @@ from flwr.common import MessageType, log
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from flower_strategies.core import records as R
 from flower_strategies.core.client import (
     EVAL_CHUNK,
     ClientRound,
@@ -61,6 +60,7 @@ from flower_strategies.core.client import (
     load_client_state,
     loss_before_sample,
 )
+from flower_strategies.core import records as R
 from flower_strategies.core.local import ROUND, LocalOptimizer
 
 from .grid import LoopbackGrid
@@ -277,8 +277,8 @@ def run_chunk(job: ChunkJob) -> list[RecordDict]:
     """Train one chunk stacked (:func:`train_stacked`): each client's reply content, in order; each client's state
     is written into ``job.states``.  The one seam between the engine and where a chunk runs: this process
     (:meth:`VectorGrid.train_chunks`) or a Ray actor (:mod:`simulations.engine.vectorized_ray`)."""
-    from app_common.task import TASK_SPECS
     from client_app.app import model_for
+    from app_common.task import TASK_SPECS
 
     device = torch.device(job.device)
     model = stackable(model_for(job.fed, device))

@@ -25,16 +25,8 @@ from typing import Any
 import torch
 from flwr.app import Message, RecordDict
 
-from .vectorized import (
-    ChunkJob,
-    NotVectorizable,
-    VectorGrid,
-    _chunk_failed,
-    chunk_job,
-    finish_chunk,
-    replace_state,
-    run_chunk,
-)
+from .vectorized import (ChunkJob, NotVectorizable, VectorGrid, _chunk_failed, chunk_job, finish_chunk,
+                         replace_state, run_chunk)
 
 
 class ChunkActor:

@@ -37,16 +37,8 @@ strings, ``flwr`` commands), :mod:`.pki` (openssl / ssh-keygen), :mod:`.modes` (
 """
 
 from .flwr_cli import RunConfigError, build_run_config
-from .modes import (
-                    SecureDeployResult,
-                    deploy_cluster,
-                    launch_deploy,
-                    launch_secure_deploy,
-                    launch_sim,
-                    node_config,
-                    node_data_paths,
-                    start_supernode,
-)
+from .modes import (SecureDeployResult, deploy_cluster, launch_deploy, launch_secure_deploy, launch_sim, node_config,
+                    node_data_paths, start_supernode)
 from .processes import APP_DIR, Cluster, Stopped
 
 __all__ = [

@@ -8,11 +8,10 @@ import json
 import re
 import subprocess
 import time
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from flower_strategies.core.hparams import toml_value
 

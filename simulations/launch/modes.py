@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .flwr_cli import build_run_config, flwr_json, flwr_run, list_supernodes, write_connection, write_secure_connections
+from .flwr_cli import (build_run_config, flwr_json, flwr_run, list_supernodes, write_connection,
+                       write_secure_connections)
 from .pki import make_test_pki
 from .processes import APP_DIR, Cluster, bin_path, free_port, wait_health
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+import contextlib
 
 APP_DIR = Path(__file__).resolve().parent.parent.parent
 BASE_ENV = {

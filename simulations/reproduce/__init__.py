@@ -31,15 +31,7 @@ files, plots), :mod:`.sweep`, :mod:`.theory`, :mod:`.cli` (``__main__``).
 from .catalogue import Claim, Entry, Paper, Setting, papers, registered, run_config_for, safe, settings
 from .cli import main, reproduce
 from .report import (
-    COLUMNS,
-    NO_TARGET,
-    SMOKE_HEADING,
-    aggregate,
-    judge,
-    markdown_table,
-    rewrite,
-    verdicts,
-    write_outputs,
+    COLUMNS, NO_TARGET, SMOKE_HEADING, aggregate, judge, markdown_table, rewrite, verdicts, write_outputs,
     write_summary,
 )
 from .runner import Progress, execute, last_window, run_grid, run_one, server_lr_of, summarize

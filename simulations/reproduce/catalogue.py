@@ -28,12 +28,11 @@ Entries name registry methods; keys of a method that is not registered (yet) are
 from __future__ import annotations
 
 import functools
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 CATALOGUE_DIR = Path(__file__).parent / "catalogue"
 PRESETS_DIR = Path(__file__).parent.parent / "presets"

@@ -3,8 +3,8 @@
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-
 from flower_strategies import ClientRound
+
 from pytorchapp.task import Net, load_data
 from pytorchapp.task import test as test_fn
 from pytorchapp.task import train as train_fn

@@ -3,8 +3,8 @@
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-
 from flower_strategies import strategy_from_run_config
+
 from pytorchapp.task import Net
 
 app = ServerApp()

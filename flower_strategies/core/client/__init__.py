@@ -7,30 +7,13 @@
 """
 
 from .data import (
-    EVAL_CHUNK,
-    INPUT_KEYS,
-    TARGET_KEYS,
-    Batch,
-    LossFn,
-    TensorPartition,
-    as_xy,
-    batch_indices,
-    concat_batches,
-    full_gradient_from,
-    loss_before_sample,
-    mean_loss,
-    num_examples_of,
-    num_local_steps,
+    EVAL_CHUNK, INPUT_KEYS, TARGET_KEYS, Batch, LossFn, TensorPartition, as_xy, batch_indices, concat_batches,
+    full_gradient_from, loss_before_sample, mean_loss, num_examples_of, num_local_steps,
 )
 from .loop import train_reply
 from .round import ClientRound, RoundLoader, check_bound
 from .wire import (
-    CLIENT_KEYS,
-    downlink_records,
-    load_client_state,
-    read_round_config,
-    record_tensors,
-    save_client_state,
+    CLIENT_KEYS, downlink_records, load_client_state, read_round_config, record_tensors, save_client_state,
     tensor_record,
 )
 

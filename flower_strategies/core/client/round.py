@@ -34,28 +34,15 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from .. import records as R
-from ..dpmods import guard_reply
 from ..local import LocalOptimizer, local_optimizer_named
+from ..dpmods import guard_reply
 from ..rounds import FIRST_BATCH_LOSS
 from .data import (
-    Batch,
-    LossFn,
-    TensorPartition,
-    batch_indices,
-    concat_batches,
-    full_gradient_from,
-    loss_before_sample,
-    mean_loss,
-    num_examples_of,
-    num_local_steps,
+    Batch, LossFn, TensorPartition, batch_indices, concat_batches, full_gradient_from, loss_before_sample, mean_loss,
+    num_examples_of, num_local_steps,
 )
 from .wire import (
-    downlink_records,
-    load_client_state,
-    read_round_config,
-    record_tensors,
-    save_client_state,
-    tensor_record,
+    downlink_records, load_client_state, read_round_config, record_tensors, save_client_state, tensor_record,
 )
 
 
