@@ -26,7 +26,7 @@ CLIENT = "flower_strategies.core.client"
 #: listed: core/privacy.py (the client's reply guard beside the server's native DP) and what it imports.
 SERVER_SIDE = tuple(f"flower_strategies.core.{m}" for m in (
     "strategy", "registry", "screen", "binding", "sampler", "policy", "checkpoint", "server_opt", "privacy",
-    "validation", "aggregation",
+    "validation", "aggregation", "rounds",
 )) + ("flower_strategies.methods", "flower_strategies.compat", "server_app", "client_app", "simulations")
 
 

@@ -38,6 +38,9 @@ NUM_EXAMPLES = "num-examples"
 NUM_STEPS = "num-steps"
 TRAIN_LOSS = "train-loss"
 TRAIN_LOSS_BEFORE = "train-loss-before"
+#: Reply metric of the plug-in path (:class:`~.client.ClientRound` with its ``loader``): the received model's loss on
+#: the round's first batch, the reference of :func:`.rounds.loss_alarm` where no ``train-loss-before`` is reported.
+FIRST_BATCH_LOSS = "train-loss-first-batch"
 
 # Config keys every train message carries.
 SERVER_ROUND = "server-round"

@@ -28,9 +28,7 @@ METRIC_OUTLIER_RATIO = 1e3
 #: Reply metrics that are identifiers or weights, not quantities to average.
 NOT_AVERAGED = frozenset({R.NUM_EXAMPLES, "partition-id", "num-partitions", "node-id"})
 
-#: Reply metric of the plug-in path (:class:`~.client.ClientRound` with its ``loader``): the received model's loss on
-#: the round's first batch, the reference of :func:`loss_alarm` where no ``train-loss-before`` is reported.
-FIRST_BATCH_LOSS = "train-loss-first-batch"
+FIRST_BATCH_LOSS = R.FIRST_BATCH_LOSS
 #: :func:`loss_alarm`: a round's mean train loss above this multiple of the loss the clients started from.
 LOSS_RISE_RATIO = 1.5
 #: :func:`loss_alarm`: a round's mean train loss above this multiple of the lowest mean of an earlier round.

@@ -36,7 +36,6 @@ from torch import Tensor, nn
 from .. import records as R
 from ..local import LocalOptimizer, local_optimizer_named
 from ..dpmods import guard_reply
-from ..rounds import FIRST_BATCH_LOSS
 from .data import (
     Batch, LossFn, TensorPartition, batch_indices, concat_batches, full_gradient_from, loss_before_sample, mean_loss,
     num_examples_of, num_local_steps,
@@ -352,7 +351,7 @@ class ClientRound:
         elif train_loss is not None:
             start = self._first_batch_loss(model)
             if start is not None:
-                ours[FIRST_BATCH_LOSS] = start
+                ours[R.FIRST_BATCH_LOSS] = start
         return ours
 
     def _first_batch_loss(self, model: nn.Module) -> float | None:
