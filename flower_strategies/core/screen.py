@@ -169,6 +169,8 @@ class ReplyScreen:
     #: round's, ``x_t − x_{t−1}``; ``None``: zero) and the seed of the buckets.
     centre: NamedArrays | None = None
     seed: int = 0
+    #: ``False``: screen only, leave :attr:`Screened.aggregates` empty (native DP aggregates the kept replies itself).
+    aggregate: bool = True
 
     def run(self, server_round: int, replies: Sequence[Message]) -> Screened:
         """Validate the replies, screen their update norms and aggregate the usable ones.
@@ -229,7 +231,7 @@ class ReplyScreen:
         trim = self.byzantine_left(len(replies), len(out.rejections))
         out.kept, out.weights = kept, weights
         out.aggregates = {spec.name: self._aggregate(server_round, spec, kept, weights, trusted, trim)
-                          for spec in self.specs} if kept else {}
+                          for spec in self.specs} if kept and self.aggregate else {}
         out.step_caps = self._step_caps(server_round, kept, weights)
         return out
 

@@ -345,7 +345,8 @@ class FedAdaptStrategy(Strategy):
         assert self.current is not None
         policy = ScreenPolicy.from_settings(self.settings, self.weighting)
         return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current), policy, self.method,
-                           self.needs_client_half, root=self.root, centre=self.centre, seed=self.settings.seed)
+                           self.needs_client_half, root=self.root, centre=self.centre, seed=self.settings.seed,
+                           aggregate=not PrivacyPolicy.from_settings(self.settings).enabled)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
