@@ -66,6 +66,8 @@ class NodeSampler:
         get_nodes = getattr(grid, "get_nodes", None)  # a Grid without node information (test doubles, custom grids)
         if get_nodes is None:
             return list(grid.get_node_ids())
+        if not self.silent_since:  # the common case: nothing to check per node
+            return [info.node_id for info in get_nodes()]
         live = []
         for info in get_nodes():
             since = self.silent_since.get(info.node_id)
