@@ -10,6 +10,12 @@ attacks and aggregators are the ones ``tests/test_robustness_matrix.py`` asserts
 ``--write-docs`` runs the issue-36 matrix instead (:data:`SCENARIOS` × :data:`KINDS` × :data:`PROFILES`: 1 and 2
 attackers of 5, 4 and 6 of 20, iid and Dirichlet-0.3) and rewrites the part of docs/robustness.md between its
 ``matrix`` markers: per cell the gap to the clean ``defence = "off"`` run of the same clients and partitioning.
+``--write-docs --merge --profiles flwr-krum …`` runs only those rows and puts them into the table there (each
+replacing its row of the same clients, data and profile; the other rows and the default-job table stay).
+
+The ``flwr-*`` rows (:data:`FLOWER_ROWS`) are Flower's own classes, not fedadapt's look-alikes: under the defaults
+(``defence = "off"``: only the always-on screen), the round's kept replies are aggregated by the Flower strategy's
+``aggregate_train`` (:func:`flower_rule`).
 """
 
 from __future__ import annotations
@@ -23,16 +29,21 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Error, Message
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common.logger import FLOWER_LOGGER
+from flwr.serverapp.strategy import Bulyan, FedMedian, FedTrimmedAvg, Krum, MultiKrum, Strategy
 
 import flower_strategies  # noqa: F401 - registers the methods
+from flower_strategies.core import records as R
+from flower_strategies.core.screen import ReplyScreen
+from flower_strategies.core.validation import RecordSpec
 from simulations.engine.inprocess import run_inprocess
 
 NODES = 5
@@ -129,11 +140,15 @@ class Coordinated:
 
 
 def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rounds: int, nodes: int = NODES,
-             attackers: int = 0, engine: str = "inprocess") -> dict[str, Any]:
+             attackers: int = 0, engine: str = "inprocess", byzantine: int | None = None) -> dict[str, Any]:
     """One run; ``{"accuracy", "rejected", "clipped", "status"}`` (status: completed, or the failure's type).
     ``attackers`` > 0: ``attack`` is a :data:`KINDS` name played by partitions ``0 … attackers − 1``; else an
-    :data:`ATTACKS` name; ``aggregator``: an :data:`AGGREGATORS` or :data:`PROFILES` name."""
+    :data:`ATTACKS` name; ``aggregator``: an :data:`AGGREGATORS` or :data:`PROFILES` name.  A :data:`FLOWER_ROWS`
+    profile builds its Flower class for ``nodes`` replies of which ``byzantine`` (default: ``attackers``) may be
+    malicious; ``{"status": "n/a (…)"}`` when the class cannot run with that many."""
+    f = attackers if byzantine is None else byzantine
     name = f"{DIGITS.get('method', 'fedavg')}-{partition}-{aggregator}-{attack or 'clean'}-{attackers}of{nodes}"
+    name += f"-f{f}" if aggregator in FLOWER_ROWS else ""  # a clean run of f = 4 and of f = 6 differ
     table = {**AGGREGATORS, **PROFILES}
     assert len(table) == len(AGGREGATORS) + len(PROFILES), "a profile name shadows an aggregator row"
     cfg = {**DIGITS, **PARTITIONS[partition], **table[aggregator], "num-server-rounds": rounds,
@@ -145,8 +160,14 @@ def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rou
         intercept = KINDS[attack](tuple(range(attackers)), cfg, nodes)
     elif attack:
         intercept = Coordinated(ATTACKS[attack])
+    rule: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if aggregator in FLOWER_ROWS:
+        flower = FLOWER_ROWS[aggregator](nodes, f)
+        if isinstance(flower, str):
+            return {"accuracy": None, "status": flower, "rejected": 0, "clipped": 0}
+        rule = flower_rule(flower)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the ServerApp's per-round lines
+        with contextlib.redirect_stdout(io.StringIO()), rule:  # the ServerApp's per-round lines
             run_inprocess(cfg, nodes, engine=engine, intercept=intercept)
         status = "completed"
     except Exception as err:  # noqa: BLE001 - a failed run is a result of the matrix
@@ -273,8 +294,67 @@ PROFILES: dict[str, dict[str, Any]] = {
     "multi-krum-f0.3": {"aggregator": "multi-krum", "byzantine-fraction": 0.3},
     "robust-before": {"max-weight-ratio": 1.5, "update-clip-ratio": 1.0, "update-cosine-floor": 0.0},
 }
+
+
+def bulyan(nodes: int, f: int) -> Strategy | str:
+    """Flower's ``Bulyan`` for ``f`` malicious of ``nodes``, or why it cannot run (it needs n ≥ 4f + 3 replies and
+    keeps the model otherwise; f = 0 would make it the plain unweighted mean)."""
+    if nodes < 4 * f + 3 or f == 0:
+        return f"n/a (needs {4 * max(f, 1) + 3} replies)"
+    return Bulyan(num_malicious_nodes=f)
+
+
+def trimmed_avg(nodes: int, f: int) -> Strategy:
+    """Flower's ``FedTrimmedAvg`` cutting ``f`` of ``nodes`` replies per side: its ``beta`` is a fraction it floors,
+    ``int(beta·n)``, so beta = f/n (checked to floor back to f)."""
+    beta = f / nodes
+    assert int(beta * nodes) == f, (f, nodes)
+    return FedTrimmedAvg(beta=beta)
+
+
+#: Reference rows: Flower 1.42's own robust strategies aggregate the replies fedadapt's always-on screen kept
+#: (``defence = "off"``, :func:`flower_rule`).  ``fn(nodes, f) -> the Flower strategy`` (or why the row is n/a) for
+#: ``f`` = the scenario's number of attackers; multi-Krum keeps n − f replies (Flower's default keeps 1: Krum).
+FLOWER_ROWS: dict[str, Callable[[int, int], Strategy | str]] = {
+    "flwr-krum": lambda n, f: Krum(num_malicious_nodes=f),
+    "flwr-multikrum": lambda n, f: MultiKrum(num_malicious_nodes=f, num_nodes_to_select=n - f),
+    "flwr-bulyan": bulyan,
+    "flwr-median": lambda n, f: FedMedian(),
+    "flwr-trimmedavg": trimmed_avg,
+}
+PROFILES.update({name: {"defence": "off"} for name in FLOWER_ROWS})
 #: Rows run on every scenario; the other profiles on the 5-client scenarios only.
-EVERY_SCENARIO = ("off", "robust")
+EVERY_SCENARIO = ("off", "robust", *FLOWER_ROWS)
+
+
+@contextlib.contextmanager
+def flower_rule(strategy: Strategy) -> Iterator[None]:
+    """While active, every fedadapt strategy aggregates its model record by ``strategy.aggregate_train`` (a Flower
+    strategy) on the replies its screen kept: one ``Message`` per reply holding its model as the only ArrayRecord and
+    its weight (the reported ``num-examples`` under ``defence = "off"``) as the only MetricRecord.  When Flower
+    returns no arrays (Bulyan with too few replies) the model stays, as in Flower's own loop.  A bench-side patch of
+    :meth:`ReplyScreen._aggregate`: the ServerApp builds its strategy from the run-config, so no instance can be
+    passed to it, and a library hook would be API for the bench alone."""
+    own = ReplyScreen._aggregate
+
+    def aggregate(screen: ReplyScreen, server_round: int, spec: RecordSpec, kept: Sequence[Any],
+                  weights: Sequence[float], trust: Sequence[float] | None, trim: int) -> dict[str, np.ndarray]:
+        if spec.name != R.MODEL:
+            return own(screen, server_round, spec, kept, weights, trust, trim)
+        replies = [Message(RecordDict({"arrays": ArrayRecord({k: Array(np.ascontiguousarray(v))
+                                                              for k, v in parsed[spec.name].items()}),
+                                       "metrics": MetricRecord({R.NUM_EXAMPLES: float(w)})}),
+                           dst_node_id=msg.metadata.src_node_id, message_type="train")
+                   for (msg, parsed), w in zip(kept, weights, strict=True)]
+        arrays, _ = strategy.aggregate_train(server_round, replies)
+        if arrays is None:
+            return {k: np.array(v) for k, v in screen.current.items()}
+        return {k: v.numpy() for k, v in arrays.items()}
+
+    with mock.patch.object(ReplyScreen, "_aggregate", aggregate):
+        yield
+
+
 TARGET, CLEAN_TARGET = 0.05, 0.01
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 
@@ -292,7 +372,12 @@ def matrix(out: Path, rounds: int, profiles: list[str], engine: str) -> list[str
             for profile in profiles:
                 if nodes != NODES and profile not in EVERY_SCENARIO:
                     continue
-                clean = run_case(out, partition, profile, None, rounds, nodes, 0, engine)
+                clean = run_case(out, partition, profile, None, rounds, nodes, 0, engine, byzantine=k)
+                if clean["status"].startswith("n/a"):  # a Flower class that cannot run with this many replies
+                    lines.append(f"| {k} of {nodes} | {partition} | {profile} | {clean['status']} | {absent:+.3f} | "
+                                 + " | ".join("n/a" for _ in kinds) + " | n/a |")
+                    print(lines[-1], flush=True)
+                    continue
                 cells, gaps = [], []
                 for kind in kinds:
                     r = run_case(out, partition, profile, kind, rounds, nodes, k, engine)
@@ -302,8 +387,10 @@ def matrix(out: Path, rounds: int, profiles: list[str], engine: str) -> list[str
                     gap = r["accuracy"] - base
                     gaps.append(gap)
                     cells.append(f"{gap:+.3f}" if gap >= -TARGET else f"**{gap:+.3f}**")
-                cgap = clean["accuracy"] - base
-                ctxt = f"{clean['accuracy']:.3f} ({cgap:+.3f})"
+                if clean["status"] == "completed":
+                    ctxt = f"{clean['accuracy']:.3f} ({clean['accuracy'] - base:+.3f})"
+                else:  # e.g. a run name already taken in ``out``: the run is refused, its metrics are another's
+                    ctxt = f"— ({clean['status']})"
                 lines.append(f"| {k} of {nodes} | {partition} | {profile} | {ctxt} | {absent:+.3f} | "
                              + " | ".join(cells)
                              + f" | {min(gaps):+.3f} |")
@@ -350,6 +437,32 @@ def write_docs(path: Path, lines: list[str], header: str) -> None:
     path.write_text(text[:start] + "\n" + header + "\n\n" + "\n".join(lines) + "\n" + text[end:])
 
 
+def merge_docs(path: Path, rows: list[str], note: str) -> None:
+    """Put the matrix ``rows`` into the table between docs/robustness.md's markers: each replaces the row of the
+    same clients, data and profile, or follows the last row of its clients and data; ``note`` (``"Rows …: …"``) goes
+    after the first paragraph (the command that made the other rows), replacing an earlier note for the same rows."""
+    text = path.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    lines = text[start:end].strip("\n").split("\n")
+
+    def key(line: str, cols: int) -> tuple[str, ...]:
+        return tuple(c.strip() for c in line.strip("|").split("|")[:cols])
+
+    for row in rows:
+        same = [i for i, line in enumerate(lines) if line.startswith("| ") and key(line, 3) == key(row, 3)]
+        group = [i for i, line in enumerate(lines) if line.startswith("| ") and key(line, 2) == key(row, 2)]
+        if same:
+            lines[same[0]] = row
+        elif group:
+            lines.insert(group[-1] + 1, row)
+        else:
+            raise ValueError(f"no rows of {key(row, 2)} in {path}'s matrix to merge into")
+    old = [i for i, line in enumerate(lines) if line.startswith(note.split(": ")[0] + ": ")]  # this merge's last
+    lines = [line for i, line in enumerate(lines) if i not in old and i + 1 not in old]  # (and its blank line)
+    lines[1:1] = ["", note]
+    path.write_text(text[:start] + "\n" + "\n".join(lines) + "\n" + text[end:])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -361,6 +474,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write-docs", nargs="?", const="docs/robustness.md", default=None, metavar="PATH",
                         help="run the issue-36 matrix and write it into PATH between its matrix markers")
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
+    parser.add_argument("--merge", action="store_true",
+                        help="with --write-docs: run only --profiles' rows and merge them into the table there")
     parser.add_argument("--engine", default="vectorized", choices=("inprocess", "vectorized"),
                         help="engine of --write-docs (the vectorized engine runs the same strategy, ~5× faster)")
     args = parser.parse_args(argv)
@@ -370,6 +485,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     FLOWER_LOGGER.setLevel(logging.ERROR)
     t0 = time.monotonic()
+    if args.write_docs and args.merge:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = matrix(Path(tmp), args.rounds, args.profiles, args.engine)[2:]
+        merge_docs(Path(args.write_docs), rows,
+                   f"Rows {', '.join(f'`{p}`' for p in args.profiles)}: `flock /tmp/fedadapt-heavy.lock python -m "
+                   f"simulations.bench.robustness --write-docs --merge --profiles {' '.join(args.profiles)}` "
+                   f"({args.engine} engine, {time.monotonic() - t0:.0f} s).")
+        return
     if args.write_docs:
         with tempfile.TemporaryDirectory() as tmp:
             jobs = default_jobs(Path(tmp), args.engine)
