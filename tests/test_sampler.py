@@ -99,3 +99,14 @@ def test_state_dict_round_trip_continues_the_draws():
     fresh = NodeSampler(seed=5)
     fresh.load_state_dict(state)
     assert [fresh.pick(range(8), 0.5, 1) for _ in range(3)] == ahead and fresh.nodes_seen == 8
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_ordered_equals_the_sort_by_sort_key(missing):
+    """:meth:`NodeSampler.ordered` (two C-level sorts when every node has an order) gives the list the plain
+    ``sorted(nodes, key=sort_key)`` gives: ties in the order broken by node id, nodes without one last."""
+    rng = random.Random(3)
+    nodes = rng.sample(range(1, 10**6), 300)
+    sampler = NodeSampler()
+    sampler.order_nodes({n: rng.randrange(50) for n in nodes[: 250 if missing else 300]})  # many ties
+    assert sampler.ordered(iter(nodes)) == sorted(nodes, key=sampler.sort_key)

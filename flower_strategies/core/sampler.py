@@ -56,6 +56,14 @@ class NodeSampler:
     def sort_key(self, node: int) -> tuple[Any, int]:
         return (self.node_order.get(node, float("inf")), node)
 
+    def ordered(self, nodes: Iterable[int]) -> list[int]:
+        """``nodes`` sorted by :meth:`sort_key`.  When every node has an order (the usual case), by id first and then,
+        stably, by ``node_order`` alone: the same list without a Python key call per node."""
+        nodes = list(nodes)
+        if self.node_order.keys() >= set(nodes):
+            return sorted(sorted(nodes), key=self.node_order.__getitem__)
+        return sorted(nodes, key=self.sort_key)
+
     def live_nodes(self, grid: Grid) -> list[int]:
         """Nodes the grid lists, less the silent ones: a node that sent no reply in a round it was sampled for is
         left out until the grid reports a heartbeat from it after that round (Flower's ``NodeInfo.online_until`` =
@@ -66,8 +74,8 @@ class NodeSampler:
         get_nodes = getattr(grid, "get_nodes", None)  # a Grid without node information (test doubles, custom grids)
         if get_nodes is None:
             return list(grid.get_node_ids())
-        if not self.silent_since:  # the common case: nothing to check per node
-            return [info.node_id for info in get_nodes()]
+        if not self.silent_since:  # the common case: nothing to check per node, so no NodeInfo per node either
+            return list(grid.get_node_ids())
         live = []
         for info in get_nodes():
             since = self.silent_since.get(info.node_id)
@@ -94,7 +102,7 @@ class NodeSampler:
 
     def pick(self, nodes: Iterable[int], fraction: float, minimum: int) -> list[int]:
         """``max(int(fraction·len), minimum)`` nodes drawn with :attr:`rng`, in :attr:`node_order`."""
-        ordered = sorted(nodes, key=self.sort_key)
+        ordered = self.ordered(nodes)
         self.nodes_seen = max(self.nodes_seen, len(ordered))
         self.population = len(ordered)
         k = min(len(ordered), max(int(len(ordered) * fraction), minimum))

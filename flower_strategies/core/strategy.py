@@ -280,7 +280,7 @@ class FedAdaptStrategy(Strategy):
         node_ids = self.sample(grid, self.settings.fraction_train, self.settings.min_train_nodes)
         content = self.prepare_round(server_round, arrays, config, len(node_ids))
         self.sampler.expect(node_ids)
-        log(INFO, "configure_train: sampled %d of %d nodes", len(node_ids), len(list(grid.get_node_ids())))
+        log(INFO, "configure_train: sampled %d of %d nodes", len(node_ids), self.sampler.population)
         return self.binder.expect(Message(content, n, MessageType.TRAIN) for n in node_ids)
 
     def prepare_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

@@ -12,7 +12,8 @@ learning rate 0.5, one torch thread.  Measured, each in a fresh process, the cas
   and vectorized engines, :mod:`simulations.bench.startup`'s run; pfl: ``FederatedAveraging`` on a
   ``SimulatedBackend``);
 * ``round``: a steady round's seconds (the lower median of rounds 2…) at N=100 (all) and at N=1,000 with 1 % (10 a
-  round).
+  round); ``--steady-rounds R`` takes it from a second run of R rounds of the same side (rounds 2 and 3 of a 3-round
+  run are only two samples, a few ms each at N=1,000).
 
 pfl evaluates nothing centrally here (fedadapt evaluates the 360 test digits after each round, a few ms).
 """
@@ -131,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pfl-python", required=True, help="the python of pfl's own environment")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steady-rounds", type=int, default=0,
+                    help="take the steady round from separate runs of this many rounds (the median of rounds 2…; "
+                         "0 = from the --rounds runs); the whole-process time stays that of --rounds")
     args = ap.parse_args(argv)
     tree = Path(__file__).resolve().parents[2]
     cases = [("N=100", 100, 100, 1.0), ("N=1000 1%", 1000, 10, 0.01)]
@@ -144,16 +148,20 @@ def main(argv: list[str] | None = None) -> int:
             measure(tree, cwd, "vectorized", nodes, args.rounds, fraction)
         for r in range(args.repeats):
             for label, nodes, cohort, fraction in cases:
-                runs: dict[str, Callable[[], dict[str, float]]] = {
-                    "pfl": partial(run_pfl, args.pfl_python, Path(tmp) / f"{nodes}.npz", nodes, cohort, args.rounds)}
+                runs: dict[str, Callable[..., dict[str, float]]] = {
+                    "pfl": partial(run_pfl, args.pfl_python, Path(tmp) / f"{nodes}.npz", nodes, cohort,
+                                   rounds=args.rounds)}
                 for engine in ("inprocess", "vectorized"):
-                    runs[engine] = partial(measure, tree, cwd, engine, nodes, args.rounds, fraction)
+                    runs[engine] = partial(measure, tree, cwd, engine, nodes, rounds=args.rounds, fraction=fraction)
                 for name, fn in runs.items():
-                    res.setdefault((label, name), []).append(fn())
-                    got = res[label, name][-1]
+                    got = fn()
+                    if args.steady_rounds:  # the same side again, longer: its steady round replaces the short run's
+                        got["round"] = fn(rounds=args.steady_rounds)["round"]
+                    res.setdefault((label, name), []).append(got)
                     print(f"#{r + 1} {label} {name}: whole {got['whole']:.2f}s, round {got['round']:.3f}s", flush=True)
-    print(f"\ndigits-mlp FedAvg, E=5, batch 16, {args.rounds} rounds; medians of {args.repeats} interleaved fresh "
-          "processes")
+    steady = f"; steady round from {args.steady_rounds}-round runs" if args.steady_rounds else ""
+    print(f"\ndigits-mlp FedAvg, E=5, batch 16, {args.rounds} rounds{steady}; medians of {args.repeats} interleaved "
+          "fresh processes")
     print(f"{'case':<12}{'side':<12}{'whole s':>9}{'round s':>9}{'pfl/this (whole)':>18}{'pfl/this (round)':>18}")
     for label, *_ in cases:
         med = {name: {k: statistics.median(x[k] for x in res[label, name]) for k in ("whole", "round")}

@@ -429,6 +429,17 @@ def _whole_plan(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return index, np.asarray(sizes, dtype=np.int64)
 
 
+def _plan_tensors(index_np: np.ndarray, count_np: np.ndarray, device: torch.device,
+                  dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """``(index, weight, divisor)`` of a batch plan (:func:`_batch_plan`, :func:`_whole_plan`; any leading step axes),
+    made once for all its steps: the positions, each position's weight (``dtype``; 0 = padding) and each client's
+    loss divisor (its real batch size, at least 1)."""
+    idx = torch.from_numpy(index_np).to(device)
+    count = torch.from_numpy(count_np).to(device)
+    weight = (torch.arange(idx.shape[-1], device=device) < count[..., None]).to(dtype)
+    return idx, weight, count.clamp(min=1)
+
+
 def _losses_before(model: nn.Module, rnds: list[ClientRound], x_all: Tensor, y_all: Tensor, sizes: list[int],
                    example_losses: Callable[[Tensor, Tensor], Tensor]) -> list[float]:
     """``train-loss-before`` of every client of the chunk (all hold the received model): one forward pass over the
@@ -498,28 +509,28 @@ def train_stacked(
     params = {n: p.detach().unsqueeze(0).expand(clients, *p.shape).clone() for n, p in named.items()}
     weight_dtype = x_all.dtype if x_all.is_floating_point() else torch.float32
 
-    outputs_fn = vmap(lambda p, x: functional_call(model, p, (x,)))  # per client: its parameters, its batch
+    names = list(params)
+    # per client: its parameters (a tuple, not a dict: vmap flattens its inputs at every call), its batch
+    outputs_fn = vmap(lambda ps, x: functional_call(model, dict(zip(names, ps, strict=True)), (x,)))
 
-    def stacked_grads(index_np: np.ndarray, count_np: np.ndarray) -> tuple[dict[str, Tensor], Tensor]:
-        """Per-client gradients and losses of one step: ``index_np[c]`` = client c's (padded) batch positions.
+    def stacked_grads(idx: Tensor, weight: Tensor, divisor: Tensor) -> tuple[list[Tensor], Tensor]:
+        """Per-client gradients (in ``names`` order) and losses of one step: ``idx[c]`` = client c's (padded) batch
+        positions, ``weight[c]`` their weights, ``divisor[c]`` its real batch size (at least 1).
         Only the model runs per client (``vmap``); the per-example losses of all clients' outputs are one call, and
         each client's loss is the mean over its real examples (padding weighted 0).  Client c's loss depends only on
         its own rows of the stacked parameters, so the gradient of the sum of the clients' losses is every client's
         own gradient: one backward pass through the batched forward."""
-        idx = torch.from_numpy(index_np).to(device)
-        count = torch.from_numpy(count_np).to(device)
-        weight = (torch.arange(idx.shape[1], device=device) < count[:, None]).to(weight_dtype)
-        leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        leaves = tuple(p.detach().requires_grad_(True) for p in params.values())
         with torch.enable_grad():
             outputs = outputs_fn(leaves, x_all[idx])
             per_example = example_losses(outputs.flatten(0, 1), y_all[idx].flatten(0, 1)).view(idx.shape)
-            losses = (per_example * weight).sum(1) / count.clamp(min=1)
-            grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True,
-                                        materialize_grads=True)
-        return dict(zip(leaves, grads, strict=True)), losses.detach()
+            losses = (per_example * weight).sum(1) / divisor
+            grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True, materialize_grads=True)
+        return list(grads), losses.detach()
 
     # MimeLite's gradient over all local data at x_t: every client's whole partition as one (padded) batch
-    full = stacked_grads(*_whole_plan(sizes))[0] if rnd0.needs_full_gradient else None
+    full = (dict(zip(names, stacked_grads(*_plan_tensors(*_whole_plan(sizes), device, weight_dtype))[0], strict=True))
+            if rnd0.needs_full_gradient else None)
     opt = rnd0.build_optimizer(
         params.items(), client_state=_stack_state([load_client_state(r.state) for r in rnds]),
         full_gradient=None if full is None else {n: g.clone() for n, g in full.items()},
@@ -528,15 +539,16 @@ def train_stacked(
     opt.clients = clients
 
     index_np, count_np = _batch_plan(rnds, sizes, steps)
+    index, weight, divisor = _plan_tensors(index_np, count_np, device, weight_dtype)
     model.train()
     losses = []
     for s in range(max(steps)):
-        grads, loss = stacked_grads(index_np[s], count_np[s])
-        for n, p in params.items():
-            p.grad = grads[n]
-        active = torch.from_numpy(count_np[s] > 0).to(device)
+        grads, loss = stacked_grads(index[s], weight[s], divisor[s])
+        for p, g in zip(params.values(), grads, strict=True):
+            p.grad = g
         frozen = not bool(count_np[s].all())
         if frozen:
+            active = torch.from_numpy(count_np[s] > 0).to(device)
             saved_params = {n: p.detach().clone() for n, p in params.items()}
             entries = _stacked_entries(opt, clients)
         opt.step()
