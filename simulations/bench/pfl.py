@@ -15,7 +15,10 @@ learning rate 0.5, one torch thread.  Measured, each in a fresh process, the cas
   round); ``--steady-rounds R`` takes it from a second run of R rounds of the same side (rounds 2 and 3 of a 3-round
   run are only two samples, a few ms each at N=1,000).
 
-pfl evaluates nothing centrally here (fedadapt evaluates the 360 test digits after each round, a few ms).
+fedadapt evaluates the 360 test digits centrally after each round (loss and accuracy).  pfl runs twice: ``pfl`` as
+pfl's own default (no central evaluation), and ``pfl+eval`` with ``CentralEvaluationCallback`` on the same 360 test
+digits after each round (loss and accuracy, one batch), i.e. the same work as fedadapt's round; ratios are printed
+against both.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import torch
 from pfl.aggregate.simulate import SimulatedBackend
 from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
 from pfl.callback.base import TrainingProcessCallback
+from pfl.callback.central_evaluation import CentralEvaluationCallback
 from pfl.data.dataset import Dataset
 from pfl.data.federated_dataset import FederatedDataset
 from pfl.data.sampling import get_user_sampler
@@ -52,7 +56,7 @@ from pfl.model.pytorch import PyTorchModel
 
 torch.set_num_threads(1)
 data = np.load(sys.argv[1])
-nodes, cohort, rounds = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+nodes, cohort, rounds, central_eval = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 
 
 class MLP(torch.nn.Module):
@@ -70,8 +74,10 @@ class MLP(torch.nn.Module):
     def metrics(self, x, y, eval=False):
         self.eval() if eval else self.train()
         with torch.no_grad():
-            loss = torch.nn.functional.cross_entropy(self(x), y, reduction="sum").item()
-        return {"loss": Weighted(loss, len(x))}
+            out = self(x)
+            loss = torch.nn.functional.cross_entropy(out, y, reduction="sum").item()
+            correct = (out.argmax(1) == y).sum().item()
+        return {"loss": Weighted(loss, len(x)), "accuracy": Weighted(correct, len(x))}
 
 
 net = MLP()
@@ -90,6 +96,9 @@ class Stamp(TrainingProcessCallback):
         return False, Metrics()
 
 
+# the same 360 test digits fedadapt evaluates after each round, as one batch (Stamp runs after it)
+test = Dataset([torch.from_numpy(data["test.x"]), torch.from_numpy(data["test.y"])])
+evals = [CentralEvaluationCallback(test, NNEvalHyperParams(local_batch_size=None))] if central_eval else []
 stamps.append(time.perf_counter())
 FederatedAveraging().run(
     algorithm_params=NNAlgorithmParams(central_num_iterations=rounds, evaluation_frequency=rounds + 1,
@@ -98,7 +107,7 @@ FederatedAveraging().run(
     model=model,
     model_train_params=NNTrainHyperParams(local_num_epochs=5, local_learning_rate=0.5, local_batch_size=16),
     model_eval_params=NNEvalHyperParams(local_batch_size=16),
-    callbacks=[Stamp()])
+    callbacks=[*evals, Stamp()])
 seconds = [b - a for a, b in zip(stamps, stamps[1:])]
 steady = sorted(seconds[1:])
 print(json.dumps({"round": steady[(len(steady) - 1) // 2], "seconds": seconds}))
@@ -107,19 +116,23 @@ print(json.dumps({"round": steady[(len(steady) - 1) // 2], "seconds": seconds}))
 
 def pfl_data(path: Path, nodes: int) -> None:
     """fedadapt's IID digits partitions and initial MLP weights as one ``.npz`` for the pfl child."""
-    from app_common.task import build_model, digits_partition
+    from app_common.task import build_model, digits_partition, load_test_data
 
     arrays = {f"init.{k}": v.numpy() for k, v in build_model("digits-mlp", 0).state_dict().items()}
+    test_x, test_y = load_test_data("digits-mlp", seed=0)
+    arrays["test.x"], arrays["test.y"] = test_x.numpy(), test_y.numpy()
     for u in range(nodes):
         x, y = digits_partition(u, nodes, partitioner="iid", seed=0)
         arrays[f"x.{u}"], arrays[f"y.{u}"] = x.numpy(), y.numpy()
     np.savez(path, **arrays)
 
 
-def run_pfl(python: str, data: Path, nodes: int, cohort: int, rounds: int) -> dict[str, float]:
+def run_pfl(python: str, data: Path, nodes: int, cohort: int, rounds: int, central_eval: bool = False
+            ) -> dict[str, float]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": ""}
     start = time.perf_counter()
-    res = subprocess.run([python, "-c", PFL_CHILD, str(data), str(nodes), str(cohort), str(rounds)], env=env,
+    res = subprocess.run([python, "-c", PFL_CHILD, str(data), str(nodes), str(cohort), str(rounds),
+                          "1" if central_eval else "0"], env=env,
                          capture_output=True, text=True)
     whole = time.perf_counter() - start
     if res.returncode != 0:
@@ -150,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             for label, nodes, cohort, fraction in cases:
                 runs: dict[str, Callable[..., dict[str, float]]] = {
                     "pfl": partial(run_pfl, args.pfl_python, Path(tmp) / f"{nodes}.npz", nodes, cohort,
-                                   rounds=args.rounds)}
+                                   rounds=args.rounds),
+                    "pfl+eval": partial(run_pfl, args.pfl_python, Path(tmp) / f"{nodes}.npz", nodes, cohort,
+                                        rounds=args.rounds, central_eval=True)}
                 for engine in ("inprocess", "vectorized"):
                     runs[engine] = partial(measure, tree, cwd, engine, nodes, rounds=args.rounds, fraction=fraction)
                 for name, fn in runs.items():
@@ -162,13 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     steady = f"; steady round from {args.steady_rounds}-round runs" if args.steady_rounds else ""
     print(f"\ndigits-mlp FedAvg, E=5, batch 16, {args.rounds} rounds{steady}; medians of {args.repeats} interleaved "
           "fresh processes")
-    print(f"{'case':<12}{'side':<12}{'whole s':>9}{'round s':>9}{'pfl/this (whole)':>18}{'pfl/this (round)':>18}")
+    print(f"{'case':<12}{'side':<12}{'whole s':>9}{'round s':>9}{'pfl/this whole':>16}{'pfl/this round':>16}"
+          f"{'pfl+eval/this whole':>21}{'pfl+eval/this round':>21}")
     for label, *_ in cases:
         med = {name: {k: statistics.median(x[k] for x in res[label, name]) for k in ("whole", "round")}
-               for name in ("pfl", "inprocess", "vectorized")}
+               for name in ("pfl", "pfl+eval", "inprocess", "vectorized")}
         for name, m in med.items():
-            print(f"{label:<12}{name:<12}{m['whole']:>9.2f}{m['round']:>9.3f}"
-                  f"{med['pfl']['whole'] / m['whole']:>18.2f}{med['pfl']['round'] / m['round']:>18.2f}")
+            ratios = "".join(f"{med[ref][k] / m[k]:>{w}.2f}" for ref, w in (("pfl", 16), ("pfl+eval", 21))
+                             for k in ("whole", "round"))
+            print(f"{label:<12}{name:<12}{m['whole']:>9.2f}{m['round']:>9.3f}{ratios}")
     return 0
 
 
