@@ -130,3 +130,18 @@ def test_bench_gpu_cnn_runs_without_flwr() -> None:
     assert "flwr absent" in out.stdout and "engine-stacked" not in out.stdout
     diff = float(re.search(r"stacked vs plain \(first clients' models\): (\S+)", out.stdout).group(1))
     assert diff < 1e-4, out.stdout
+
+
+def test_bench_gpu_cnn_engine_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench_gpu --cnn`` with flwr: the engines' own rows (``train_stacked`` and the sequential ``train_reply``, fed
+    the strategy's real round config) run and train the same models (float32 rounding)."""
+    import re
+
+    from simulations.bench.gpu import main
+
+    assert main(["--cnn", "--clients", "3", "--examples", "4", "--batch-size", "2", "--epochs", "1", "--chunk", "2",
+                 "--devices", "cpu"]) == 0
+    out = capsys.readouterr().out
+    diff = float(re.search(r"engine-stacked vs engine-sequential: \S+; max relative difference \(first clients' "
+                           r"models\): (\S+)", out).group(1))
+    assert diff < 1e-4, out

@@ -204,15 +204,22 @@ def _cnn_round(kind: str, model: torch.nn.Module, xs: torch.Tensor, ys: torch.Te
 
 def _engine_round(kind: str, model: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, args: argparse.Namespace,
                   ) -> list[dict[str, torch.Tensor]]:
-    """The engines themselves (flwr needed): ``train_stacked`` chunk by chunk, or ``train_reply`` per client."""
+    """The engines themselves (flwr needed): ``train_stacked`` chunk by chunk, or ``train_reply`` per client; on a
+    copy of ``model`` (the engines load each client's model into the module they are given)."""
+    import copy
+
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     from app_common.task import example_cross_entropy
     from flower_strategies.core.client import ClientRound, TensorPartition, record_tensors, train_reply
     from simulations.engine.vectorized import train_stacked
 
-    config = ConfigRecord({"method": "fedavg", "client-lr": args.lr, "local-epochs": args.epochs,
-                           "batch-size": args.batch_size, "server-round": 1})
+    import flower_strategies as fs
+
+    # the round's ConfigRecord as FedAvg's strategy sends it (the client half's keys included)
+    strategy = fs.get_method("fedavg").build(client_lr=args.lr, local_epochs=args.epochs, batch_size=args.batch_size)
+    config = ConfigRecord({**strategy.round_config(1), "server-round": 1})
+    model = copy.deepcopy(model)
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config})
     replies = []
     if kind == "engine-stacked":
@@ -225,6 +232,12 @@ def _engine_round(kind: str, model: torch.nn.Module, xs: torch.Tensor, ys: torch
         replies = [train_reply(model, content, xs[i], ys[i], torch.nn.functional.cross_entropy, client_key=i,
                                loss_before=False) for i in range(len(xs))]
     return [record_tensors(r.array_records["arrays"]) for r in replies]
+
+
+def max_relative(models: list[dict[str, torch.Tensor]], others: list[dict[str, torch.Tensor]]) -> float:
+    """The largest difference between two lists of models, per array relative to the array's largest magnitude."""
+    return max(float((a[n].double() - b[n].double()).abs().max() / b[n].double().abs().max().clamp(min=1e-30))
+               for a, b in zip(models, others, strict=True) for n in a)
 
 
 def cnn_main(args: argparse.Namespace) -> int:
@@ -274,12 +287,12 @@ def cnn_main(args: argparse.Namespace) -> int:
         print(f"{'engine':18s} {'device':6s} {'seconds':>9s} {'vs plain':>9s} {'peak CUDA MiB':>14s}")
         for kind, (sec, peak, _) in results.items():
             print(f"{kind:18s} {dev:6s} {sec:9.2f} {results['plain'][0] / sec:8.2f}x {peak:14.0f}")
-        worst = max(float((a[n] - b[n]).abs().max() / b[n].abs().max().clamp(min=1e-30))
-                    for a, b in zip(results["stacked"][2], results["plain"][2], strict=True) for n in a)
+        worst = max_relative(results["stacked"][2], results["plain"][2])
         print(f"max relative difference, stacked vs plain (first clients' models): {worst:.1e}", flush=True)
         if "engine-sequential" in results:
-            print(f"engine-stacked vs engine-sequential: "
-                  f"{results['engine-sequential'][0] / results['engine-stacked'][0]:.2f}x", flush=True)
+            same = max_relative(results["engine-stacked"][2], results["engine-sequential"][2])
+            speedup = results["engine-sequential"][0] / results["engine-stacked"][0]
+            print(f"engine-stacked vs engine-sequential: {speedup:.2f}x; max relative difference (first clients' models): {same:.1e}", flush=True)
     return 0
 
 
