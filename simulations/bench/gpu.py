@@ -231,7 +231,8 @@ def _engine_round(kind: str, model: torch.nn.Module, xs: torch.Tensor, ys: torch
     else:
         replies = [train_reply(model, content, xs[i], ys[i], torch.nn.functional.cross_entropy, client_key=i,
                                loss_before=False) for i in range(len(xs))]
-    return [record_tensors(r.array_records["arrays"]) for r in replies]
+    # the replies are Flower records (bytes); the first three back as tensors, for the comparison of the models
+    return [record_tensors(r.array_records["arrays"]) for r in replies[:3]]
 
 
 def max_relative(models: list[dict[str, torch.Tensor]], others: list[dict[str, torch.Tensor]]) -> float:
