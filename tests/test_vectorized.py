@@ -294,3 +294,53 @@ def test_stackable_lstm_equals_nn_lstm_under_vmap(batch_first):
         own = torch.autograd.grad(model(xs[c])[0].square().mean(), list(model.parameters()))
         for g, o in zip(grads, own, strict=True):
             assert torch.allclose(g[c], o, rtol=1e-12, atol=1e-15)
+
+
+def test_linear_stack_equals_each_clients_own_model_and_refuses_forwards_that_mix_clients():
+    """A model made of nn.Linear layers runs stacked without vmap (linear_stack): outputs and gradients equal each
+    client's own model (float64, 1e-12), and the tasks' linear models take that path.  A forward that mixes the
+    leading axis, reshapes by x.size(0) or uses a non-linear parameter keeps vmap (None)."""
+    from app_common.task import DigitsMLP, build_model
+    from simulations.engine.vectorized import linear_stack
+
+    torch.manual_seed(0)
+    model = DigitsMLP().double()
+    clients = 3
+    xs = torch.randn(clients, 5, 64, dtype=torch.float64)
+    forward = linear_stack(model, xs[0])
+    assert forward is not None
+    stacked = tuple((p.detach() + 0.1 * torch.randn(clients, *p.shape, dtype=torch.float64)).requires_grad_(True)
+                    for p in model.parameters())
+    out = forward(stacked, xs)
+    grads = torch.autograd.grad(out.square().mean(dim=(1, 2)).sum(), stacked)
+    for c in range(clients):
+        with torch.no_grad():
+            for p, s in zip(model.parameters(), stacked, strict=True):
+                p.copy_(s[c])
+        own = model(xs[c])
+        assert torch.allclose(out[c], own, rtol=1e-12, atol=1e-14)
+        for g, o in zip(grads, torch.autograd.grad(own.square().mean(), list(model.parameters())), strict=True):
+            assert torch.allclose(g[c], o, rtol=1e-12, atol=1e-15)
+    for task, example in (("synthetic-linear", torch.randn(4, 10)), ("leaf-synthetic", torch.randn(4, 60))):
+        assert linear_stack(build_model(task, 0), example) is not None, task
+    assert linear_stack(build_model("digits-cnn", 0), torch.randn(4, 1, 8, 8)) is None
+
+    class Centred(torch.nn.Module):  # subtracts the batch mean: the leading axis is not a batch axis here
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x - x.mean(0))
+
+    class Flat(Centred):  # flattens by x.size(0)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x.reshape(x.size(0), -1))
+
+    class OwnWeights(Centred):  # reads its layer's weight directly
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.fc.weight.T
+
+    assert linear_stack(Centred(), torch.randn(5, 4)) is None
+    assert linear_stack(Flat(), torch.randn(5, 2, 2)) is None
+    assert linear_stack(OwnWeights(), torch.randn(5, 4)) is None

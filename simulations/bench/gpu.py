@@ -293,7 +293,8 @@ def cnn_main(args: argparse.Namespace) -> int:
         if "engine-sequential" in results:
             same = max_relative(results["engine-stacked"][2], results["engine-sequential"][2])
             speedup = results["engine-sequential"][0] / results["engine-stacked"][0]
-            print(f"engine-stacked vs engine-sequential: {speedup:.2f}x; max relative difference (first clients' models): {same:.1e}", flush=True)
+            print(f"engine-stacked vs engine-sequential: {speedup:.2f}x; max relative difference (first clients' "
+                  f"models): {same:.1e}", flush=True)
     return 0
 
 
