@@ -308,7 +308,7 @@ def test_linear_stack_equals_each_clients_own_model_and_refuses_forwards_that_mi
     clients = 3
     xs = torch.randn(clients, 5, 64, dtype=torch.float64)
     forward = linear_stack(model, xs[0])
-    assert forward is not None
+    assert forward is not None and linear_stack(model, xs[0]) is forward  # built and probed once per model
     stacked = tuple((p.detach() + 0.1 * torch.randn(clients, *p.shape, dtype=torch.float64)).requires_grad_(True)
                     for p in model.parameters())
     out = forward(stacked, xs)
@@ -342,5 +342,9 @@ def test_linear_stack_equals_each_clients_own_model_and_refuses_forwards_that_mi
             return x @ self.fc.weight.T
 
     assert linear_stack(Centred(), torch.randn(5, 4)) is None
+    replaced = DigitsMLP()
+    assert linear_stack(replaced, torch.randn(4, 64)) is not None
+    replaced.fc1 = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))  # a layer replaced: again
+    assert linear_stack(replaced, torch.randn(4, 64)) is None
     assert linear_stack(Flat(), torch.randn(5, 2, 2)) is None
     assert linear_stack(OwnWeights(), torch.randn(5, 4)) is None

@@ -203,8 +203,10 @@ def _linear_view(module: nn.Module, slots: _Slots, index: Mapping[int, int]) -> 
     return view
 
 
-#: :func:`linear_stack`'s verdict per model (the probe runs once per model object).
-_LINEAR_STACK: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+#: :func:`linear_stack`'s result per model: (the ids of the parameters it was built on, the forward or ``None``); the
+#: probe runs once per model object, again only if its parameters were replaced.
+_LINEAR_STACK: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], Callable | None]] = \
+    weakref.WeakKeyDictionary()
 
 
 def linear_stack(model: nn.Module, example: Tensor) -> Callable[[tuple[Tensor, ...], Tensor], Tensor] | None:
@@ -219,6 +221,17 @@ def linear_stack(model: nn.Module, example: Tensor) -> Callable[[tuple[Tensor, .
     forward that mixes clients, reshapes by ``x.size(0)`` or reaches into its layers' weights fails the probe (or
     raises in it), and the model keeps ``vmap``.  ``None`` when the model is not made of linear layers or fails."""
     params = dict(model.named_parameters())
+    ids = tuple(id(p) for p in params.values())
+    known = _LINEAR_STACK.get(model)
+    if known is not None and known[0] == ids:
+        return known[1]
+    _LINEAR_STACK[model] = (ids, _linear_forward(model, params, example))
+    return _LINEAR_STACK[model][1]
+
+
+def _linear_forward(model: nn.Module, params: Mapping[str, nn.Parameter], example: Tensor,
+                    ) -> Callable[[tuple[Tensor, ...], Tensor], Tensor] | None:
+    """:func:`linear_stack`'s forward of ``model``, built and probed (``None``: keep ``vmap``)."""
     index = {id(p): i for i, p in enumerate(params.values())}
     linear = {id(p) for m in model.modules() if isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
     if not params or set(index) != linear or any(True for _ in model.buffers()):
@@ -233,10 +246,7 @@ def linear_stack(model: nn.Module, example: Tensor) -> Callable[[tuple[Tensor, .
         finally:
             slots.current = ()
 
-    verdict = _LINEAR_STACK.get(model)
-    if verdict is None:
-        verdict = _LINEAR_STACK[model] = _probe(model, forward, example)
-    return forward if verdict else None
+    return forward if _probe(model, forward, example) else None
 
 
 def _probe(model: nn.Module, forward: Callable[[tuple[Tensor, ...], Tensor], Tensor], example: Tensor) -> bool:
