@@ -120,7 +120,9 @@ def _fingerprints(datas: Sequence[Any]) -> list[bytes]:
         rows = max(1, _STACK_BYTES // (8 * words))
         for start in range(0, len(members), rows):
             part = members[start:start + rows]
-            joined = b"".join([raws[i][: 8 * words] if i in raws else memoryview(datas[i])[: 8 * words] for i in part])
+            rows_of: list[Any] = [raws[i][: 8 * words] if i in raws else memoryview(datas[i])[: 8 * words]
+                                  for i in part]
+            joined = b"".join(rows_of)
             mat = np.frombuffer(joined, np.uint64).reshape(len(part), words)
             sums = np.stack((mat.sum(axis=1, dtype=np.uint64),
                              (mat * _WEIGHTS[:words]).sum(axis=1, dtype=np.uint64)), axis=1).tobytes()

@@ -95,6 +95,12 @@ MAX_HEADER_BYTES = 10000
 _NPY_VERSIONS = {1: 2, 2: 4}
 
 
+@lru_cache(maxsize=256)
+def _dtype_named(name: str) -> np.dtype:
+    """``np.dtype(name)`` of an Array's dtype string (cached: every array of every message names one of a few)."""
+    return np.dtype(name)
+
+
 @lru_cache(maxsize=4096)
 def _npy_header(prefix: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
     """``(shape, fortran_order, dtype, data offset)`` of a ``.npy`` payload from its header bytes, ``None`` when they
@@ -144,7 +150,8 @@ def checked_view(array: Array, shape: tuple[int, ...], dtype: np.dtype) -> np.nd
     try:
         if array.stype != "numpy.ndarray":
             return f"has stype {array.stype!r}, expected 'numpy.ndarray'"
-        if np.dtype(array.dtype) != dtype:
+        named = array.dtype
+        if (_dtype_named(named) if type(named) is str else np.dtype(named)) != dtype:
             return f"has dtype {array.dtype}, expected {dtype}"
         if tuple(array.shape) != tuple(shape):
             return f"has shape {tuple(array.shape)}, expected {tuple(shape)}"
@@ -393,10 +400,9 @@ def content_nbytes(content: RecordDict) -> int:
     return total
 
 
-@lru_cache(maxsize=256)
 def _itemsize(dtype: str) -> int:
-    """``np.dtype(dtype).itemsize`` (cached: every array of every message names one of a few dtypes)."""
-    return np.dtype(dtype).itemsize
+    """``np.dtype(dtype).itemsize`` (cached for strings, see :func:`_dtype_named`)."""
+    return (_dtype_named(dtype) if type(dtype) is str else np.dtype(dtype)).itemsize
 
 
 def _array_nbytes(arr: Array) -> int:
