@@ -31,6 +31,7 @@ def test_lower_median_is_numpys_lower_quantile(values):
 
 
 def test_lower_median_of_nothing_fails_as_numpy_does():
+    assert lower_median(np.array([[3.0, 1.0], [2.0, 0.0]])) == 1.0  # not flat: NumPy flattens
     with pytest.raises(IndexError):
         lower_median([])
 

@@ -86,7 +86,10 @@ def lower_median(values: Sequence[float]) -> float:
     ``np.quantile(values, 0.5, method="lower")``, i.e. the ``⌊(n−1)/2⌋``-th smallest value, taken from ``sorted``
     (a round has a few to a few hundred values: NumPy's call costs tens of µs); NumPy itself where it is not a plain
     order statistic (no values, or a NaN, which NumPy propagates)."""
-    floats = [float(v) for v in values]
+    try:
+        floats = [float(v) for v in values]
+    except TypeError:  # not a flat sequence of numbers: NumPy's answer (or its error)
+        floats = []
     if not floats or any(v != v for v in floats):
         return float(np.quantile(values, 0.5, method="lower"))
     return sorted(floats)[(len(floats) - 1) // 2]
