@@ -96,13 +96,23 @@ def _fingerprints(datas: Sequence[Any]) -> list[bytes]:
     """The bytes :func:`_absorb` feeds the hash, for every buffer of ``datas``.  A round's replies carry many small
     arrays of equal lengths (one per reply and tensor): those that fit in one block are stacked, up to
     :data:`_STACK_BYTES` at a time, and summed row by row in one NumPy operation per matrix instead of one per
-    array (integer sums mod 2**64: the same values in any order)."""
-    raws = [np.frombuffer(d, np.uint8) if memoryview(d).nbytes else np.zeros(0, np.uint8) for d in datas]
-    out = [raw.size.to_bytes(8, "little") + raw[raw.size - raw.size % 8:].tobytes() for raw in raws]
+    array (integer sums mod 2**64: the same values in any order).  A ``bytes`` payload (every Flower Array's) is
+    read as it is; any other buffer through a NumPy view of its bytes."""
+    raws: dict[int, np.ndarray] = {}  # the buffers that are not bytes, as uint8 views
+    out: list[bytes] = []
     stacks: dict[int, list[int]] = {}  # whole words (1 … one block) → positions in datas
-    for i, raw in enumerate(raws):
-        words = raw.size // 8
+    for i, data in enumerate(datas):
+        if type(data) is bytes:
+            size = len(data)
+            tail = data[size - size % 8:]
+        else:
+            raw = raws[i] = np.frombuffer(data, np.uint8) if memoryview(data).nbytes else np.zeros(0, np.uint8)
+            size = raw.size
+            tail = raw[size - size % 8:].tobytes()
+        out.append(size.to_bytes(8, "little") + tail)
+        words = size // 8
         if words > _BLOCK:
+            raw = raws[i] if i in raws else np.frombuffer(data, np.uint8)
             out[i] += _block_sums(raw[: 8 * words].view(np.uint64))
         elif words:
             stacks.setdefault(words, []).append(i)
@@ -110,7 +120,10 @@ def _fingerprints(datas: Sequence[Any]) -> list[bytes]:
         rows = max(1, _STACK_BYTES // (8 * words))
         for start in range(0, len(members), rows):
             part = members[start:start + rows]
-            mat = np.stack([raws[i][: 8 * words] for i in part]).view(np.uint64)
+            rows_of: list[Any] = [raws[i][: 8 * words] if i in raws else memoryview(datas[i])[: 8 * words]
+                                  for i in part]
+            joined = b"".join(rows_of)
+            mat = np.frombuffer(joined, np.uint64).reshape(len(part), words)
             sums = np.stack((mat.sum(axis=1, dtype=np.uint64),
                              (mat * _WEIGHTS[:words]).sum(axis=1, dtype=np.uint64)), axis=1).tobytes()
             for j, i in enumerate(part):
@@ -141,22 +154,20 @@ def reply_digests(contents: Sequence[RecordDict]) -> list[bytes]:
     metas: list[list[bytes]] = []
     datas: list[Any] = []
     for content in contents:
-        metas.append([])
+        described: list[bytes] = []
+        metas.append(described)
         for name, rec in sorted(((n, r) for n, r in content.items() if isinstance(r, ArrayRecord)),
                                 key=lambda x: x[0]):
             for key, arr in rec.items():
-                data = payload(arr.data)
-                meta = (name, key, arr.dtype, arr.shape, arr.stype, type(arr.data), memoryview(data).nbytes)
-                metas[-1].append(repr(meta).encode())
+                raw = arr.data
+                data = payload(raw)
+                nbytes = len(data) if type(data) is bytes else memoryview(data).nbytes
+                described.append(repr((name, key, arr.dtype, arr.shape, arr.stype, type(raw), nbytes)).encode())
                 datas.append(data)
     prints = iter(_fingerprints(datas))
-    out = []
-    for reply in metas:
-        h = hashlib.blake2b(digest_size=DIGEST_BYTES)
-        for described in reply:  # one update per array: its metadata, then its fingerprint
-            h.update(described + next(prints))
-        out.append(h.digest())
-    return out
+    # per array its metadata, then its fingerprint: the hash of the whole stream in one update
+    return [hashlib.blake2b(b"".join([d + next(prints) for d in reply]), digest_size=DIGEST_BYTES).digest()
+            for reply in metas]
 
 
 def model_digest(arrays: NamedArrays) -> bytes:

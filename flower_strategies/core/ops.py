@@ -20,7 +20,16 @@ AGGREGATION_RULES = ("wmean", "umean", "max", "sum")
 
 def is_float(arr: np.ndarray) -> bool:
     """True for floating-point arrays (the only ones adaptive server math touches)."""
-    return np.issubdtype(arr.dtype, np.floating)
+    dtype = arr.dtype
+    known = _IS_FLOAT.get(dtype)
+    if known is None:
+        known = _IS_FLOAT[dtype] = bool(np.issubdtype(dtype, np.floating))
+    return known
+
+
+#: ``np.issubdtype(dtype, np.floating)`` of the dtypes :func:`is_float` has seen (a few per run; the NumPy call costs
+#: µs, and the server asks it for every array of every reply).
+_IS_FLOAT: dict[np.dtype, bool] = {}
 
 
 def fold(items: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float] | None, rule: str) -> NamedArrays:

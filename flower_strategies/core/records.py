@@ -76,8 +76,10 @@ _Rec = TypeVar("_Rec")
 
 def get(content: RecordDict, name: str, kind: type[_Rec]) -> _Rec | None:
     """``content[name]`` if it is a ``kind`` record, else ``None`` — what ``content.metric_records.get(name)`` & co.
-    answer, without building a new type-checked dict of every record per call (~20 µs each, several per message)."""
-    rec = content.get(name)
+    answer, without building a new type-checked dict of every record per call (~20 µs each, several per message).
+    On the fast path (:data:`FAST`) a RecordDict's own dict is read directly (``Mapping.get`` goes through a
+    ``__getitem__`` and a ``try`` per call, and the server asks several times per reply)."""
+    rec = content.__dict__["_data"].get(name) if FAST and type(content) is RecordDict else content.get(name)
     return rec if isinstance(rec, kind) else None
 
 
@@ -91,6 +93,12 @@ MAX_HEADER_BYTES = 10000
 
 #: The ``.npy`` format versions a payload may use, and the width of their header-length field.
 _NPY_VERSIONS = {1: 2, 2: 4}
+
+
+@lru_cache(maxsize=256)
+def _dtype_named(name: str) -> np.dtype:
+    """``np.dtype(name)`` of an Array's dtype string (cached: every array of every message names one of a few)."""
+    return np.dtype(name)
 
 
 @lru_cache(maxsize=4096)
@@ -142,7 +150,8 @@ def checked_view(array: Array, shape: tuple[int, ...], dtype: np.dtype) -> np.nd
     try:
         if array.stype != "numpy.ndarray":
             return f"has stype {array.stype!r}, expected 'numpy.ndarray'"
-        if np.dtype(array.dtype) != dtype:
+        named = array.dtype
+        if (_dtype_named(named) if type(named) is str else np.dtype(named)) != dtype:
             return f"has dtype {array.dtype}, expected {dtype}"
         if tuple(array.shape) != tuple(shape):
             return f"has shape {tuple(array.shape)}, expected {tuple(shape)}"
@@ -380,17 +389,25 @@ def content_nbytes(content: RecordDict) -> int:
     """The bytes a reply carries as received, trusting none of its metadata (the binder's size bound): array
     payloads as they arrived, plus keys and values of its config/metric records (numbers: 8)."""
     total = 0
-    for _, rec in content.items():
+    for rec in content.values():
         if isinstance(rec, ArrayRecord):
-            total += sum(memoryview(payload(arr.data)).nbytes for arr in rec.values())
+            for arr in rec.values():
+                data = arr.data
+                total += len(data) if type(data) is bytes else memoryview(payload(data)).nbytes
         else:
-            total += sum(len(key) + _value_nbytes(value) for key, value in rec.items())
+            for key, value in rec.items():
+                total += len(key) + (8 if type(value) in (int, float) else _value_nbytes(value))
     return total
+
+
+def _itemsize(dtype: str) -> int:
+    """``np.dtype(dtype).itemsize`` (cached for strings, see :func:`_dtype_named`)."""
+    return (_dtype_named(dtype) if type(dtype) is str else np.dtype(dtype)).itemsize
 
 
 def _array_nbytes(arr: Array) -> int:
     try:
-        n = np.dtype(arr.dtype).itemsize * math.prod(arr.shape)
+        n = _itemsize(arr.dtype) * math.prod(arr.shape)
         if isinstance(n, int) and n >= 0:
             return n
     except Exception:  # noqa: BLE001  # a client's metadata: anything may fail to describe an array

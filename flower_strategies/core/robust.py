@@ -81,8 +81,18 @@ def check_replies(aggregator: str, t: int, n: int, fraction: float) -> None:
 
 # ------------------------------------------------------------------------------------------ norm clip
 def lower_median(values: Sequence[float]) -> float:
-    """The lower median (an actual reply's value, never a mean of two): the reference of the round's norm bounds."""
-    return float(np.quantile(values, 0.5, method="lower"))
+    """The lower median (an actual reply's value, never a mean of two): the reference of the round's norm bounds.
+
+    ``np.quantile(values, 0.5, method="lower")``, i.e. the ``⌊(n−1)/2⌋``-th smallest value, taken from ``sorted``
+    (a round has a few to a few hundred values: NumPy's call costs tens of µs); NumPy itself where it is not a plain
+    order statistic (no values, or a NaN, which NumPy propagates)."""
+    try:
+        floats = [float(v) for v in values]
+    except TypeError:  # not a flat sequence of numbers: NumPy's answer (or its error)
+        floats = []
+    if not floats or any(v != v for v in floats):
+        return float(np.quantile(values, 0.5, method="lower"))
+    return sorted(floats)[(len(floats) - 1) // 2]
 
 
 def clip_scales(norms: Sequence[float], ratio: float) -> tuple[list[float], float]:

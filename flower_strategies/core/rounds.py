@@ -21,6 +21,7 @@ from flwr.common import log
 from . import records as R
 from .ops import NamedArrays, all_finite
 from .rejections import Rejection
+from .robust import lower_median
 
 #: A reply metric above this multiple of max(1, the round's lower-median magnitude) is left out of its mean.
 METRIC_OUTLIER_RATIO = 1e3
@@ -108,7 +109,7 @@ def robust_mean(values: Sequence[tuple[Any, float]], weighting: str = "examples"
     equals :func:`weighted_mean` bit for bit."""
     pairs = [(float(v), float(n)) for v, n in values if _finite(v)]
     if len(pairs) >= 3:
-        scale = max(1.0, float(np.quantile([abs(v) for v, _ in pairs], 0.5, method="lower")))
+        scale = max(1.0, lower_median([abs(v) for v, _ in pairs]))
         pairs = [(v, n) for v, n in pairs if abs(v) <= METRIC_OUTLIER_RATIO * scale]
     if not pairs:
         return None

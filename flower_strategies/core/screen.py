@@ -142,7 +142,7 @@ class Screened:
         clipped = 0
         caps = self.step_caps or [math.inf] * len(self.kept)
         for (msg, _), weight, cap in zip(self.kept, self.weights, caps, strict=True):
-            metrics: dict[str, Any] = dict(_metrics(msg))
+            metrics: dict[str, Any] = dict(_metrics(msg).items())  # the record's dict, copied in C
             clipped += weight < float(metrics[R.NUM_EXAMPLES])
             if R.NUM_STEPS in metrics and metrics[R.NUM_STEPS] > cap:
                 metrics[R.NUM_STEPS] = cap

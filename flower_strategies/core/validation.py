@@ -106,14 +106,15 @@ def _parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[Rejectio
         rec = R.get(content, name, ArrayRecord)
         if rec is None:
             return Rejection(None, Kind.MISSING_RECORD, f"missing ArrayRecord '{name}'"), {}
-        if set(rec.keys()) != set(want):
-            missing = sorted(set(want) - set(rec.keys()))[:3]
-            extra = sorted(map(str, set(rec.keys()) - set(want)))[:3]
+        items = dict(rec.items())  # one copy in C: the lookups below skip the record's checked __getitem__
+        if items.keys() != want.keys():
+            missing = sorted(set(want) - set(items))[:3]
+            extra = sorted(map(str, set(items) - set(want)))[:3]
             return Rejection(None, Kind.BAD_RECORD,
                              f"record '{name}' has wrong keys (missing {missing}, unexpected {extra})"), {}
         arrays: NamedArrays = {}
         for key, (shape, dtype) in want.items():
-            arr = rec[key]
+            arr = items[key]
             got = R.checked_view(arr, shape, dtype) if isinstance(arr, Array) else f"is a {type(arr).__name__}"
             if isinstance(got, str):
                 return Rejection(None, Kind.BAD_RECORD, f"record '{name}' key '{key}' {got}"), {}
