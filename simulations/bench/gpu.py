@@ -235,17 +235,11 @@ def _engine_round(kind: str, model: torch.nn.Module, xs: torch.Tensor, ys: torch
     return [record_tensors(r.array_records["arrays"]) for r in replies[:3]]
 
 
-def max_relative(models: list[dict[str, torch.Tensor]], others: list[dict[str, torch.Tensor]]) -> float:
-    """The largest difference between two lists of models, per array relative to the array's largest magnitude."""
-    return max(float((a[n].double() - b[n].double()).abs().max() / b[n].double().abs().max().clamp(min=1e-30))
-               for a, b in zip(models, others, strict=True) for n in a)
-
-
 def cnn_main(args: argparse.Namespace) -> int:
     """``--cnn``: one round of each engine per device, timed after a warm-up on 2 clients (module docstring)."""
     import importlib.util
 
-    from simulations.bench.vectorized import cifar_gn_cnn
+    from simulations.bench.vectorized import _max_rel, cifar_gn_cnn
 
     clients, examples = args.clients or 1000, args.examples or 64
     if examples % args.batch_size:
@@ -283,15 +277,16 @@ def cnn_main(args: argparse.Namespace) -> int:
             models = run(kind, clients)
             _sync(device)
             peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else float("nan")
-            results[kind] = (time.perf_counter() - t0, peak, models[:3])
+            first = [{n: v.cpu() for n, v in m.items()} for m in models[:3]]  # compared below
+            results[kind] = (time.perf_counter() - t0, peak, first)
             print(f"  {dev} {kind}: {results[kind][0]:.2f} s", flush=True)
         print(f"{'engine':18s} {'device':6s} {'seconds':>9s} {'vs plain':>9s} {'peak CUDA MiB':>14s}")
         for kind, (sec, peak, _) in results.items():
             print(f"{kind:18s} {dev:6s} {sec:9.2f} {results['plain'][0] / sec:8.2f}x {peak:14.0f}")
-        worst = max_relative(results["stacked"][2], results["plain"][2])
+        worst = _max_rel(results["stacked"][2], results["plain"][2])
         print(f"max relative difference, stacked vs plain (first clients' models): {worst:.1e}", flush=True)
         if "engine-sequential" in results:
-            same = max_relative(results["engine-stacked"][2], results["engine-sequential"][2])
+            same = _max_rel(results["engine-stacked"][2], results["engine-sequential"][2])
             speedup = results["engine-sequential"][0] / results["engine-stacked"][0]
             print(f"engine-stacked vs engine-sequential: {speedup:.2f}x; max relative difference (first clients' "
                   f"models): {same:.1e}", flush=True)

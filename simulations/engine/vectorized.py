@@ -138,17 +138,30 @@ class StackableLSTM(nn.Module):
         return (x if self.batch_first else x.transpose(0, 1)), (torch.stack(hs), torch.stack(cs))
 
 
+def _swapped(module: nn.Module, swap: Callable[[nn.Module], nn.Module | None]) -> nn.Module:
+    """``swap(module)``, or a shallow copy of ``module`` whose children are swapped the same way (same parameter
+    objects: the view and the model share parameters, names and state dict)."""
+    new = swap(module)
+    if new is not None:
+        return new
+    view = copy.copy(module)
+    view._modules = {name: _swapped(child, swap) for name, child in module._modules.items() if child is not None}
+    return view
+
+
 def stackable(model: nn.Module) -> nn.Module:
     """``model`` itself, or (when it holds an ``nn.LSTM``) a shallow copy whose LSTMs are :class:`StackableLSTM` on
     the same parameters: same parameter names, same state dict, trained by ``vmap``."""
-    if isinstance(model, nn.LSTM):
-        return StackableLSTM(model)
     if not any(isinstance(m, nn.LSTM) for m in model.modules()):
         return model
-    view = copy.copy(model)
-    view._modules = {name: StackableLSTM(child) if isinstance(child, nn.LSTM) else stackable(child)
-                     for name, child in model._modules.items() if child is not None}
-    return view
+    return _swapped(model, lambda m: StackableLSTM(m) if isinstance(m, nn.LSTM) else None)
+
+
+def per_client_forward(model: nn.Module) -> Callable[[tuple[Tensor, ...], Tensor], Tensor]:
+    """``f(params, x)``: ``model`` run per client by ``vmap`` over ``functional_call``, the stacked parameters as a
+    tuple in ``named_parameters()`` order (a tuple, not a dict: vmap flattens its inputs at every call)."""
+    names = [n for n, _ in model.named_parameters()]
+    return vmap(lambda ps, x: functional_call(model, dict(zip(names, ps, strict=True)), (x,)))
 
 
 class _Slots:
@@ -192,17 +205,6 @@ class _StackedLinear(nn.Module):
         return out.view(*x.shape[:-1], weight.shape[1])
 
 
-def _linear_view(module: nn.Module, slots: _Slots, index: Mapping[int, int]) -> nn.Module:
-    """``module`` with every ``nn.Linear`` replaced by a :class:`_StackedLinear` (shallow copies, like
-    :func:`stackable`)."""
-    if isinstance(module, nn.Linear):
-        return _StackedLinear(slots, index[id(module.weight)], None if module.bias is None else index[id(module.bias)])
-    view = copy.copy(module)
-    view._modules = {name: _linear_view(child, slots, index) for name, child in module._modules.items()
-                     if child is not None}
-    return view
-
-
 #: :func:`linear_stack`'s result per model: (the ids of the parameters it was built on, the forward or ``None``); the
 #: probe runs once per model object, again only if its parameters were replaced.
 _LINEAR_STACK: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], Callable | None]] = \
@@ -237,7 +239,9 @@ def _linear_forward(model: nn.Module, params: Mapping[str, nn.Parameter], exampl
     if not params or set(index) != linear or any(True for _ in model.buffers()):
         return None
     slots = _Slots()
-    view = _linear_view(model, slots, index)
+    view = _swapped(model, lambda m: _StackedLinear(slots, index[id(m.weight)],
+                                                    None if m.bias is None else index[id(m.bias)])
+                    if isinstance(m, nn.Linear) else None)
 
     def forward(stacked: tuple[Tensor, ...], x: Tensor) -> Tensor:
         slots.current = stacked
@@ -251,12 +255,11 @@ def _linear_forward(model: nn.Module, params: Mapping[str, nn.Parameter], exampl
 
 def _probe(model: nn.Module, forward: Callable[[tuple[Tensor, ...], Tensor], Tensor], example: Tensor) -> bool:
     """Whether ``forward`` equals ``vmap`` over ``functional_call`` on two clients with random parameters."""
-    names = [n for n, _ in model.named_parameters()]
     gen = torch.Generator().manual_seed(0)
     stacked = tuple(torch.randn((2, *p.shape), generator=gen, dtype=p.dtype).to(p.device) for p in model.parameters())
     x = torch.stack([example, example.flip(0)])
     with torch.no_grad():
-        want = vmap(lambda ps, xs: functional_call(model, dict(zip(names, ps, strict=True)), (xs,)))(stacked, x)
+        want = per_client_forward(model)(stacked, x)
         try:
             got = forward(stacked, x)
         except Exception:  # noqa: BLE001 - any failure means: keep vmap
@@ -628,10 +631,8 @@ def train_stacked(
     weight_dtype = x_all.dtype if x_all.is_floating_point() else torch.float32
 
     names = list(params)
-    # per client: its parameters (a tuple, not a dict: vmap flattens its inputs at every call), its batch; a model of
-    # linear layers runs stacked without vmap (linear_stack)
-    outputs_fn = (linear_stack(model, x_all[: min(4, len(x_all))])
-                  or vmap(lambda ps, x: functional_call(model, dict(zip(names, ps, strict=True)), (x,))))
+    # per client: its parameters and its batch; a model of linear layers runs stacked without vmap (linear_stack)
+    outputs_fn = linear_stack(model, x_all[: min(4, len(x_all))]) or per_client_forward(model)
 
     def stacked_grads(idx: Tensor, weight: Tensor, divisor: Tensor) -> tuple[list[Tensor], Tensor]:
         """Per-client gradients (in ``names`` order) and losses of one step: ``idx[c]`` = client c's (padded) batch
