@@ -348,3 +348,42 @@ def test_linear_stack_equals_each_clients_own_model_and_refuses_forwards_that_mi
     assert linear_stack(replaced, torch.randn(4, 64)) is None
     assert linear_stack(Flat(), torch.randn(5, 2, 2)) is None
     assert linear_stack(OwnWeights(), torch.randn(5, 4)) is None
+
+
+def test_clients_of_very_different_step_counts_train_in_separate_passes_with_the_same_result(monkeypatch):
+    """Epochs mode, clients of 2–4 steps: with no cost per step (STEP_COST_CLIENTS = 0) every step count trains in
+    its own stacked pass (step_buckets), and the run still equals the sequential engine's."""
+    import simulations.engine.vectorized as vectorized
+
+    monkeypatch.setattr(vectorized, "STEP_COST_CLIENTS", 0)
+    rc = {**BASE, **MODES["epochs-partial"], "method": "scaffold", "fraction-train": 1.0}
+    grid = _compare(rc, 6, 1e-12)
+    assert grid.chunks > ROUNDS  # some round's 6 clients trained in more than one pass
+
+
+def test_step_buckets_minimise_the_stacked_work():
+    """step_buckets: every client once, longest first, buckets of consecutive step counts; its cost
+    Σ longest·(step_cost + clients) equals the best over every split of the sorted step counts (brute force)."""
+    from itertools import combinations
+
+    from simulations.engine.vectorized import step_buckets
+
+    def cost(buckets, steps, k):
+        return sum(max(steps[j] for j in b) * (k + len(b)) for b in buckets)
+
+    rng = np.random.default_rng(0)
+    assert step_buckets([]) == []
+    assert step_buckets([5, 5, 5]) == [[0, 1, 2]]  # equal steps: one pass, whatever the cost per step
+    assert step_buckets([285] + [5] * 900 + [100] * 99) == [[0], list(range(901, 1000)), list(range(1, 901))]
+    for _ in range(200):
+        steps = [int(v) for v in rng.integers(1, 40, rng.integers(1, 9))]
+        k = float(rng.choice([0, 1, 4, 32]))
+        got = step_buckets(steps, k)
+        assert sorted(j for b in got for j in b) == list(range(len(steps)))
+        flat = [steps[j] for b in got for j in b]
+        assert flat == sorted(steps, reverse=True)
+        assert all(min(steps[j] for j in a) > max(steps[j] for j in b) for a, b in zip(got, got[1:]))
+        order = sorted(range(len(steps)), key=lambda j: -steps[j])
+        best = min(cost([order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))], steps, k)
+                   for r in range(len(order)) for cuts in combinations(range(1, len(order)), r))
+        assert cost(got, steps, k) == pytest.approx(best)

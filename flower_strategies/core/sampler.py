@@ -48,10 +48,14 @@ class NodeSampler:
         self.population = 0
         self.silent_since: dict[int, float] = {}
         self._awaiting: list[int] = []
+        #: The last :meth:`ordered` call's nodes and result (a population of 100,000 takes ~40 ms to sort; its
+        #: node list is the same every round).
+        self._last_order: tuple[list[int], list[int]] | None = None
 
     def order_nodes(self, order: Mapping[int, Any]) -> None:
         """Order nodes by ``order[node_id]`` (e.g. their partition id) before sampling (fallback: node id)."""
         self.node_order = dict(order)
+        self._last_order = None
 
     def sort_key(self, node: int) -> tuple[Any, int]:
         return (self.node_order.get(node, float("inf")), node)
@@ -60,9 +64,14 @@ class NodeSampler:
         """``nodes`` sorted by :meth:`sort_key`.  When every node has an order (the usual case), by id first and then,
         stably, by ``node_order`` alone: the same list without a Python key call per node."""
         nodes = list(nodes)
+        if self._last_order is not None and self._last_order[0] == nodes:
+            return list(self._last_order[1])
         if self.node_order.keys() >= set(nodes):
-            return sorted(sorted(nodes), key=self.node_order.__getitem__)
-        return sorted(nodes, key=self.sort_key)
+            out = sorted(sorted(nodes), key=self.node_order.__getitem__)
+        else:
+            out = sorted(nodes, key=self.sort_key)
+        self._last_order = (nodes, out)
+        return list(out)
 
     def live_nodes(self, grid: Grid) -> list[int]:
         """Nodes the grid lists, less the silent ones: a node that sent no reply in a round it was sampled for is
