@@ -364,7 +364,7 @@ def test_clients_of_very_different_step_counts_train_in_separate_passes_with_the
 def test_step_buckets_minimise_the_stacked_work():
     """step_buckets: every client once, longest first, buckets of consecutive step counts; its cost
     Σ longest·(step_cost + clients) equals the best over every split of the sorted step counts (brute force)."""
-    from itertools import combinations
+    from itertools import combinations, pairwise
 
     from simulations.engine.vectorized import step_buckets
 
@@ -382,8 +382,8 @@ def test_step_buckets_minimise_the_stacked_work():
         assert sorted(j for b in got for j in b) == list(range(len(steps)))
         flat = [steps[j] for b in got for j in b]
         assert flat == sorted(steps, reverse=True)
-        assert all(min(steps[j] for j in a) > max(steps[j] for j in b) for a, b in zip(got, got[1:]))
+        assert all(min(steps[j] for j in a) > max(steps[j] for j in b) for a, b in pairwise(got))
         order = sorted(range(len(steps)), key=lambda j: -steps[j])
-        best = min(cost([order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))], steps, k)
+        best = min(cost([order[a:b] for a, b in pairwise((0, *cuts, len(order)))], steps, k)
                    for r in range(len(order)) for cuts in combinations(range(1, len(order)), r))
         assert cost(got, steps, k) == pytest.approx(best)
