@@ -23,6 +23,27 @@ def test_open_take_close_builds_the_history():
     assert book.history == [rlog] and rlog.train_metrics == {"train-loss": 0.5} and rlog.seconds >= 0.0
 
 
+
+def test_lowest_train_loss_reads_each_round_once_and_follows_a_restored_history():
+    """The lowest positive finite mean train-loss of the history (the divergence warning's reference), kept as rounds
+    close: equal to a scan of the whole history after every round, and after load_state_dict replaces it."""
+    book = RoundBook()
+    assert book.lowest_train_loss() is None
+    losses = [None, 2.0, float("nan"), 0.0, 1.5, float("inf"), -1.0, 1.7, 0.9, 3.0]
+    for r, loss in enumerate(losses, start=1):
+        book.close(book.take(r), {} if loss is None else {"train-loss": loss})
+        finite = [v for v in losses[:r] if v is not None and np.isfinite(v) and v > 0]
+        assert book.lowest_train_loss() == (min(finite) if finite else None)
+    restored = RoundBook()
+    restored.lowest_train_loss()
+    state = book.state_dict()
+    state["history"] = state["history"][:2]  # rounds 1–2: only 2.0 is usable
+    restored.load_state_dict(json.loads(json.dumps(state)))
+    assert restored.lowest_train_loss() == 2.0
+    book.load_state_dict(json.loads(json.dumps(state)))  # a shorter history than the one already read
+    assert book.lowest_train_loss() == 2.0
+
+
 def test_commit_only_finite_and_counts_updates():
     book = RoundBook()
     good = {"w": np.ones(3, np.float32)}

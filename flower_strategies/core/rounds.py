@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.common import log
@@ -142,7 +142,7 @@ def mean_reply_metrics(reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, 
 
 
 def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[str, Any],
-               earlier: Sequence[Mapping[str, Any]]) -> str | None:
+               lowest: float | None) -> str | None:
     """Why the clients' training looks divergent this round, or ``None`` (the rule, docs/plugin.md):
 
     * a valid reply reports a non-finite ``train-loss``;
@@ -150,8 +150,8 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
       loss the clients started from (``train-loss-before``, else ``train-loss-first-batch``): local training made the
       initial model worse.  Only there: later, a well-trained model's starting loss is small and noisy, and some
       local optimizers (e.g. Fed-LAMB's) raise it within a round and still converge;
-    * the round's mean ``train-loss`` exceeds :data:`LOSS_GROWTH_RATIO` × the lowest mean ``train-loss`` of an
-      ``earlier`` round (the earlier rounds' metric means).
+    * the round's mean ``train-loss`` exceeds :data:`LOSS_GROWTH_RATIO` × ``lowest``, the lowest mean
+      ``train-loss`` of an earlier round (:meth:`RoundBook.lowest_train_loss`; ``None``: no earlier round has one).
 
     ``round_mean``: the round's metric means (:func:`mean_reply_metrics`: non-finite values and outliers left out)."""
     bad = [m for m in reply_metrics if R.TRAIN_LOSS in m and not _finite(m[R.TRAIN_LOSS])]
@@ -160,16 +160,15 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
     if not _finite(round_mean.get(R.TRAIN_LOSS)):
         return None
     mean = float(round_mean[R.TRAIN_LOSS])
-    lows = [float(m[R.TRAIN_LOSS]) for m in earlier if _finite(m.get(R.TRAIN_LOSS)) and float(m[R.TRAIN_LOSS]) > 0]
-    if not lows:
+    if lowest is None:
         for key in (R.TRAIN_LOSS_BEFORE, FIRST_BATCH_LOSS):
             start = float(round_mean[key]) if _finite(round_mean.get(key)) else 0.0
             if start > 0 and mean > LOSS_RISE_RATIO * start:
                 return (f"the clients' mean train loss {mean:.4g} is {mean / start:.3g} × the loss they started "
                         f"from ({key} {start:.4g}): local training made the initial model worse")
-    elif mean > LOSS_GROWTH_RATIO * min(lows):
-        return (f"the clients' mean train loss {mean:.4g} is {mean / min(lows):.3g} × the lowest of the earlier "
-                f"rounds ({min(lows):.4g})")
+    elif mean > LOSS_GROWTH_RATIO * lowest:
+        return (f"the clients' mean train loss {mean:.4g} is {mean / lowest:.3g} × the lowest of the earlier "
+                f"rounds ({lowest:.4g})")
     return None
 
 
@@ -197,6 +196,8 @@ class RoundBook:
         self.num_updates = 0
         self._open: RoundLog | None = None
         self._t0 = 0.0
+        #: (rounds of :attr:`history` read, the lowest mean train loss among them) for :meth:`lowest_train_loss`.
+        self._lowest: tuple[int, float | None] = (0, None)
 
     def open(self, server_round: int, sampled: int = 0, bytes_down: int = 0) -> RoundLog:
         """Start the clock of ``server_round`` and its log."""
@@ -221,6 +222,17 @@ class RoundBook:
         self.num_updates += 1
         return True
 
+    def lowest_train_loss(self) -> float | None:
+        """The lowest positive finite mean ``train-loss`` of the rounds in :attr:`history` (``None``: none has one),
+        reading each round once over a run (a run of 10,000 rounds would otherwise walk its history every round)."""
+        read, low = self._lowest if self._lowest[0] <= len(self.history) else (0, None)
+        for h in self.history[read:]:
+            value = h.train_metrics.get(R.TRAIN_LOSS)
+            if _finite(value) and 0 < float(cast(float, value)) < (math.inf if low is None else low):
+                low = float(cast(float, value))
+        self._lowest = (len(self.history), low)
+        return low
+
     def close(self, rlog: RoundLog, train_metrics: dict[str, float]) -> None:
         rlog.train_metrics = train_metrics
         rlog.seconds = time.monotonic() - self._t0
@@ -234,3 +246,4 @@ class RoundBook:
         self.num_updates = int(state["num_updates"])
         self.history = [RoundLog(**{**h, "rejections": [Rejection.from_state(r) for r in h.get("rejections", [])]})
                         for h in state["history"]]
+        self._lowest = (0, None)

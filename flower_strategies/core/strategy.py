@@ -388,7 +388,7 @@ class FedAdaptStrategy(Strategy):
         """A warning naming the learning rates when the clients' training loss explodes (:func:`.rounds.loss_alarm`)
         or replies were rejected for NaN/Inf values (``nonfinite``: the round's :attr:`.rejections.Kind.NONFINITE`
         rejections): a run that goes on would otherwise "complete" at chance."""
-        why = loss_alarm(reply_metrics, means, [h.train_metrics for h in self.history])
+        why = loss_alarm(reply_metrics, means, self.rounds.lowest_train_loss())
         if why is None and nonfinite:
             why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
         if why is None:

@@ -187,7 +187,7 @@ class NodeContexts(Mapping[int, Context]):
                 continue
             pid = self.partition(node)
             if records or self.store.read(pid):
-                self.store.write(pid, {n: R.to_numpy(r) for n, r in records.items()})  # type: ignore[arg-type]
+                self.store.write(pid, {n: R.views(r) for n, r in records.items()})  # type: ignore[arg-type]
             del self.live[node]
         self.store.flush()
 
