@@ -387,3 +387,27 @@ def test_step_buckets_minimise_the_stacked_work():
         best = min(cost([order[a:b] for a, b in pairwise((0, *cuts, len(order)))], steps, k)
                    for r in range(len(order)) for cuts in combinations(range(1, len(order)), r))
         assert cost(got, steps, k) == pytest.approx(best)
+
+
+def test_example_cross_entropy_equals_torchs_per_example_loss_and_gradient():
+    """The stacked batches' per-example cross-entropy (logsumexp less the target's logit) equals torch's
+    cross_entropy(reduction="none") in value and gradient (float64, logits up to 1e3 apart, which overflow a plain
+    exp), and a non-finite logit gives a non-finite loss."""
+    from app_common.task import example_cross_entropy
+
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(64, 10, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 30.0, 1e3]).repeat_interleave(
+        torch.tensor([22, 21, 21]))[:, None]
+    target = torch.randint(0, 10, (64,), generator=gen)
+    weight = torch.rand(64, generator=gen, dtype=torch.float64)
+    ours, theirs = (logits.clone().requires_grad_(True) for _ in range(2))
+    got, want = example_cross_entropy(ours, target), torch.nn.functional.cross_entropy(theirs, target, reduction="none")
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    (got * weight).sum().backward()
+    (want * weight).sum().backward()
+    assert torch.allclose(ours.grad, theirs.grad, rtol=1e-12, atol=1e-14)
+    bad = logits.clone()
+    bad[3, 2] = float("inf")
+    assert not torch.isfinite(example_cross_entropy(bad, target)[3])
+    bad[5, :] = float("nan")
+    assert not torch.isfinite(example_cross_entropy(bad, target)[5])
