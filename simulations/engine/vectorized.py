@@ -2,7 +2,8 @@
 
 :class:`VectorGrid` is a :class:`~simulations.engine.inprocess.LoopbackGrid` whose train messages are not handed one by
 one to the ClientApp: each round's clients are grouped (same round content, settings, device and saved-state layout),
-split into chunks that fit a memory budget, and every chunk trains in one pass per local step —
+split by step count where it differs a lot (:func:`step_buckets`) and into chunks that fit a memory budget, and every
+chunk trains in one pass per local step —
 
 * parameters of shape ``(C, *shape)`` (C clients of the chunk, all starting at the received ``x_t``);
 * the task's own model per client through ``torch.func`` (``vmap`` over ``functional_call``; a model of linear
