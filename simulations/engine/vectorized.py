@@ -505,40 +505,36 @@ def _stack_state(states: list[dict[str, dict[str, Tensor]]]) -> dict[str, dict[s
     return {rec: {k: torch.stack([s[rec][k] for s in states]) for k in arrays} for rec, arrays in states[0].items()}
 
 
-def _client_view(mask: Tensor, like: Tensor) -> Tensor:
-    return mask.reshape(-1, *([1] * (like.dim() - 1)))
-
-
 def _per_client(value: Any, clients: int) -> bool:
     """Whether an optimizer-state value is stacked on the client axis."""
     return isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == clients
 
 
-def _stacked_entries(opt: LocalOptimizer, clients: int) -> list[tuple[dict, str, Tensor, Tensor]]:
-    """``(state dict, key, tensor, copy)`` of every stacked optimizer-state tensor (for freezing clients)."""
+def _stacked_entries(opt: LocalOptimizer, clients: int, rows: Tensor) -> list[tuple[dict, str, Tensor, Tensor]]:
+    """``(state dict, key, tensor, its rows``) of every stacked optimizer-state tensor: the frozen clients' ``rows``."""
     out = []
     for key, st in opt.state.items():
         if key == ROUND:
             continue
         for name, v in st.items():
             if _per_client(v, clients):
-                out.append((st, name, v, v.clone()))
+                out.append((st, name, v, v.index_select(0, rows)))
     return out
 
 
 def _restore_frozen(params: Mapping[str, Tensor], saved_params: Mapping[str, Tensor],
-                    entries: list[tuple[dict, str, Tensor, Tensor]], active: Tensor) -> None:
-    """Put back the parameters and optimizer state of the clients not ``active`` in this step."""
+                    entries: list[tuple[dict, str, Tensor, Tensor]], rows: Tensor) -> None:
+    """Put back the parameters and optimizer state of the clients ``rows`` (finished: frozen in this step); the work
+    is in proportion to the frozen clients, not the chunk."""
     with torch.no_grad():
         for name, p in params.items():
-            p.copy_(torch.where(_client_view(active, p), p, saved_params[name]))
+            p.index_copy_(0, rows, saved_params[name])
         for st, key, before, old in entries:
             cur = st[key]
-            merged = torch.where(_client_view(active, cur), cur, old)
             if cur is before:
-                cur.copy_(merged)  # in place: entries that alias one another stay aliased
+                cur.index_copy_(0, rows, old)  # in place: entries that alias one another stay aliased
             else:
-                st[key] = merged
+                st[key] = cur.index_copy(0, rows, old)
 
 
 def _batch_plan(rnds: list[ClientRound], sizes: list[int], steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -705,14 +701,14 @@ def train_stacked(
         grads, loss = stacked_grads(index[s], weight[s], divisor[s])
         for p, g in zip(params.values(), grads, strict=True):
             p.grad = g
-        frozen = not bool(count_np[s].all())
-        if frozen:
-            active = torch.from_numpy(count_np[s] > 0).to(device)
-            saved_params = {n: p.detach().clone() for n, p in params.items()}
-            entries = _stacked_entries(opt, clients)
+        done = np.flatnonzero(count_np[s] == 0)  # clients past their last step: frozen
+        if len(done):
+            frozen = torch.from_numpy(done).to(device)
+            saved_params = {n: p.detach().index_select(0, frozen) for n, p in params.items()}
+            entries = _stacked_entries(opt, clients, frozen)
         opt.step()
-        if frozen:
-            _restore_frozen(params, saved_params, entries, active)
+        if len(done):
+            _restore_frozen(params, saved_params, entries, frozen)
         losses.append(loss)
     per_step = torch.stack(losses).cpu().tolist()
 
