@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import secrets
 import signal
@@ -332,8 +333,26 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     payload = read_resume(fed, run_config, model)
     out = run_dir(fed, given, payload)
     # the run owns its directory until it ends, and a fresh run never takes over another's (server_app.rundir)
-    with rundir.claim(out, fresh=not fed.resume, overwrite=fed.overwrite):
+    with rundir.claim(out, fresh=not fed.resume, overwrite=fed.overwrite), frozen_heap():
         return _run(grid, run_config, fed, model, strategy, out, payload)
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Leave the objects alive when a run starts (torch, Flower, the app: about 350,000) out of the cyclic
+    collector's passes while it runs (``gc.freeze``), and give them back after it (``gc.unfreeze``).  Every reply
+    makes hundreds of container objects, so a round of 1,000 clients triggers full collections, and each full pass
+    over the start-up objects took ~0.2 s: 74 of a 244 ms round at 1,000 digits-MLP clients (in-process engine), 10
+    ms with them frozen.  Reference counting frees frozen objects as before; only cycles among them wait for the
+    run's end.  In a process that has frozen objects itself, the permanent generation is its own: left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch.nn.Module,

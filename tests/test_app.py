@@ -323,3 +323,37 @@ def test_exchange_polls_at_its_own_interval_and_returns_every_reply():
     assert len(got) == 2 and grid.polls == 4 and _time.perf_counter() - t0 < 1.0
     grid = SlowGrid(ready_after=10**9)
     assert exchange(grid, msgs, timeout=0.05, interval=0.01) == [] and grid.polls >= 2
+
+
+def test_a_run_keeps_its_start_up_objects_out_of_the_collector_and_gives_them_back(tmp_path, monkeypatch):
+    """server_app.app.frozen_heap: while a run's rounds go, the objects alive at its start are in gc's permanent
+    generation (a full collection does not walk them); after the run, and after a failed run, they are back.  A
+    process that froze objects itself keeps exactly its own permanent generation."""
+    import gc
+
+    import server_app.app as server
+
+    seen = []
+    inner = server._run
+
+    def spy(*args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(server, "_run", spy)
+    assert gc.get_freeze_count() == 0
+    run_inprocess({**BASE, "method": "fedavg", "num-server-rounds": 1, "output-dir": str(tmp_path), "run-name": "a"}, 3)
+    assert seen[-1] > 1000 and gc.get_freeze_count() == 0
+    with pytest.raises(ZeroDivisionError), server.frozen_heap():
+        assert gc.get_freeze_count() > 1000
+        raise ZeroDivisionError
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        own = gc.get_freeze_count()
+        with server.frozen_heap():
+            junk = [[] for _ in range(10)]
+            assert gc.get_freeze_count() == own
+        assert gc.get_freeze_count() == own and junk
+    finally:
+        gc.unfreeze()
