@@ -511,7 +511,7 @@ def _per_client(value: Any, clients: int) -> bool:
 
 
 def _stacked_entries(opt: LocalOptimizer, clients: int, rows: Tensor) -> list[tuple[dict, str, Tensor, Tensor]]:
-    """``(state dict, key, tensor, saved rows)`` of every stacked optimizer-state tensor: its frozen clients' ``rows``."""
+    """``(state dict, key, tensor, saved rows)`` of every stacked optimizer-state tensor (the frozen ``rows``)."""
     out = []
     for key, st in opt.state.items():
         if key == ROUND:
