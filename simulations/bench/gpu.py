@@ -239,7 +239,7 @@ def cnn_main(args: argparse.Namespace) -> int:
     """``--cnn``: one round of each engine per device, timed after a warm-up on 2 clients (module docstring)."""
     import importlib.util
 
-    from simulations.bench.vectorized import _max_rel, cifar_gn_cnn
+    from simulations.bench.vectorized import max_rel, cifar_gn_cnn
 
     clients, examples = args.clients or 1000, args.examples or 64
     if examples % args.batch_size:
@@ -283,10 +283,10 @@ def cnn_main(args: argparse.Namespace) -> int:
         print(f"{'engine':18s} {'device':6s} {'seconds':>9s} {'vs plain':>9s} {'peak CUDA MiB':>14s}")
         for kind, (sec, peak, _) in results.items():
             print(f"{kind:18s} {dev:6s} {sec:9.2f} {results['plain'][0] / sec:8.2f}x {peak:14.0f}")
-        worst = _max_rel(results["stacked"][2], results["plain"][2])
+        worst = max_rel(results["stacked"][2], results["plain"][2])
         print(f"max relative difference, stacked vs plain (first clients' models): {worst:.1e}", flush=True)
         if "engine-sequential" in results:
-            same = _max_rel(results["engine-stacked"][2], results["engine-sequential"][2])
+            same = max_rel(results["engine-stacked"][2], results["engine-sequential"][2])
             speedup = results["engine-sequential"][0] / results["engine-stacked"][0]
             print(f"engine-stacked vs engine-sequential: {speedup:.2f}x; max relative difference (first clients' "
                   f"models): {same:.1e}", flush=True)

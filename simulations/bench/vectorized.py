@@ -171,7 +171,9 @@ def measure(kind: str, args: argparse.Namespace) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _max_rel(a: list, b: list) -> float:
+def max_rel(a: list, b: list) -> float:
+    """The largest difference between two lists of models (``{name: array}``), per array relative to the first list's
+    largest magnitude (bench.gpu uses it too)."""
     import numpy as np
 
     worst = 0.0
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['peak_mb']:9.0f}" + (f"   accuracy {r['accuracy']:.3f}" if r.get("accuracy") is not None else ""))
     if args.task == "cifar-gn-cnn" and "sequential" in res:
         print(f"max relative difference of the first clients' local models (vectorized vs sequential): "
-              f"{_max_rel(res['vectorized']['first_models'], res['sequential']['first_models']):.1e}")
+              f"{max_rel(res['vectorized']['first_models'], res['sequential']['first_models']):.1e}")
     if tmp:
         shutil.rmtree(base, ignore_errors=True)
     return 0
