@@ -229,6 +229,48 @@ def test_sweep_both_picks_the_lowest_loss_pair_and_feeds_it_back(tmp_path):
     assert rows[0]["mean_train_loss_last"] == pytest.approx(c["scores"][best])
 
 
+def test_a_papers_own_grid_is_a_product_ranked_by_its_metric_and_fed_back(tmp_path):
+    # paper 004's rule: the best test accuracy (higher is better) over the product of its own grids
+    paper = R.Paper("zzz", "test", ("iid",), (R.Entry("lamb", {"method": "fedlamb", "client-lr": 0.01}),),
+                    sweep_metric="mean_test_accuracy_last",
+                    sweep_grids={"lamb": {"client-lr": (0.0001, 0.001, 0.03), "fedlamb.weight-decay": (0.0, 0.1)}})
+    res = R.sweep.sweep(paper, "iid", [0], 3, tmp_path, thin=2)  # thinned: 2 lrs (the ends) x 2 weight decays
+    c = res["chosen"]["lamb"]
+    assert res["rule"].startswith("highest mean mean_test_accuracy_last") and res["thin"] == 2
+    assert sorted(c["scores"]) == ["client=0.0001,weight-decay=0", "client=0.0001,weight-decay=0.1",
+                                   "client=0.03,weight-decay=0", "client=0.03,weight-decay=0.1"]
+    accs = {}
+    for lr in (0.0001, 0.03):
+        for wd in (0.0, 0.1):
+            run = tmp_path / "runs" / f"client-lr{lr:g}-weight-decay{wd:g}" / "lamb-seed0"
+            accs[(lr, wd)] = R.summarize(metrics(run), 0.8)["mean_test_accuracy_last"]
+            assert c["scores"][f"client={lr:g},weight-decay={wd:g}"] == pytest.approx(-accs[(lr, wd)])
+    best = max(accs, key=lambda k: (accs[k], -k[0], -k[1]))
+    assert accs[(0.03, 0.0)] > accs[(0.0001, 0.0)]  # the tiny lr barely moves in 3 rounds: the ranking is real
+    assert c["overrides"] == {"client-lr": best[0], "fedlamb.weight-decay": best[1]}
+    assert R.overrides_from_sweep(json.loads((tmp_path / "sweep.json").read_text())) == {"lamb": c["overrides"]}
+
+
+def test_thinned_keeps_both_ends_and_spreads_evenly():
+    grid = (0.001, 0.003, 0.005, 0.01, 0.03, 0.05, 0.1, 0.3, 0.5)
+    assert R.sweep.thinned(grid, 0) == grid and R.sweep.thinned(grid, 9) == grid
+    assert R.sweep.thinned(grid, 3) == (0.001, 0.03, 0.5)
+    assert R.sweep.thinned(grid, 5) == (0.001, 0.005, 0.03, 0.1, 0.5)
+    assert R.sweep.thinned(grid, 1) == (0.03,)
+
+
+def test_paper_004_mnist_grids_are_the_papers_table_2():
+    p = R.papers()["004-mnist"]
+    assert p.num_nodes == 50 and p.extra["fraction-train"] == 0.5 and p.extra["batch-size"] == 128
+    g = p.sweep_grids
+    assert g["fed-sgd"]["client-lr"] == g["fed-lamb"]["client-lr"] == (
+        0.001, 0.003, 0.005, 0.01, 0.03, 0.05, 0.1, 0.3, 0.5)
+    assert g["fed-ams"]["client-lr"] == (0.0001, 0.0003, 0.0005, 0.001, 0.003, 0.005, 0.01, 0.03, 0.05, 0.1)
+    assert g["fed-lamb"]["fedlamb.weight-decay"] == (0.0, 0.01, 0.1)
+    assert g["adp-fed"]["client-lr"] == (*g["fed-ams"]["client-lr"], 0.3, 0.5)
+    assert g["adp-fed"]["adpfed.server-lr"] == g["fed-ams"]["client-lr"]
+
+
 @pytest.mark.slow  # real child processes / many end-to-end runs: the full suite runs it
 def test_parallel_workers_give_the_same_results_as_one_process(tmp_path):
     # 4 nodes, not the default 10: what is checked is the order and identity of the results from 2 workers (each
@@ -279,8 +321,12 @@ def test_report_recomputes_columns_from_the_runs_and_rewrites_table_and_summary(
 # ------------------------------------------------------------------------------------------ the catalogue as data
 def test_catalogue_files_are_consistent():
     table = R.papers()
-    assert list(table) == ["000", "001", "002", "003", "004"]
+    assert list(table) == ["000", "001", "002", "003", "004", "004-mnist"]
     for key, p in table.items():
+        labels_anywhere = {e.label for s in p.settings for e in p.entries_for(s)}
+        assert set(p.sweep_grids) <= labels_anywhere, key  # a paper's own grid names its entries
+        assert all(values for grid in p.sweep_grids.values() for values in grid.values()), key
+        assert not p.sweep_metric or p.sweep_metric in R.COLUMNS, key
         assert p.settings and all(s in R.settings() for s in p.settings), key
         assert set(p.setting_entries) <= set(p.settings), key
         for s in p.settings:

@@ -20,6 +20,10 @@
     claims = [{better = "a", worse = "b", metric = "<results column>", text = "..."}, ...]
     [setting-entries]
     shakespeare = [...]                              # optional: entries used instead on a setting
+    [sweep]                                          # optional: the paper's own lr grids and selection rule
+    metric = "mean_test_accuracy_last"               # the results column the sweep ranks by (higher is better
+                                                     # for accuracies, lower for losses); default: the suite's rule
+    grids = {fed-lamb = {client-lr = [...], "fedlamb.weight-decay" = [0.0, 0.1]}, ...}   # per label: the product
 
 Entries name registry methods; keys of a method that is not registered (yet) are never read.  A run-config is
 ``common`` < the paper's ``extra`` < the setting's ``run-config`` < the entry's keys.
@@ -132,6 +136,10 @@ class Paper:
     extra: Mapping[str, Any] = field(default_factory=dict)  # run-config keys for every entry of the paper
     #: Entries used instead of :attr:`entries` on a setting (e.g. Shakespeare: fewer entries, other lrs).
     setting_entries: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    #: The paper's own sweep: ranking column (``""``: the suite's rule) and per label the run-config keys and values
+    #: swept as a product (``catalogue/<paper>.toml [sweep]``); labels without a grid use ``sweep.toml``'s rules.
+    sweep_metric: str = ""
+    sweep_grids: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
 
     def entries_for(self, setting: str) -> tuple[Entry, ...]:
         return self.setting_entries.get(setting, self.entries)
@@ -165,11 +173,14 @@ def load_paper(path: Path) -> Paper:
         claims=tuple(Claim(**c) for c in d.get("claims", ())),
         target=float(d.get("target", 0.8)), num_nodes=int(d.get("num-nodes", 10)), extra=dict(d.get("extra", {})),
         setting_entries={s: _entries(rows) for s, rows in d.get("setting-entries", {}).items()},
+        sweep_metric=str(d.get("sweep", {}).get("metric", "")),
+        sweep_grids={label: {k: tuple(v) for k, v in keys.items()}
+                     for label, keys in d.get("sweep", {}).get("grids", {}).items()},
     )
 
 
 def papers() -> dict[str, Paper]:
-    """Every paper of ``catalogue/`` by key (``000`` … ``004``)."""
+    """Every paper of ``catalogue/`` by key (``000`` … ``004``, ``004-mnist``)."""
     return {p.stem: load_paper(p) for p in sorted(CATALOGUE_DIR.glob("[0-9]*.toml"))}
 
 

@@ -62,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--param", default="both", choices=PARAMS,
                     help="sweep: which learning rates to sweep "
                          "(default both: client × server for server-tuned methods)")
+    ap.add_argument("--thin", type=int, default=0,
+                    help="sweep, for a paper with its own grids: at most N values per swept key, evenly spread "
+                         "with both ends kept (default 0: the paper's whole grid)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs in parallel worker processes (default 1; 2 on a 2-core machine halves the wall time)")
     ap.add_argument("--lrs-from", type=Path, action="append", default=None,
@@ -95,11 +98,10 @@ def cmd_sweep(args: argparse.Namespace, ap: argparse.ArgumentParser, command: st
         return 2
     grid = [float(v) for v in args.lrs.split(",")] if args.lrs else None
     res = sweep(p, setting, list(range(args.seeds or 2)), args.rounds or (8 if args.quick else 20),
-                args.out / "sweep" / p.key / setting, grid, args.param, args.jobs)
+                args.out / "sweep" / p.key / setting, grid, args.param, args.jobs, args.thin)
     for label, c in res["chosen"].items():
-        srv = f", {c['server_key']} {c['server_lr']:g}" if c.get("server_key") else ""
         edge = f"  [at grid edge: {', '.join(c['at_edge'])}]" if c["at_edge"] else ""
-        print(f"{label}: client-lr {c['client_lr']:g}{srv}{edge}")
+        print(f"{label}: {', '.join(f'{k} {v:g}' for k, v in c['overrides'].items())}{edge}")
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import statistics
@@ -64,62 +65,97 @@ def server_grid(paper: Paper, setting: str, entry: Entry) -> tuple[str, tuple[fl
 
 @dataclass(frozen=True)
 class Plan:
-    """The lr pairs of one entry: ``(client lr | None, server lr | None)``, ``None`` = the entry's own."""
+    """The swept values of one entry: a product over run-config ``keys``, one value tuple per key."""
 
     entry: Entry
-    client: tuple[float, ...]
-    server_key: str | None
-    server: tuple[float | None, ...]
+    keys: tuple[str, ...]
+    values: tuple[tuple[Any, ...], ...]
 
     @property
-    def combos(self) -> list[tuple[float | None, float | None]]:
-        return [(c, v) for c in (self.client or (None,)) for v in self.server]
+    def combos(self) -> list[tuple[Any, ...]]:
+        return list(itertools.product(*self.values))
 
-    def overrides(self, c: float | None, v: float | None) -> dict[str, float | None]:
-        return {**({"client-lr": c} if c is not None else {}), **({self.server_key: v} if self.server_key else {})}
+    def overrides(self, combo: Sequence[Any]) -> dict[str, Any]:
+        return dict(zip(self.keys, combo, strict=True))
+
+    def label(self, combo: Sequence[Any]) -> str:
+        """``client=0.1,server=0.03`` (the suite's lrs) or ``client-lr=0.1,weight-decay=0.01`` (a paper's grid)."""
+        return ",".join(f"{_short(k)}={x:g}" for k, x in zip(self.keys, combo, strict=True))
 
 
-def plan(paper: Paper, setting: str, grid: Sequence[float] | None, param: str) -> list[Plan]:
-    """The entries to sweep (registered, with something to sweep) and their lr pairs."""
+def _short(key: str) -> str:
+    if key == "client-lr":
+        return "client"
+    return "server" if key.endswith(".server-lr") else key.split(".")[-1]
+
+
+def _edge_name(key: str) -> str:
+    return {"client": "client-lr", "server": "server-lr"}.get(_short(key), _short(key))
+
+
+def thinned(values: Sequence[Any], at_most: int) -> tuple[Any, ...]:
+    """At most ``at_most`` of ``values`` (0: all), evenly spread over the list and keeping both ends."""
+    if at_most <= 0 or len(values) <= at_most:
+        return tuple(values)
+    if at_most == 1:
+        return (values[len(values) // 2],)
+    return tuple(values[round(i * (len(values) - 1) / (at_most - 1))] for i in range(at_most))
+
+
+def plan(paper: Paper, setting: str, grid: Sequence[float] | None, param: str, thin: int = 0) -> list[Plan]:
+    """The entries to sweep (registered, with something to sweep) and their values: the paper's own grid for a
+    label that has one (``[sweep] grids``; ``thin``: at most that many values per key), else the client lr grid
+    (or ``grid``) × the server lr grid by ``param``."""
     methods, plans = registered(), []
     for e in paper.entries_for(setting):
         if e.method not in methods:
             continue
+        own = paper.sweep_grids.get(e.label)
+        if own:
+            plans.append(Plan(e, tuple(own), tuple(thinned(v, thin) for v in own.values())))
+            continue
         cg = (tuple(grid) if grid else sweep_grid(e)) if param in ("client", "both") else ()
         sg = server_grid(paper, setting, e) if param in ("server", "both") else None
-        if cg or sg:
-            key, sv = sg if sg else (None, (None,))
-            plans.append(Plan(e, cg, key, sv))
+        keys, values = (("client-lr",), (cg,)) if cg else ((), ())
+        if sg:
+            keys, values = (*keys, sg[0]), (*values, sg[1])
+        if keys:
+            plans.append(Plan(e, keys, values))
     return plans
 
 
-def choose(p: Plan, scores: Mapping[tuple[float | None, float | None], float]) -> dict[str, Any]:
-    """The lowest-score pair (ties: the smaller lrs), flagged when on the edge of its grid."""
-    c, v = min(scores, key=lambda k: (scores[k], k[0] or 0.0, k[1] or 0.0))
-    edge = [name for name, x, g in (("client-lr", c, p.client), ("server-lr", v, p.server))
-            if x is not None and len(g) > 1 and x in (min(g), max(g))]  # type: ignore[type-var]  # no None in a grid
-    label = lambda a, b: ",".join(x for x in (f"client={a:g}" if a is not None else "",  # noqa: E731
-                                              f"server={b:g}" if b is not None else "") if x)
-    return {"client_lr": c if c is not None else p.entry.overrides["client-lr"], "server_key": p.server_key,
-            "server_lr": v, "at_edge": edge, "scores": {label(a, b): s for (a, b), s in scores.items()}}
+def choose(p: Plan, scores: Mapping[tuple[Any, ...], float]) -> dict[str, Any]:
+    """The lowest-score combination (ties: the smaller values), flagged when on the edge of its grid."""
+    best = min(scores, key=lambda k: (scores[k], *k))
+    over = p.overrides(best)
+    edge = [_edge_name(k) for k, x, g in zip(p.keys, best, p.values, strict=True)
+            if len(g) > 1 and x in (min(g), max(g))]
+    server_key = next((k for k in p.keys if k.endswith(".server-lr")), None)
+    return {"client_lr": over.get("client-lr", p.entry.overrides.get("client-lr")), "server_key": server_key,
+            "server_lr": over.get(server_key) if server_key else None, "overrides": over, "at_edge": edge,
+            "scores": {p.label(k): s for k, s in scores.items()}}
 
 
 def sweep(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Path,
-          grid: Sequence[float] | None = None, param: str = "both", jobs: int = 1) -> dict[str, Any]:
-    """Pick each entry's learning rates: lowest mean ``train-loss-before`` over the last rounds (mean over seeds).
+          grid: Sequence[float] | None = None, param: str = "both", jobs: int = 1, thin: int = 0) -> dict[str, Any]:
+    """Pick each entry's learning rates: by default the lowest mean ``train-loss-before`` over the last rounds (mean
+    over seeds); a paper with its own ``[sweep]`` ranks by its ``metric`` over its grids (``thin``: at most that many
+    values per key, evenly spread, ends kept).
 
     ``param``: ``client`` sweeps the client lr (grid per entry, or ``grid``), ``server`` the server lr of server-tuned
-    methods (factors of the entry's own), ``both`` their product.  Divergent runs (non-finite loss or a failed run)
+    methods (factors of the entry's own), ``both`` their product.  Divergent runs (non-finite score or a failed run)
     rank last.  A choice on the edge of its grid is flagged (``at_edge``): the optimum may lie outside.
     """
     if param not in PARAMS:
         raise ValueError(f"param must be one of {', '.join(PARAMS)}, got {param!r}")
-    plans = plan(paper, setting, grid, param)
+    plans = plan(paper, setting, grid, param, thin)
     nodes = paper.nodes_for(setting)
+    metric = paper.sweep_metric or "mean_train_loss_last"
+    sign = -1.0 if "accuracy" in metric else 1.0  # the score is minimised
     tasks = []
     for p in plans:
-        for c, v in p.combos:
-            over = p.overrides(c, v)
+        for combo in p.combos:
+            over = p.overrides(combo)
             name = "-".join(f"{k.split('.')[-1]}{x:g}" for k, x in over.items())
             for seed in seeds:
                 cfg = run_config_for(paper, setting, p.entry, seed, rounds, out / "runs" / name, over)
@@ -130,16 +166,22 @@ def sweep(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Pa
     for p in plans:
         scores = {}
         for combo in p.combos:
-            losses = [summarize(rows, target)["mean_train_loss_last"] if rows else math.inf
+            values = [sign * _num(summarize(rows, target)[metric]) if rows else math.inf
                       for rows, _, _ in (next(done) for _ in seeds)]
-            scores[combo] = statistics.fmean(x if math.isfinite(x) else math.inf for x in losses)
+            scores[combo] = statistics.fmean(x if math.isfinite(x) else math.inf for x in values)
         chosen[p.entry.label] = choose(p, scores)
+    rule = (f"{'highest' if sign < 0 else 'lowest'} mean {metric} (last {last_window(rounds)} rounds), mean over seeds"
+            if paper.sweep_metric else
+            f"lowest mean train-loss-before over the last {last_window(rounds)} rounds, mean over seeds")
     result = {"paper": paper.key, "setting": setting, "seeds": list(seeds), "rounds": rounds, "param": param,
-              "rule": f"lowest mean train-loss-before over the last {last_window(rounds)} rounds, mean over seeds",
-              "chosen": chosen}
+              "thin": thin, "rule": rule, "chosen": chosen}
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(result, indent=2, default=_json_default))
     return result
+
+
+def _num(v: Any) -> float:
+    return math.nan if v is None else float(v)
 
 
 def sweep_for(sweeps: Sequence[Mapping[str, Any]], paper: str, setting: str) -> Mapping[str, Any] | None:
@@ -152,10 +194,14 @@ def sweep_for(sweeps: Sequence[Mapping[str, Any]], paper: str, setting: str) -> 
     return min(mine, key=lambda d: d.get("setting") != setting, default=None)
 
 
-def overrides_from_sweep(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Per label the run-config overrides a ``sweep.json`` chose (client lr, and the server lr where swept)."""
-    out = {}
+def overrides_from_sweep(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per label the run-config overrides a ``sweep.json`` chose (client lr, and the server lr where swept; every
+    swept key for a paper's own grid)."""
+    out: dict[str, dict[str, Any]] = {}
     for label, c in data["chosen"].items():
+        if "overrides" in c:
+            out[label] = dict(c["overrides"])
+            continue
         o = {"client-lr": float(c["client_lr"])}
         if c.get("server_key") and c.get("server_lr") is not None:
             o[c["server_key"]] = float(c["server_lr"])
