@@ -13,9 +13,14 @@ from typing import Any
 
 from flower_strategies.core.hparams import ConfigError, StrategyConfig, param
 
-TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm", "leaf-synthetic",  # five on hub data:
-         "cifar10-resnet18", "cifar100-resnet18", "mnist-cnn", "fashion-mnist-cnn", "femnist-cnn")
-PARTITIONERS = ("iid", "dirichlet", "classes")
+TASKS = ("digits-mlp", "digits-cnn", "synthetic-linear", "shakespeare-lstm", "leaf-synthetic", "mnist-mlp",
+         "mnist-cnn",  # real MNIST (prepared offline, app_common/mnist.py); four on hub data:
+         "cifar10-resnet18", "cifar100-resnet18", "fashion-mnist-cnn", "femnist-cnn")
+#: ``round-iid`` / ``round-class``: paper 004's allocation, the whole training split divided anew every round among
+#: the round's active devices (app_common/partitions.py ``round_allocation``); digits and MNIST tasks only.
+PARTITIONERS = ("iid", "dirichlet", "classes", "round-iid", "round-class")
+ROUND_PARTITIONERS = ("round-iid", "round-class")
+ROUND_TASKS = ("digits-mlp", "digits-cnn", "mnist-mlp", "mnist-cnn")
 TRACKING = ("none", "tensorboard", "mlflow", "wandb")
 
 
@@ -30,7 +35,11 @@ class AppConfig(StrategyConfig):
     """
 
     task: str = param("digits-mlp", choices=TASKS, help="data set + model")
-    partitioner: str = param("dirichlet", choices=PARTITIONERS, help="how the training split is divided")
+    partitioner: str = param("dirichlet", choices=PARTITIONERS,
+        help="how the training split is divided: fixed partitions per node (iid, dirichlet, classes), or paper 004's "
+             "allocation anew each round among the round's sampled nodes (round-iid: random equal shards; round-class:"
+             " one class per node; digits and mnist tasks; every sampled node learns the round's sampled partition "
+             "ids)")
     dirichlet_alpha: float = param(0.3, lo=0.0, lo_open=True, help="concentration of the Dirichlet label skew")
     classes_per_client: int = param(2, lo=1, hi=10, help="labels per client for `partitioner=classes`")
     output_dir: str = param("outputs", help="metrics/model directory (relative paths: to the ServerApp's cwd)")
@@ -48,9 +57,15 @@ class AppConfig(StrategyConfig):
         help="model/data dtype (float64 for exactness checks)")
     round_timeout: float = param(3600.0, lo=0.0, lo_open=True, help="seconds to wait for replies")
     data_dir: str = param(".cache/fedadapt",
-        help="prepared data cache of file-based tasks (shakespeare-lstm); relative to the app's cwd")
+        help="prepared data cache of file-based tasks (shakespeare-lstm, mnist-mlp, mnist-cnn); relative to the app's "
+             "cwd")
+    mnist_source: str = param("prepared", choices=("prepared", "hub"),
+        help="mnist-mlp/mnist-cnn: prepared = the arrays `python -m app_common.mnist prepare` wrote under data-dir; "
+             "hub = the same arrays through the hub loader (ylecun/mnist, or the copy dataset-path names; a non-empty "
+             "dataset-path selects it too)")
     dataset_path: str = param("",
-        help="hub tasks (cifar10/100, mnist, fashion-mnist, femnist): directory of a local copy written by datasets' "
+        help="hub tasks (cifar10/100, mnist, fashion-mnist, femnist; mnist-mlp/mnist-cnn read it instead of the "
+             "prepared arrays): directory of a local copy written by datasets' "
              "DatasetDict.save_to_disk, read by the clients and for the server's test split; empty = the Hugging Face "
              "hub; relative to the app's cwd")
     checkpoint_every: int = param(0, lo=0,
@@ -63,7 +78,7 @@ class AppConfig(StrategyConfig):
              "with Ray give clients GPUs via client-resources-num-gpus)")
     test_max_examples: int = param(0, lo=0,
         help="central test set: a seeded sample of at most this many examples; 0 = the task's default (digits: all "
-             "360; shakespeare-lstm: 2,000)")
+             "360; mnist: all 10,000; shakespeare-lstm: 2,000)")
     root_set_size: int = param(300, lo=1,
         help="aggregator fltrust (defence = robust): the server's trusted root set, this many examples of the task's "
              "training split (never the test split), drawn with the run's seed; unused otherwise")
@@ -108,6 +123,15 @@ class AppConfig(StrategyConfig):
         reason = run_name_problem(self.run_name)
         if reason is not None:
             raise ConfigError(f"run-name = {self.run_name!r} is not valid: {reason}")
+        if self.partitioner in ROUND_PARTITIONERS:
+            if self.task not in ROUND_TASKS:
+                raise ConfigError(f"partitioner = {self.partitioner!r} divides the digits and MNIST training splits "
+                                  f"only ({', '.join(ROUND_TASKS)}), not task = {self.task!r}; use iid, dirichlet or "
+                                  "classes")
+            if self.secure_aggregation != "off":
+                raise ConfigError(f"partitioner = {self.partitioner!r} tells the round's nodes which partition ids "
+                                  "were sampled (Message API train config); secure-aggregation runs through the legacy "
+                                  "workflow, which does not: use secure-aggregation = 'off' or another partitioner")
 
 
 #: The longest ``run-name`` (a directory name well inside every file system's 255-byte limit, with room for

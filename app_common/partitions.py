@@ -143,3 +143,43 @@ def package_version(name: str) -> str:
     from importlib.metadata import version
 
     return version(name)
+
+
+# ------------------------------------------------------------------------------------------ per-round allocation
+#: Paper 004's allocations (Fed-LAMB, §5 / Appendix A.2): the whole training set is divided anew every round among
+#: that round's active (sampled) devices.
+ROUND_PARTITIONERS = ("round-iid", "round-class")
+
+
+def round_allocation(labels: np.ndarray, kind: str, seed: int, server_round: int, k: int) -> list[np.ndarray]:
+    """The training rows of each of the round's ``k`` active devices (slot ``j`` = the j-th of the round's sampled
+    devices in sampling order), drawn from ``numpy.random.default_rng([seed, 47, server_round])``:
+
+    * ``round-iid``: a random permutation of all rows cut into ``k`` consecutive shards (``np.array_split``: sizes
+      differ by at most one);
+    * ``round-class``: the classes in a random order ``perm`` (one draw per round); slot ``j`` gets class
+      ``perm[j mod C]`` (C classes), and each class's rows, permuted, are cut into as many near-equal shards as it
+      has devices (in slot order).  With ``k`` a multiple of C every class has ``k / C`` devices; otherwise the first
+      ``k mod C`` classes of ``perm`` have one device more; with ``k < C`` only ``k`` classes are trained that round.
+
+    Every row of the training set (``round-iid``) or of each assigned class (``round-class``) is in exactly one
+    shard.  Each shard is sorted (the client's own seeded mini-batch order shuffles it)."""
+    if k < 1:
+        raise ValueError(f"a round needs at least one active device, got {k}")
+    rng = np.random.default_rng([seed, 47, server_round])
+    if kind == "round-iid":
+        return [np.sort(s) for s in np.array_split(rng.permutation(len(labels)), k)]
+    if kind != "round-class":
+        raise ValueError(f"unknown per-round partitioner {kind!r}; valid: {', '.join(ROUND_PARTITIONERS)}")
+    classes = np.unique(labels)
+    perm = rng.permutation(classes)
+    assigned = perm[np.arange(k) % len(classes)]
+    out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * k
+    for c in perm:  # a fixed order of draws: the class order of this round
+        slots = np.flatnonzero(assigned == c)
+        if not len(slots):
+            continue
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        for j, part in zip(slots, np.array_split(rows, len(slots)), strict=True):
+            out[j] = np.sort(part)
+    return out

