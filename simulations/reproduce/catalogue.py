@@ -68,6 +68,15 @@ class Setting:
 
     def ready(self) -> str | None:
         """``None`` when the setting's data are available, else why not and how to fix it."""
+        if self.task.startswith("mnist-"):
+            from app_common.mnist import DEFAULT_DATA_DIR as MNIST_DIR
+            from app_common.mnist import MnistCorrupt, MnistMissing, load
+
+            try:
+                load(MNIST_DIR)
+            except (MnistMissing, MnistCorrupt) as err:
+                return f"MNIST not prepared: {self.prepare} ({type(err).__name__})"
+            return None
         if self.task != SHAKESPEARE_TASK:
             return None
         from app_common.shakespeare import DEFAULT_DATA_DIR, cache_file
@@ -181,7 +190,7 @@ def load_paper(path: Path) -> Paper:
 
 def papers() -> dict[str, Paper]:
     """Every paper of ``catalogue/`` by key (``000`` … ``004``, ``004-mnist``)."""
-    return {p.stem: load_paper(p) for p in sorted(CATALOGUE_DIR.glob("[0-9]*.toml"))}
+    return {p.stem: load_paper(p) for p in sorted(CATALOGUE_DIR.glob("[0-9]*.toml"), key=lambda p: p.stem)}
 
 
 def run_config_for(paper: Paper, setting: str, entry: Entry, seed: int, rounds: int, out_dir: Path,
