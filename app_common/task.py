@@ -422,9 +422,10 @@ def load_client_data(
     precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR, dataset_path: str = "",
     synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0, mnist_source: str = "prepared",
 ) -> tuple[Tensor, Tensor]:
+    if partitioner in ("round-iid", "round-class"):
+        raise ValueError(f"partitioner {partitioner!r} divides the training split anew every round among the round's "
+                         "sampled nodes (load_round_data): a node has no fixed partition under it")
     if task in MNIST_TASKS:
-        if partitioner in ("round-iid", "round-class"):
-            raise ValueError(f"partitioner {partitioner!r} divides the data per round: use load_round_data")
         rows = _mnist_rows(partitioner, num_partitions, seed, alpha, classes_per_client, data_dir, mnist_source,
                            dataset_path)
         if not 0 <= partition_id < num_partitions:
