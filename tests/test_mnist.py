@@ -123,6 +123,13 @@ def test_hub_loader_on_a_saved_copy_gives_the_same_arrays_and_partitions(prepare
     xp, yp = T.load_test_data("mnist-cnn", seed=0, data_dir=data_dir)
     xh, yh = T.load_test_data("mnist-cnn", seed=0, data_dir=data_dir, mnist_source="hub", dataset_path=path)
     assert torch.equal(xp, xh) and torch.equal(yp, yh)
+    # the real apps on the copy alone (no prepared arrays in this data-dir)
+    from simulations.engine.inprocess import run_inprocess
+
+    summary = run_inprocess({"task": "mnist-cnn", "dataset-path": path, "data-dir": str(tmp_path / "empty"),
+                             "num-server-rounds": 1, "local-steps": 1, "batch-size": 8, "partitioner": "iid",
+                             "output-dir": str(tmp_path / "out"), "run-name": "hub"}, 2)
+    assert summary["status"] == "completed" and summary["final"]["replies-used"] == 2
 
 
 def test_models_are_paper_004s():

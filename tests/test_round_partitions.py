@@ -97,6 +97,7 @@ def test_an_inprocess_run_allocates_the_whole_training_split_to_each_rounds_acti
     calls = _spy(monkeypatch)
     summary = run_inprocess({"task": "digits-mlp", "partitioner": partitioner, "num-server-rounds": 3,
                              "fraction-train": 0.5, "min-train-nodes": 2, "local-steps": 1, "batch-size": 16,
+                             "fraction-evaluate": 0.5,  # client-side evaluation: each node's fixed iid partition
                              "output-dir": str(tmp_path), "run-name": partitioner}, 6)
     assert summary["status"] == "completed"
     for rnd in (1, 2, 3):
