@@ -355,8 +355,10 @@ def mnist_split(split: str, data_dir: str = DEFAULT_DATA_DIR, source: str = "pre
 @lru_cache(maxsize=4)
 def _mnist_rows(kind: str, num_partitions: int, seed: int, alpha: float, classes_per_client: int, data_dir: str,
                 source: str, dataset_path: str) -> list[np.ndarray]:
-    _, y = mnist_split("train", data_dir, source, dataset_path)
-    return partition_rows(y.numpy(), kind, num_partitions, seed, alpha, classes_per_client, data_dir,
+    from app_common import mnist
+
+    y = mnist.arrays(data_dir, source=source, dataset_path=dataset_path)["train-labels"]
+    return partition_rows(y, kind, num_partitions, seed, alpha, classes_per_client, data_dir,
                           "mnist-partitions")
 
 
@@ -375,8 +377,13 @@ def train_split(task: str, *, seed: int, precision: str = "float32", data_dir: s
 @lru_cache(maxsize=4)
 def _round_rows(task: str, kind: str, seed: int, server_round: int, k: int, data_dir: str, dataset_path: str,
                 mnist_source: str) -> list[np.ndarray]:
-    _, y = train_split(task, seed=seed, data_dir=data_dir, dataset_path=dataset_path, mnist_source=mnist_source)
-    return round_allocation(y.numpy(), kind, seed, server_round, k)
+    if task in MNIST_TASKS:
+        from app_common import mnist
+
+        labels = mnist.arrays(data_dir, source=mnist_source, dataset_path=dataset_path)["train-labels"]
+    else:
+        labels = train_split(task, seed=seed, data_dir=data_dir)[1].numpy()
+    return round_allocation(labels, kind, seed, server_round, k)
 
 
 def load_round_data(task: str, server_round: int, slot: int, active: int, *, partitioner: str, seed: int,
@@ -422,9 +429,10 @@ def load_client_data(
     precision: str = "float32", data_dir: str = DEFAULT_DATA_DIR, dataset_path: str = "",
     synthetic_alpha: float = 1.0, synthetic_beta: float = 1.0, mnist_source: str = "prepared",
 ) -> tuple[Tensor, Tensor]:
+    if partitioner in ("round-iid", "round-class"):
+        raise ValueError(f"partitioner {partitioner!r} divides the training split anew every round among the round's "
+                         "sampled nodes (load_round_data): a node has no fixed partition under it")
     if task in MNIST_TASKS:
-        if partitioner in ("round-iid", "round-class"):
-            raise ValueError(f"partitioner {partitioner!r} divides the data per round: use load_round_data")
         rows = _mnist_rows(partitioner, num_partitions, seed, alpha, classes_per_client, data_dir, mnist_source,
                            dataset_path)
         if not 0 <= partition_id < num_partitions:

@@ -123,6 +123,13 @@ def test_hub_loader_on_a_saved_copy_gives_the_same_arrays_and_partitions(prepare
     xp, yp = T.load_test_data("mnist-cnn", seed=0, data_dir=data_dir)
     xh, yh = T.load_test_data("mnist-cnn", seed=0, data_dir=data_dir, mnist_source="hub", dataset_path=path)
     assert torch.equal(xp, xh) and torch.equal(yp, yh)
+    # the real apps on the copy alone (no prepared arrays in this data-dir)
+    from simulations.engine.inprocess import run_inprocess
+
+    summary = run_inprocess({"task": "mnist-cnn", "dataset-path": path, "data-dir": str(tmp_path / "empty"),
+                             "num-server-rounds": 1, "local-steps": 1, "batch-size": 8, "partitioner": "iid",
+                             "output-dir": str(tmp_path / "out"), "run-name": "hub"}, 2)
+    assert summary["status"] == "completed" and summary["final"]["replies-used"] == 2
 
 
 def test_models_are_paper_004s():
@@ -201,3 +208,20 @@ def test_dropout_models_run_in_both_in_process_engines(task, prepared, monkeypat
     assert _rel(on["inprocess"][0], on["vectorized"][0]) > 1e-4
     plain = _final_model(root, monkeypatch, task, "inprocess", f"{task}-plain", 0.0)
     assert _rel(on["inprocess"][0], plain) > 1e-4  # dropout did act
+
+
+def test_dropout_masks_are_seeded_per_client_and_round_and_leave_torchs_generator_as_it_was():
+    mlp, digits = T.build_model("mnist-mlp", 0), T.build_model("digits-mlp", 0)
+    mlp.train()
+    x = torch.ones(4, 784)
+
+    def masks(rnd, key):
+        with T.dropout_rng(mlp, 0, rnd, key):
+            return mlp.drop(x)
+
+    state = torch.random.get_rng_state()
+    assert torch.equal(masks(1, 3), masks(1, 3))
+    assert not torch.equal(masks(1, 3), masks(1, 4)) and not torch.equal(masks(1, 3), masks(2, 3))
+    assert torch.equal(torch.random.get_rng_state(), state)  # restored
+    with T.dropout_rng(digits, 0, 1, 3):  # no dropout: the generator is not touched
+        assert torch.equal(torch.random.get_rng_state(), state)

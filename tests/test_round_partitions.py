@@ -66,6 +66,13 @@ def test_the_run_config_refuses_tasks_it_cannot_divide():
         parse({"task": "digits-mlp", "partitioner": "round-iid", "secure-aggregation": "secaggplus"})
 
 
+def test_a_fixed_partition_is_refused_under_a_per_round_partitioner():
+    from app_common.task import load_client_data
+
+    with pytest.raises(ValueError, match="no fixed partition"):
+        load_client_data("digits-mlp", 0, 4, partitioner="round-iid", seed=0, alpha=0.3, classes_per_client=2)
+
+
 def _spy(monkeypatch):
     """Record every per-round load (round, slot, active, size) the clients make; the real loader answers."""
     from client_app import node
@@ -90,6 +97,7 @@ def test_an_inprocess_run_allocates_the_whole_training_split_to_each_rounds_acti
     calls = _spy(monkeypatch)
     summary = run_inprocess({"task": "digits-mlp", "partitioner": partitioner, "num-server-rounds": 3,
                              "fraction-train": 0.5, "min-train-nodes": 2, "local-steps": 1, "batch-size": 16,
+                             "fraction-evaluate": 0.5,  # client-side evaluation: each node's fixed iid partition
                              "output-dir": str(tmp_path), "run-name": partitioner}, 6)
     assert summary["status"] == "completed"
     for rnd in (1, 2, 3):
@@ -102,13 +110,15 @@ def test_an_inprocess_run_allocates_the_whole_training_split_to_each_rounds_acti
     assert len(rows) == 4
 
 
-def test_the_vectorized_engine_gives_the_sequential_run_under_a_per_round_partitioner(tmp_path):
-    """digits-mlp (no dropout), float64, round-iid: the stacked clients get the same shares and the same model."""
+@pytest.mark.parametrize("partitioner", ["round-iid", "round-class"])
+def test_the_vectorized_engine_gives_the_sequential_run_under_a_per_round_partitioner(partitioner, tmp_path):
+    """digits-mlp (no dropout), float64: the stacked clients get the same shares and the same model (round-class:
+    shares of unequal sizes, so unequal step counts)."""
     from simulations.engine.inprocess import run_inprocess
 
     models = {}
     for engine in ("inprocess", "vectorized"):
-        rc = {"task": "digits-mlp", "partitioner": "round-iid", "num-server-rounds": 3, "fraction-train": 0.5,
+        rc = {"task": "digits-mlp", "partitioner": partitioner, "num-server-rounds": 3, "fraction-train": 0.5,
               "min-train-nodes": 2, "local-epochs": 1, "local-steps": 0, "batch-size": 32, "precision": "float64",
               "output-dir": str(tmp_path), "run-name": engine, "method": "fedams", "client-lr": 0.01}
         assert run_inprocess(rc, 6, engine=engine)["status"] == "completed"
