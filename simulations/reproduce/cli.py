@@ -63,8 +63,8 @@ def parser() -> argparse.ArgumentParser:
                     help="sweep: which learning rates to sweep "
                          "(default both: client × server for server-tuned methods)")
     ap.add_argument("--thin", type=int, default=0,
-                    help="sweep, for a paper with its own grids: at most N values per swept key, evenly spread "
-                         "with both ends kept (default 0: the paper's whole grid)")
+                    help="sweep: at most N values of each client-lr grid and of each key of a paper's own grids, "
+                         "evenly spread with both ends kept (default 0: the whole grids)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs in parallel worker processes (default 1; 2 on a 2-core machine halves the wall time)")
     ap.add_argument("--lrs-from", type=Path, action="append", default=None,

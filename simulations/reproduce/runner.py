@@ -124,6 +124,7 @@ class Task:
     what: str  # for progress lines
     cfg: Mapping[str, Any]
     num_nodes: int
+    engine: str = "vectorized"  # the setting's (catalogue/settings.toml `engine`)
 
 
 RunResult = tuple[list[dict[str, Any]] | None, str | None, float]
@@ -133,7 +134,7 @@ def _run_task(task: Task) -> RunResult:
     """``(metrics rows, None, seconds)`` or ``(None, error, seconds)``: a failing run never raises."""
     t = time.monotonic()
     try:
-        _, rows = run_one(task.cfg, task.num_nodes)
+        _, rows = run_one(task.cfg, task.num_nodes, task.engine)
         return rows, None, time.monotonic() - t
     except Exception as err:  # a broken method must not stop the suite; the row says why
         return None, f"{type(err).__name__}: {err}"[:300], time.monotonic() - t
@@ -192,7 +193,8 @@ def run_grid(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out:
             cfg = run_config_for(paper, setting, entry, seed, rounds, runs_dir, (lrs or {}).get(entry.label))
             results.append({**base, "seed": seed, "client_lr": cfg["client-lr"], "server_lr": server_lr_of(cfg),
                             "run_dir": str(runs_dir / cfg["run-name"])})
-            tasks.append(Task(f"{paper.key}/{setting} {entry.label} seed {seed}", cfg, num_nodes))
+            tasks.append(Task(f"{paper.key}/{setting} {entry.label} seed {seed}", cfg, num_nodes,
+                              settings()[setting].engine))
     pending = [r for r in results if "run_dir" in r]
     for row, (metrics, error, seconds) in zip(pending, execute(tasks, jobs, progress), strict=True):
         if error is None:

@@ -104,8 +104,8 @@ def thinned(values: Sequence[Any], at_most: int) -> tuple[Any, ...]:
 
 def plan(paper: Paper, setting: str, grid: Sequence[float] | None, param: str, thin: int = 0) -> list[Plan]:
     """The entries to sweep (registered, with something to sweep) and their values: the paper's own grid for a
-    label that has one (``[sweep] grids``; ``thin``: at most that many values per key), else the client lr grid
-    (or ``grid``) × the server lr grid by ``param``."""
+    label that has one (``[sweep] grids``), else the client lr grid (or ``grid``) × the server lr grid by ``param``;
+    ``thin``: at most that many values of each key's grid (not of ``grid`` nor of the server factors)."""
     methods, plans = registered(), []
     for e in paper.entries_for(setting):
         if e.method not in methods:
@@ -114,7 +114,7 @@ def plan(paper: Paper, setting: str, grid: Sequence[float] | None, param: str, t
         if own:
             plans.append(Plan(e, tuple(own), tuple(thinned(v, thin) for v in own.values())))
             continue
-        cg = (tuple(grid) if grid else sweep_grid(e)) if param in ("client", "both") else ()
+        cg = (tuple(grid) if grid else thinned(sweep_grid(e), thin)) if param in ("client", "both") else ()
         sg = server_grid(paper, setting, e) if param in ("server", "both") else None
         keys, values = (("client-lr",), (cg,)) if cg else ((), ())
         if sg:
@@ -159,7 +159,8 @@ def sweep(paper: Paper, setting: str, seeds: Sequence[int], rounds: int, out: Pa
             name = "-".join(f"{k.split('.')[-1]}{x:g}" for k, x in over.items())
             for seed in seeds:
                 cfg = run_config_for(paper, setting, p.entry, seed, rounds, out / "runs" / name, over)
-                tasks.append(Task(f"sweep {paper.key}/{setting} {p.entry.label} {name} seed {seed}", cfg, nodes))
+                tasks.append(Task(f"sweep {paper.key}/{setting} {p.entry.label} {name} seed {seed}", cfg, nodes,
+                                  settings()[setting].engine))
     done = iter(execute(tasks, jobs, Progress(len(tasks))))
     target = paper.target_for(setting)
     chosen = {}
