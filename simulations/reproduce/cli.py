@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -21,9 +22,11 @@ DEFAULT_OUT = Path("outputs") / "reproduce"
 
 def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | None, out: Path,
               lrs_from: Sequence[Path] | None = None, command: str = "",
-              only_settings: Sequence[str] | None = None, jobs: int = 1) -> dict[str, dict[str, Path]]:
-    """Run the papers ``keys`` on their settings (quick: the first only); write every output; return the files."""
-    table = papers()
+              only_settings: Sequence[str] | None = None, jobs: int = 1,
+              labels: Sequence[str] = ()) -> dict[str, dict[str, Path]]:
+    """Run the papers ``keys`` on their settings (quick: the first only); write every output; return the files.
+    ``labels``: only these entries (every entry when empty)."""
+    table = {k: only_labels(p, labels) for k, p in papers().items()}
     plan: list[tuple[Paper, str]] = [
         (table[k], s) for k in keys for s in (table[k].settings[:1] if quick else table[k].settings)
         if not only_settings or s in only_settings
@@ -46,6 +49,16 @@ def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | Non
     return written
 
 
+def only_labels(paper: Paper, labels: Sequence[str]) -> Paper:
+    """``paper`` with only the entries labelled ``labels`` (all of them when empty); its claims stay, and a claim
+    whose two sides are not both run is left out of the tables (:meth:`Paper.claims_for`)."""
+    if not labels:
+        return paper
+    keep = lambda entries: tuple(e for e in entries if e.label in labels)  # noqa: E731
+    return dataclasses.replace(paper, entries=keep(paper.entries),
+                               setting_entries={s: keep(v) for s, v in paper.setting_entries.items()})
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m simulations.reproduce", description=DOC.splitlines()[0])
     ap.add_argument("what", help="paper key (000..004), 'all', 'sweep', 'theory' or 'report' (re-tabulate --out)")
@@ -62,6 +75,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--param", default="both", choices=PARAMS,
                     help="sweep: which learning rates to sweep "
                          "(default both: client × server for server-tuned methods)")
+    ap.add_argument("--labels", default="",
+                    help="comma-separated entry labels: run (or sweep) only these entries of the paper")
     ap.add_argument("--thin", type=int, default=0,
                     help="sweep: at most N values of each client-lr grid and of each key of a paper's own grids, "
                          "evenly spread with both ends kept (default 0: the whole grids)")
@@ -89,7 +104,7 @@ def cmd_sweep(args: argparse.Namespace, ap: argparse.ArgumentParser, command: st
     table = papers()
     if args.paper not in table:
         ap.error(f"sweep needs a paper key: one of {', '.join(table)}")
-    p = table[args.paper]
+    p = only_labels(table[args.paper], [x for x in args.labels.split(",") if x])
     setting = args.setting or p.settings[0]
     if setting not in p.settings:
         ap.error(f"paper {p.key} has no setting {setting!r}; its settings: {', '.join(p.settings)}")
@@ -116,7 +131,8 @@ def cmd_run(args: argparse.Namespace, ap: argparse.ArgumentParser, command: str)
     if only and not any(x in table[k].settings for k in keys for x in only):
         ap.error(f"no selected paper has setting(s) {args.setting!r}")
     reproduce(keys, quick=args.quick, seeds=args.seeds or (2 if args.quick else 3), rounds=args.rounds, out=args.out,
-              lrs_from=args.lrs_from, command=command, only_settings=only, jobs=args.jobs)
+              lrs_from=args.lrs_from, command=command, only_settings=only, jobs=args.jobs,
+              labels=[x for x in args.labels.split(",") if x])
     return 0
 
 
