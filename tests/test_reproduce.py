@@ -251,6 +251,24 @@ def test_a_papers_own_grid_is_a_product_ranked_by_its_metric_and_fed_back(tmp_pa
     assert R.overrides_from_sweep(json.loads((tmp_path / "sweep.json").read_text())) == {"lamb": c["overrides"]}
 
 
+def test_labels_keep_only_those_entries_and_the_claims_between_them():
+    from simulations.reproduce.cli import only_labels
+
+    p = only_labels(R.papers()["004-mnist"], ["fed-lamb", "fed-ams"])
+    for s in p.settings:
+        assert [e.label for e in p.entries_for(s)] == ["fed-ams", "fed-lamb"]
+        assert {(c.better, c.worse) for c in p.claims_for(s)} == {("fed-lamb", "fed-ams")}
+    assert only_labels(R.papers()["001"], []) == R.papers()["001"]
+    kept = only_labels(R.papers()["001"], ["fedavg"])  # a setting's own entries are filtered too
+    assert [e.label for e in kept.entries_for("mnist-mlp-dir0.3")] == ["fedavg"]
+
+
+def test_the_mnist_cnn_settings_run_in_process():
+    table = R.settings()
+    assert {s.engine for n, s in table.items() if s.task == "mnist-cnn"} == {"inprocess"}
+    assert {s.engine for n, s in table.items() if s.task != "mnist-cnn"} == {"vectorized"}
+
+
 def test_thinned_keeps_both_ends_and_spreads_evenly():
     grid = (0.001, 0.003, 0.005, 0.01, 0.03, 0.05, 0.1, 0.3, 0.5)
     assert R.sweep.thinned(grid, 0) == grid and R.sweep.thinned(grid, 9) == grid
