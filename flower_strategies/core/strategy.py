@@ -152,6 +152,7 @@ class FedAdaptStrategy(Strategy):
         self.current: NamedArrays | None = None
         self.server_state: ServerState | None = None
         self.root: dict[str, NamedArrays] | None = None  # the server's root-set reply of the round (FLTrust)
+        self.sent: dict[str, NamedArrays] = {}  # the round's downlink records (the screen's invariants read them)
         self.centre: NamedArrays | None = None  # the last round's model update (centered clipping's momentum)
         self._previous: NamedArrays | None = None
 
@@ -301,6 +302,7 @@ class FedAdaptStrategy(Strategy):
         if clash:
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
+        self.sent = extras
         rlog.bytes_down = R.arrays_nbytes(content) * num_sampled
         self.robust_references(content)
         return content
@@ -346,7 +348,7 @@ class FedAdaptStrategy(Strategy):
         policy = ScreenPolicy.from_settings(self.settings, self.weighting)
         return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current), policy, self.method,
                            self.needs_client_half, root=self.root, centre=self.centre, seed=self.settings.seed,
-                           aggregate=not PrivacyPolicy.from_settings(self.settings).enabled)
+                           aggregate=not PrivacyPolicy.from_settings(self.settings).enabled, sent=self.sent)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
