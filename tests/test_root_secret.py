@@ -48,7 +48,8 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 def rounds(cfg: dict, replica_seed, n: int = 3):
     """``n`` rounds of a 5-client run (the model advanced by the honest mean): per round ``(cosine of the client's
     replica with the server's root update, the honest clients' cosines with it)``.  ``replica_seed(fed)``: the seed
-    the client puts where the server puts its root secret."""
+    the client puts where the server puts its root secret (the tests pin the secret the server draws, for
+    reproducible figures; the client never learns it)."""
     fed, model, strategy = build(cfg)
     assert isinstance(fed, AppConfig)
     strategy.root_update = root.root_update(fed, root.root_secret(fed))  # what the ServerApp does at start
@@ -80,15 +81,18 @@ def rounds(cfg: dict, replica_seed, n: int = 3):
     return out
 
 
-@pytest.mark.parametrize("partition", ["iid", "non-iid"])
-def test_a_clients_best_replica_of_the_secret_root_update_is_no_exact_copy(partition):
+@pytest.mark.parametrize("partition,secret", [("iid", 1), ("iid", 2), ("non-iid", 1)])
+def test_a_clients_best_replica_of_the_secret_root_update_is_no_exact_copy(partition, secret, monkeypatch):
+    monkeypatch.setattr(root.secrets, "randbits", lambda bits: secret)  # the server's draw, pinned
     got = rounds({**DIGITS, **PARTITIONS[partition]}, lambda fed: fed.seed)
     for replica, honest in got:
-        assert replica < 0.95  # measured: iid 0.904, 0.884, 0.907; non-iid 0.858, 0.872, 0.909 (before: 1.000)
+        assert replica < 0.95  # before the secret: 1.000 every round
         if partition == "iid":  # as close as an honest client's own update, not closer
-            assert replica <= max(honest)  # measured: max honest 0.932, 0.924, 0.949
-    # On label-skewed data the honest clients' updates are further from the root update (0.13-0.56) than a sample
-    # of the public training split is: what knowing the data distribution gives, not the reference itself.
+            assert replica <= max(honest)
+    # Measured (rounds 1-3, replica / best honest client): secret 1: 0.827 / 0.922, 0.840 / 0.926, 0.892 / 0.941;
+    # secret 2: 0.911 / 0.946, 0.902 / 0.931, 0.929 / 0.946 — about the honest clients' mean (0.87-0.93).  On
+    # label-skewed data the honest clients' updates are further from the root update (0.13-0.56) than a sample of
+    # the public training split is: what knowing the data distribution gives, not the reference itself.
 
 
 def test_a_published_root_seed_gives_every_client_the_exact_root_update():
