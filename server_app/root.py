@@ -35,9 +35,8 @@ from app_common.task import TASK_SPECS, build_model, digits_split, load_client_d
 from flower_strategies.core import records as R
 from flower_strategies.core.client import train_reply
 from flower_strategies.core.ops import NamedArrays
+from flower_strategies.core.rootset import ROOT_KEY
 
-#: The root set's client key: its batch order is seeded apart from every client's (partition ids are small).
-ROOT_KEY = 2**32 - 1
 #: Where a checkpoint keeps the root secret (its ``app`` object).
 ROOT_SECRET = "root-secret"
 
