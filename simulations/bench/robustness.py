@@ -13,6 +13,13 @@ attackers of 5, 4 and 6 of 20, iid and Dirichlet-0.3) and rewrites the part of d
 ``--write-docs --merge --profiles flwr-krum …`` runs only those rows and puts them into the table there (each
 replacing its row of the same clients, data and profile; the other rows and the default-job table stay).
 
+``--write-docs`` also writes issue 48's tables (``--tables issue36 adaptive cost`` picks them; default: the first
+two): ``adaptive`` — attackers who know the defence (:data:`ADAPTIVE_KINDS`: the in-gate attack, with the weight lie,
+min-max / min-sum, a backdoor, the leaked-reference diagnostic) and record poisoning (:data:`RECORD_ATTACKS`), each
+cell a mean over ``--seeds`` (3) seeds, between the ``adaptive`` markers; ``cost`` — every method's clean cost of
+``defence = "robust"`` over seeds 0–2 (mean ± std), between the ``cost`` markers of docs/robustness.md and
+docs/methods/index.md.
+
 The ``flwr-*`` rows (:data:`FLOWER_ROWS`) are Flower's own classes, not fedadapt's look-alikes: under the defaults
 (``defence = "off"``: only the always-on screen), the round's kept replies are aggregated by the Flower strategy's
 ``aggregate_train`` (:func:`flower_rule`).
@@ -483,7 +490,7 @@ RECORD_ATTACKS: dict[str, tuple[str, Callable[[tuple[int, ...], dict[str, Any], 
     "scaffold control delta ×(−3)": ("scaffold", lambda who, cfg, n: RecordPoison(who, "control-delta",
                                                                                    lambda v: -3 * v)),
     "fedlada negative v̂": ("fedlada", lambda who, cfg, n: RecordPoison(who, "v-hat", lambda v: -v)),
-    "fedams v = −3·|v|": ("fedams", lambda who, cfg, n: RecordPoison(who, "v", lambda v: -3 * np.abs(v))),
+    "fedams v = −3·abs(v)": ("fedams", lambda who, cfg, n: RecordPoison(who, "v", lambda v: -3 * np.abs(v))),
 }
 RECORD_KINDS = {f"record-{i}": fn for i, (_, fn) in enumerate(RECORD_ATTACKS.values())}
 
@@ -865,11 +872,12 @@ def main(argv: list[str] | None = None) -> None:
         t1 = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp:
             cost = clean_cost(Path(tmp), args.engine)
-        write_docs(Path(args.write_docs), cost,
-                   f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness --write-docs --tables "
-                   f"cost` ({args.engine} engine, {time.monotonic() - t1:.0f} s): every method's default job (10 "
-                   f"Dirichlet-0.3 digits clients, 10 rounds, its presets), clean, final test accuracy over seeds "
-                   f"0, 1, 2 (`root-seed` = the seed):", (COST_BEGIN, COST_END))
+        cost_header = (f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness --write-docs --tables "
+                       f"cost` ({args.engine} engine, {time.monotonic() - t1:.0f} s): every method's default job (10 "
+                       f"Dirichlet-0.3 digits clients, 10 rounds, its presets), clean, final test accuracy over seeds "
+                       f"0, 1, 2 (`root-seed` = the seed):")
+        for path in (Path(args.write_docs), Path(args.write_docs).parent / "methods" / "index.md"):
+            write_docs(path, cost, cost_header, (COST_BEGIN, COST_END))
     if args.write_docs and "issue36" not in args.tables:
         return
     if args.write_docs:
