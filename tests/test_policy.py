@@ -122,6 +122,10 @@ def test_more_than_half_rejected_for_max_rejected_rounds_in_a_row_fails_with_the
     policy.check_progress([rnd(1, 3), rnd(2, 3), rnd(3, 3)], 3, max_rejected_rounds=4)
     policy.check_progress([rnd(1, 3), rnd(2, 3), rnd(3, 3)], 3, max_rejected_rounds=0)  # 0 = never
     policy.check_progress([rnd(1, 1, errors=2), rnd(2, 1, errors=2), rnd(3, 1, errors=2)], 3, max_rejected_rounds=3)
+    krum = [policy.RoundLog(n, sampled=5, replies_used=1, replies_rejected=4, updated=True,
+                            rejections=[Rejection(1, Kind.LEFT_OUT, "left out by aggregator krum")] * 4)
+            for n in (1, 2, 3)]
+    policy.check_progress(krum, 3, max_rejected_rounds=3)  # Krum keeps 1 of 5 by design: not a refusal
 
 
 def test_a_healthy_run_completes_with_and_without_an_evaluate_fn():

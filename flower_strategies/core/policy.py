@@ -56,14 +56,17 @@ class RunFailed(RuntimeError):
 
 #: Rejections that are the clients' own failures, not the server's refusals (the "every client failed" rule).
 FAILURES = (Kind.CLIENT_ERROR, Kind.MOD_REFUSED)
+#: Rejections ``max-rejected-rounds`` does not count: the clients' failures, and Krum / multi-Krum leaving replies out
+#: (a selection that drops n − 1 or t replies of every round by design).
+NOT_REFUSALS = (*FAILURES, Kind.LEFT_OUT)
 
 
 def check_progress(history: Sequence[RoundLog], max_idle_rounds: int, *, final: bool = False,
                    max_rejected_rounds: int = 0) -> None:
     """Raise :class:`RunFailed` when every client failed in the last round, when the last ``max_idle_rounds`` rounds
     updated nothing (0 = never), when the server rejected more than half of the sampled replies in each of the last
-    ``max_rejected_rounds`` rounds (0 = never; client failures do not count), or (``final``) when no round of the run
-    updated the model."""
+    ``max_rejected_rounds`` rounds (0 = never; client failures and Krum's selection do not count), or (``final``) when
+    no round of the run updated the model."""
     if not history:
         return
     last = history[-1]
@@ -92,13 +95,13 @@ def check_progress(history: Sequence[RoundLog], max_idle_rounds: int, *, final: 
                         f"{last.server_round}: {what_happened(last)}")
     refused = 0
     for h in reversed(history):
-        if 2 * sum(r.kind not in FAILURES for r in h.rejections) <= h.sampled:
+        if 2 * sum(r.kind not in NOT_REFUSALS for r in h.rejections) <= h.sampled:
             break
         refused += 1
     if max_rejected_rounds and refused >= max_rejected_rounds:
         rounds = history[-refused:]
         kinds: dict[str, int] = {}
-        for r in (r for h in rounds for r in h.rejections if r.kind not in FAILURES):
+        for r in (r for h in rounds for r in h.rejections if r.kind not in NOT_REFUSALS):
             kinds[r.kind.value] = kinds.get(r.kind.value, 0) + 1
         counts = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
         raise RunFailed(
