@@ -81,7 +81,12 @@ class AppConfig(StrategyConfig):
              "360; mnist: all 10,000; shakespeare-lstm: 2,000)")
     root_set_size: int = param(300, lo=1,
         help="aggregator fltrust (defence = robust): the server's trusted root set, this many examples of the task's "
-             "training split (never the test split), drawn with the run's seed; unused otherwise")
+             "training split (never the test split), drawn with the server's secret root seed; unused otherwise")
+    root_seed: int = param(-1, lo=-1,
+        help="aggregator fltrust (defence = robust): -1 = the root set and the server's batch order come from a secret "
+             "the server draws at start (kept only in its checkpoint, never logged); >= 0 = this seed instead, for "
+             "experiments only: the run-config reaches every ClientApp, so a published root-seed lets any client "
+             "compute the server's trust reference and voids the gate")
     train_loss_before: bool = param(True,
         help="clients report train-loss-before, the received model's loss on their data (one extra forward pass over "
              "it per round; localupdatedecay's controller needs it); false = skip it")

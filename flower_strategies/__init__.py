@@ -16,6 +16,7 @@ from .core.registry import (
     METHODS, MethodSpec, build_strategy, get_method, parse_run_config, register, run_config_defaults,
     strategy_from_run_config,
 )
+from .core.rootset import root_update_from
 from .core.rounds import RoundBook
 from .core.sampler import NodeSampler
 from .core.screen import ReplyScreen, ScreenPolicy, Screened
@@ -49,7 +50,7 @@ __all__ = [
     "MethodSpec", "NodeSampler", "RecordSpec", "ReplyScreen", "RoundBook", "RoundInputs", "RoundLog", "SGDHParams",
     "SGDOptimizer", "ScreenPolicy", "Screened", "ServerOptimizer", "StrategyConfig", "TensorPartition",
     "build_strategy", "full_gradient_from", "get_method", "parse_run_config",
-    "register", "run_config_defaults", "strategy_from_run_config", "train_reply",
+    "register", "root_update_from", "run_config_defaults", "strategy_from_run_config", "train_reply",
     # methods
     "AdpFed", "FedAMS", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedCM", "FedCMHParams", "FedCMOptimizer",
     "FedDA", "FedDAAdagrad", "FedDAAdam", "FedDAClientHParams", "FedDAHParams", "FedDAOptimizer", "FedDASGDM",

@@ -174,15 +174,19 @@ class Checkpointer:
 
 
 def make_checkpointer(fed: AppConfig, out: Path, strategy: FedAdaptStrategy, writer: MetricsWriter,
-                      run_config: Mapping[str, Any], run_token: str = "") -> Checkpointer | None:
-    """The run's :class:`Checkpointer` (``checkpoint-every > 0``), else None."""
+                      run_config: Mapping[str, Any], run_token: str = "", root_secret: int | None = None
+                      ) -> Checkpointer | None:
+    """The run's :class:`Checkpointer` (``checkpoint-every > 0``), else None.  ``root_secret``: the FLTrust root
+    secret (:func:`server_app.root.root_secret`), kept in the checkpoint only, so that a resumed run continues
+    exactly."""
     if fed.checkpoint_every <= 0:
         return None
+    secret = {} if root_secret is None else {root.ROOT_SECRET: str(root_secret)}
 
     def encode(server_round: int, arrays: ArrayRecord) -> bytes:
         return ckpt.encode(server_round=server_round, num_rounds=fed.num_server_rounds, arrays=R.to_numpy(arrays),
                            strategy=strategy, metrics_rows=writer.rows, run_config=run_config,
-                           app={RUN_TOKEN: run_token, RUN_NAME: out.name})
+                           app={RUN_TOKEN: run_token, RUN_NAME: out.name, **secret})
 
     return Checkpointer(out / "checkpoint.npz", fed.checkpoint_every, fed.num_server_rounds, encode)
 
@@ -198,7 +202,6 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     assert isinstance(fed, AppConfig)
     aggregator = strategy.settings.setting("aggregator")
     if aggregator in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)
-        strategy.root_update = root.root_update(fed)
         log(INFO, "fedadapt: aggregator %s, root set of %d training examples", aggregator, fed.root_set_size)
     tracking.check_available(fed.tracking)  # a missing tracker package fails here, before anything is written
     if fed.secure_aggregation != "off":
@@ -414,7 +417,11 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
             return MetricRecord(dict(m))  # run_rounds then applies the run-failure policy (core/policy.py)
 
         token = run_token(payload) if fed.checkpoint_every > 0 else ""
-        checkpointer = make_checkpointer(fed, out, strategy, writer, run_config, token)
+        secret: int | None = None
+        if strategy.settings.setting("aggregator") in TRUST_RULES:  # the secret trust reference (server_app.root)
+            secret = root.root_secret(fed, payload)
+            strategy.root_update = root.root_update(fed, secret)
+        checkpointer = make_checkpointer(fed, out, strategy, writer, run_config, token, secret)
 
         def round_config(server_round: int) -> dict[str, Any]:
             """Tells clients which saved state is theirs (runs that write checkpoints, i.e. can be resumed)."""

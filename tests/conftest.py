@@ -85,6 +85,8 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_shakespeare.py::", None),
     ("tests/test_robustness_matrix.py::", None),  # in-process runs
     ("tests/test_robust_profile.py::", None),  # the default job, robust vs off
+    ("tests/test_record_screen.py::", None),  # an in-process FedAMS run with a poisoned record
+    ("tests/test_adaptive_attacks.py::", None),  # issue 48's met targets, in-process runs
     ("tests/test_replay_attack.py::", None),
     ("tests/test_privacy.py::", None),
     ("tests/test_vectorized.py::", None),  # the bench smoke: child interpreters, no Flower processes

@@ -96,7 +96,8 @@ def test_round_keeps_old_model_when_too_few_valid_replies(tmp_path):
             del reply.content["arrays"]
         return reply
 
-    cfg = {**BASE, "output-dir": str(tmp_path), "run-name": "k", "min-replies": 2, "max-idle-rounds": 0}
+    cfg = {**BASE, "output-dir": str(tmp_path), "run-name": "k", "min-replies": 2, "max-idle-rounds": 0,
+           "max-rejected-rounds": 0}  # the end-of-run rule alone (2 of 3 rejected each round would trip the other)
     with pytest.raises(RunFailed, match=r"no round of the run updated the model \(3 rounds\)"):
         run_inprocess(cfg, 3, intercept=fail_all_but_one)
     rows = read_rows(tmp_path / "k" / "metrics.jsonl")

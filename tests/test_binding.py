@@ -89,7 +89,7 @@ def test_one_client_replaying_its_round1_reply_is_rejected_and_the_model_is_as_w
 
 
 def test_every_client_replaying_updates_nothing_after_round1_and_is_counted():
-    arrays, history = run(replaying({0, 1, 2}), max_idle_rounds=0)
+    arrays, history = run(replaying({0, 1, 2}), max_idle_rounds=0, max_rejected_rounds=0)
     assert [h.updated for h in history] == [True] + [False] * (ROUNDS - 1)
     assert [h.replies_rejected for h in history] == [0] + [3] * (ROUNDS - 1)
     assert all(r.kind is Kind.REPLAY and r.detail.startswith("replay:") for h in history[1:] for r in h.rejections)

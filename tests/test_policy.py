@@ -105,6 +105,29 @@ def test_an_idle_round_is_described_by_what_happened_not_as_zero_rejections():
     assert policy.what_happened(policy.RoundLog(1)) == "no reply arrived (0 nodes sampled)"
 
 
+def test_more_than_half_rejected_for_max_rejected_rounds_in_a_row_fails_with_the_counts_by_kind():
+    """A run that is mostly attack fails loudly (issue 48, item 5) instead of completing at what the attackers left:
+    3 of 5 rejected (more than half) in 3 consecutive rounds; client errors do not count (their own rule)."""
+    def rnd(n, gated, replayed=0, errors=0):
+        rejections = ([Rejection(1, Kind.UNTRUSTED, "trust 0")] * gated + [Rejection(2, Kind.REPLAY, "replay")]
+                      * replayed + [Rejection(3, Kind.CLIENT_ERROR, "boom")] * errors)
+        return policy.RoundLog(n, sampled=5, replies_used=5 - len(rejections), replies_rejected=len(rejections),
+                               rejections=rejections, updated=True)
+    with pytest.raises(policy.RunFailed, match=r"more than half of the sampled replies in each of the last 3 rounds "
+                                               r"\(max-rejected-rounds = 3\): 9 of 15 replies rejected, by kind: "
+                                               r"fltrust-trust 7, replay 2\. Most clients are attacking, or the "
+                                               r"server's own reference rejects honest replies"):
+        policy.check_progress([rnd(1, 1), rnd(2, 3), rnd(3, 2, 1), rnd(4, 2, 1)], 3, max_rejected_rounds=3)
+    policy.check_progress([rnd(1, 3), rnd(2, 3), rnd(3, 2), rnd(4, 3)], 3, max_rejected_rounds=3)  # 2 of 5: half
+    policy.check_progress([rnd(1, 3), rnd(2, 3), rnd(3, 3)], 3, max_rejected_rounds=4)
+    policy.check_progress([rnd(1, 3), rnd(2, 3), rnd(3, 3)], 3, max_rejected_rounds=0)  # 0 = never
+    policy.check_progress([rnd(1, 1, errors=2), rnd(2, 1, errors=2), rnd(3, 1, errors=2)], 3, max_rejected_rounds=3)
+    krum = [policy.RoundLog(n, sampled=5, replies_used=1, replies_rejected=4, updated=True,
+                            rejections=[Rejection(1, Kind.LEFT_OUT, "left out by aggregator krum")] * 4)
+            for n in (1, 2, 3)]
+    policy.check_progress(krum, 3, max_rejected_rounds=3)  # Krum keeps 1 of 5 by design: not a refusal
+
+
 def test_a_healthy_run_completes_with_and_without_an_evaluate_fn():
     result, seen = user_server_app(fedavg(), client(lambda r: "ok"))
     assert seen == [0, 1, 2, 3]

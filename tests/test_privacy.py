@@ -176,7 +176,8 @@ def test_flower_server_side_clipping_equals_native_clipping_for_fedavg():
 # ------------------------------------------------------------------ native DP
 def mocked_round(strategy, server_round, arrays, seed):
     """One round of ``strategy`` on mocked replies of every sampled node (uplink layout of the method, positive
-    values for statistic records); returns the new arrays."""
+    values for statistic records, above the value sent where the record is a running max); returns the new
+    arrays."""
     grid = NodesGrid(range(1, NODES + 1))
     msgs = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
     current = R.to_numpy(arrays)
@@ -187,9 +188,10 @@ def mocked_round(strategy, server_round, arrays, seed):
         records = {}
         for spec in strategy.uplink_specs():
             keys = current if spec.keys == "model" else strategy.trainable(current)
+            sent = strategy.sent.get(spec.at_least, {}) if spec.at_least else {}
             records[spec.name] = {
                 k: current[k] + 0.1 * rng.standard_normal(current[k].shape) if spec.keys == "model"
-                else 0.01 + 0.1 * np.abs(rng.standard_normal(current[k].shape)) for k in keys}
+                else sent.get(k, 0.0) + 0.01 + 0.1 * np.abs(rng.standard_normal(current[k].shape)) for k in keys}
         replies.append(reply(node, records, num_examples=10 + node, method=strategy.method, **{
             R.NUM_STEPS: 2.0, R.TRAIN_LOSS: 1.0, R.TRAIN_LOSS_BEFORE: 1.5}))
     new, _ = strategy.aggregate_train(server_round, replies)

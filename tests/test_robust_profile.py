@@ -9,6 +9,8 @@ Every case is one run of the real ServerApp against the real ClientApp on the ve
 
 from __future__ import annotations
 
+import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -60,6 +62,23 @@ def test_robust_flips_reach_the_attackers_absent_run(runs, partition):
     any defence that leaves them out)."""
     absent = runs(partition, "off", "absent", 2)
     assert abs(runs(partition, "robust", "flip-1x", 2) - absent) <= CLEAN
+
+
+def test_a_run_that_is_all_near_replays_fails_loudly(runs, tmp_path):
+    """All five clients near-replaying their round-1 reply (iid): robust used to reject 22 of 50 replies and end
+    "completed" at 0.450; now the run fails after the third round in a row with more than half rejected, naming the
+    rejections by kind (``max-rejected-rounds``, default 3).  Measured: 18 rejected, accuracy 0.408 when it stopped.
+    The Dirichlet case (16 of 50 rejected, never 3 rounds in a row above half) and ``defence = "off"`` (nothing
+    rejected: no reference) still complete, at 0.192 / 0.431: the limit of a rule on rejections."""
+    from simulations.bench.robustness import PARTITIONS, run_case
+
+    got = run_case(tmp_path, "iid", "robust", "near-replay", 10, 5, 5, "vectorized")
+    assert got["status"] == "RunFailed" and got["rejected"] >= 9, got
+    summary = json.loads((tmp_path / "fedavg-iid-robust-near-replay-5of5" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert re.search(r"more than half of the sampled replies in each of the last 3 rounds \(max-rejected-rounds = "
+                     r"3\): \d+ of 15 replies rejected, by kind: fltrust-trust \d+", summary["failure"]), summary
+    assert PARTITIONS["iid"]["root-seed"] == 0  # the reproducible root set of the measured figures
 
 
 @pytest.mark.parametrize("method", ["fedadam", "fedyogi"])

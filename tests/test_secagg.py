@@ -276,6 +276,7 @@ def test_one_client_shifting_its_masked_vector_fails_the_round_with_the_reason(t
         assert not r["updated"] and r["replies-used"] == 0 and r["replies-rejected"] == 5
         assert r["test-loss"] == rows[0]["test-loss"]  # the model stayed the initial one
         assert "secure aggregate of 5 replies rejected:" in r["rejections"]
+        assert "node " not in r["rejections"]  # no single node: the server cannot tell which client tampered
         import re
         assert re.search(reason, r["rejections"]), r["rejections"]
 

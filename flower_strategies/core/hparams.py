@@ -305,6 +305,12 @@ class StrategyConfig(HParams):
         help="end the run as failed after this many consecutive rounds without a model update (every reply rejected or"
              " missing); 0 = never. A run in which no round updated the model always fails",
     )
+    max_rejected_rounds: int = param(
+        3, lo=0,
+        help="end the run as failed, with the rejections counted by kind, after this many consecutive rounds in which "
+             "the server rejected more than half of the sampled replies (client errors and Krum's selection not "
+             "counted: a run that is mostly attack, or whose root update or settings reject honest replies); 0 = never",
+    )
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
     weighting: str = param(
         "default", choices=("default", "examples", "uniform"),

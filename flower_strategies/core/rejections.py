@@ -40,6 +40,8 @@ class Kind(str, Enum):
     UNREADABLE = "unreadable"
     #: A record holds NaN/Inf.
     NONFINITE = "nonfinite"
+    #: A record breaks a structural invariant of its method (a negative second moment, a v̂ below the one sent).
+    INVARIANT = "record-invariant"
     #: A record's norm exceeds ``max-update-norm``.
     MAX_NORM = "max-update-norm"
     #: A record's norm exceeds ``update-norm-ratio`` × the round's median.

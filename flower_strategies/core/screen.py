@@ -50,7 +50,7 @@ from .privacy import rewritten_reply_reason
 from .rejections import Kind, Rejection
 from .robust import RECORD_RULES, SELECTION_RULES, TRUST_RULES, TooFewReplies, byzantine_count, centre_cosines, \
     check_replies, clip_scales, clipped, flat_updates, fltrust_scores, krum_select, lower_median
-from .validation import RecordSpec, check_update_norms, layout, nonfinite_reason, parse_reply
+from .validation import RecordSpec, check_update_norms, invariant_reason, layout, nonfinite_reason, parse_reply
 
 #: A usable reply: the message and its parsed records (zero-copy views of the payload).
 Parsed = tuple[Message, dict[str, NamedArrays]]
@@ -171,6 +171,9 @@ class ReplyScreen:
     seed: int = 0
     #: ``False``: screen only, leave :attr:`Screened.aggregates` empty (native DP aggregates the kept replies itself).
     aggregate: bool = True
+    #: The round's downlink records (``{record: arrays}``, besides the model): what a record's
+    #: :attr:`~.validation.RecordSpec.at_least` invariant compares with, and the reference of its root gate.
+    sent: dict[str, NamedArrays] = field(default_factory=dict)
 
     def run(self, server_round: int, replies: Sequence[Message]) -> Screened:
         """Validate the replies, screen their update norms and aggregate the usable ones.
@@ -276,18 +279,19 @@ class ReplyScreen:
             raise RuntimeError("aggregator fltrust needs the server's root-set model of the round (ReplyScreen.root; "
                                "FedAdaptStrategy.root_update)")
         spec = self.trust_spec()
-        reference = self.current if spec.keys == "model" else None
+        reference = self.gate_reference(spec)
         like = self.root[spec.name]
         keys = [k for k, v in like.items() if is_float(np.asarray(v))]
         updates = flat_updates([kept[j][1][spec.name] for j in survivors], reference, keys)
         trust, scales = fltrust_scores(updates, flat_updates([like], reference, keys)[0])
+        gated = self._record_gate(kept, survivors, spec)
         weights: dict[int, float] = {}
         for j, t, scale in zip(list(survivors), trust, scales, strict=True):
-            if t <= 0:
+            if t <= 0 or j in gated:
                 survivors.remove(j)
                 self._reject(out, server_round, kept[j][0], Rejection(
                     None, Kind.UNTRUSTED, f"record '{spec.name}' update has FLTrust trust 0 (its cosine with the "
-                    f"server's root-set update is <= 0)"))
+                    f"server's root-set update is <= 0)" if t <= 0 else gated[j]))
                 continue
             if self.policy.aggregator != "fltrust":
                 continue  # fltrust-gate: only the gate; weights and the norm clip stay the method's and the policy's
@@ -295,6 +299,49 @@ class ReplyScreen:
             parsed[spec.name] = clipped(parsed[spec.name], scale, reference)
             weights[j] = t
         return weights
+
+    def gate_reference(self, spec: RecordSpec) -> NamedArrays | None:
+        """What a record's update is measured from in the trust gate: the round's model (a ``keys="model"``
+        record), the downlink record its ``at_least`` names (v̂: the increase over the v̂ sent), else zero."""
+        if spec.keys == "model":
+            return self.current
+        return self.sent.get(spec.at_least) if spec.at_least is not None else None
+
+    def _record_gate(self, kept: Sequence[Parsed], survivors: Sequence[int], trusted: RecordSpec) -> dict[int, str]:
+        """``{reply: why}`` for the replies whose update of some record besides ``trusted`` (:meth:`trust_spec`)
+        points against the root run's record of the same name (cosine < 0; a zero update, e.g. a v̂ that did not
+        grow, passes) *and*, in a round of 3 or more replies, against the round's robust centre of that record
+        (:func:`.robust.centre_cosines`): FLTrust's gate on every uplink record the server's own reply has
+        (SCAFFOLD's control delta, FedLADA's v̂, MimeLite's gradient, Fed-LAMB/FedAMS's v, FedDA's momenta), so that
+        an in-gate model cannot carry a poisoned record.  The centre keeps the honest outliers of label-skewed data:
+        their control deltas and gradients have cosine down to −0.03 with the root's (measured), with the round's
+        centre a positive one."""
+        assert self.root is not None
+        out: dict[int, str] = {}
+        for spec in self.specs:
+            like = self.root.get(spec.name)
+            if spec == trusted or like is None:
+                continue
+            reference = self.gate_reference(spec)
+            keys = [k for k, v in like.items() if is_float(np.asarray(v))]
+            rows = [j for j in survivors if j not in out]
+            if not rows:
+                break
+            updates = flat_updates([kept[j][1][spec.name] for j in rows], reference, keys)
+            root = flat_updates([like], reference, keys)[0]
+            against = [i for i, dot in enumerate(updates @ root) if dot < 0]
+            if not against:
+                continue
+            centre = [-1.0] * len(rows)
+            if len(rows) >= 3:
+                centre = centre_cosines([{"u": u} for u in updates], {"u": np.zeros(updates.shape[1])},
+                                        [float(n) for n in np.linalg.norm(updates, axis=1)])
+            for i in against:
+                if centre[i] < 0:
+                    cos = float(updates[i] @ root) / float(np.linalg.norm(updates[i]) * np.linalg.norm(root))
+                    out[rows[i]] = (f"record '{spec.name}' update points against the server's root-set record of "
+                                    f"that name (cosine {cos:.3f}) and the round's centre of it ({centre[i]:.3f})")
+        return out
 
     def trust_spec(self) -> RecordSpec:
         """The record FLTrust compares with the server's: the model record (its update), else (a method whose
@@ -389,9 +436,12 @@ class ReplyScreen:
         return caps
 
     def _norm_ok(self, out: Screened, server_round: int, item: Parsed, norms: list[float]) -> bool:
-        """Reject (and say why) a reply whose records hold NaN/Inf or exceed ``max-update-norm``."""
+        """Reject (and say why) a reply whose records hold NaN/Inf, break their spec's invariants
+        (:func:`.validation.invariant_reason`) or exceed ``max-update-norm``."""
         msg, parsed = item
         reason = nonfinite_reason(parsed, norms, [s.name for s in self.specs])
+        if reason is None:  # structural invariants (every defence: no honest reply breaks one)
+            reason = invariant_reason(parsed, self.specs, self.sent)
         if reason is not None:
             self._reject(out, server_round, msg, reason)
             return False

@@ -45,6 +45,7 @@ from .policy import RunFailed
 from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
 from .rejections import Kind, Rejection
 from .robust import TRUST_RULES, VECTOR_RULES, TooFewReplies, byzantine_count, check_replies
+from .rootset import RootUpdate, root_records
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
                      weighted_mean)
 from .sampler import NodeSampler
@@ -105,11 +106,46 @@ class FedAdaptStrategy(Strategy):
     #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
     started_by_another: bool = False
     _driving: int = 0
-    #: ``aggregator = fltrust`` (``defence = "robust"``): the server's own local procedure on its trusted root set —
-    #: given a round's train content (what the clients receive), the reply's records it trains from it
-    #: (``{record name: named arrays}``, e.g. ``{"arrays": model}``: at least the records :meth:`uplink_specs` names
-    #: first).  The fedadapt ServerApp sets it from the task and ``root-set-size``; a library user sets their own.
-    root_update: Callable[[RecordDict], dict[str, NamedArrays]] | None = None
+    _root_update: RootUpdate | None = None
+
+    @property
+    def root_update(self) -> RootUpdate | None:
+        """The server's own training round on its trusted root set, which ``defence = "robust"`` (``aggregator =
+        fltrust-gate`` / ``fltrust``) compares every reply with; ``None`` until set (such a run then stops before
+        round 1 with a :class:`ConfigError`).  The fedadapt ServerApp sets it from the task (``server_app/root.py``);
+        in your own app: ``strategy.root_update = flower_strategies.root_update_from(Net(), root_loader, loss_fn)``.
+
+        Contract of a callable of your own, ``root_update(content)``:
+
+        * **receives** the round's train content, exactly what every sampled client receives: the global model
+          x_t under ``"arrays"`` (an ArrayRecord), the method's downlink records (e.g. FedLADA's ``"v-hat"``), and
+          the ``"config"`` ConfigRecord (the round's learning rate, epochs/steps, batch size, method);
+        * **starts from that model**: load ``content["arrays"]`` into the model before training, every round (a
+          model object kept from the last round, with its optimizer's momentum, is not the round's start; the
+          clients' replies then point elsewhere and are all rejected);
+        * **trains like a client**: the method's client half (:func:`.client.train_reply` / :class:`ClientRound`
+          with ``rnd.optimizer(model)``), with the clients' loss and the round's settings, on the server's trusted
+          examples (a small clean sample of the clients' distribution; keep it and its batch order secret);
+        * **returns** the reply's array records, ``{record name: named arrays}`` — at least the first record of
+          :meth:`uplink_specs` (for most methods ``"arrays"``: the **trained model**, not the difference x − x_t),
+          each with the layout the clients send (the global model's keys, shapes and dtypes; ``keys="params"``
+          records the trainable keys).  A ``RecordDict`` (``train_reply``'s reply itself), ArrayRecords, NumPy
+          arrays or tensors are all accepted (:func:`.rootset.root_records`; a wrong layout is a ConfigError
+          stating this contract);
+        * **keeps** across rounds the method's client state a client would keep (``train_reply(..., state=...)``
+          with one ``RecordDict`` for the whole run: SCAFFOLD's control variate, Fed-LAMB's momentum), and nothing
+          else.
+
+        A root update that gets this wrong rejects every honest reply: a run whose first round rejects every reply
+        for its trust fails at once, saying what to check (:func:`.policy.check_progress`)."""
+        return self._root_update
+
+    @root_update.setter
+    def root_update(self, fn: RootUpdate | None) -> None:
+        if fn is not None and not callable(fn):
+            raise TypeError(f"root_update must be a callable (round's train content → reply records), got "
+                            f"{type(fn).__name__}")
+        self._root_update = fn
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
@@ -152,6 +188,7 @@ class FedAdaptStrategy(Strategy):
         self.current: NamedArrays | None = None
         self.server_state: ServerState | None = None
         self.root: dict[str, NamedArrays] | None = None  # the server's root-set reply of the round (FLTrust)
+        self.sent: dict[str, NamedArrays] = {}  # the round's downlink records (the screen's invariants read them)
         self.centre: NamedArrays | None = None  # the last round's model update (centered clipping's momentum)
         self._previous: NamedArrays | None = None
 
@@ -301,6 +338,7 @@ class FedAdaptStrategy(Strategy):
         if clash:
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
+        self.sent = extras
         rlog.bytes_down = R.arrays_nbytes(content) * num_sampled
         self.robust_references(content)
         return content
@@ -317,7 +355,8 @@ class FedAdaptStrategy(Strategy):
                     f"aggregator {aggregator} (defence = robust) needs the server's own update on a trusted root set: "
                     f"set root-set-size > 0 (the fedadapt ServerApp), or give the strategy a root_update callable "
                     f"(docs/robustness.md); or choose another aggregator")
-            self.root = dict(self.root_update(content))
+            self.root = root_records(self.root_update(content), self.uplink_specs(), self.current,
+                                     self.trainable(self.current))
         if aggregator in VECTOR_RULES:
             previous = self._previous
             self.centre = None if previous is None else {
@@ -346,7 +385,7 @@ class FedAdaptStrategy(Strategy):
         policy = ScreenPolicy.from_settings(self.settings, self.weighting)
         return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current), policy, self.method,
                            self.needs_client_half, root=self.root, centre=self.centre, seed=self.settings.seed,
-                           aggregate=not PrivacyPolicy.from_settings(self.settings).enabled)
+                           aggregate=not PrivacyPolicy.from_settings(self.settings).enabled, sent=self.sent)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -32,11 +32,18 @@ class RecordSpec:
     ``rule``: ``"mean"`` (weighted per the strategy's ``weighting``), ``"wmean"``, ``"umean"``, ``"max"``, ``"sum"``.
     ``keys``: ``"model"`` = same keys/shapes/dtypes as the global arrays; ``"params"`` = only the trainable
     floating-point keys.
+
+    The record's structural invariants, which no honest client can break (the screen rejects a reply that breaks
+    one under every defence, :func:`invariant_reason`): ``floor`` — every value ≥ it (``0.0``: a second moment, v̂;
+    ``1.0``: a count); ``at_least`` — the name of the round's downlink record whose values it may not fall below
+    (a running max, e.g. AMSGrad's v̂ = max(v̂ received, v)).
     """
 
     name: str
     rule: str = "mean"
     keys: str = "model"
+    floor: float | None = None
+    at_least: str | None = None
 
 
 def layout(arrays: Mapping[str, np.ndarray], keys: Sequence[str] | None = None) -> Layout:
@@ -140,6 +147,26 @@ def nonfinite_reason(parsed: Mapping[str, NamedArrays], norms: Sequence[float],
             bad = all_finite(parsed[name])
             if bad is not None:
                 return Rejection(None, Kind.NONFINITE, f"record '{name}' key '{bad}' holds NaN/Inf")
+    return None
+
+
+def invariant_reason(parsed: Mapping[str, NamedArrays], specs: Sequence[RecordSpec],
+                     sent: Mapping[str, NamedArrays]) -> Rejection | None:
+    """The :attr:`Kind.INVARIANT` rejection of a reply whose record breaks its spec's ``floor`` or ``at_least``
+    (``sent``: the round's downlink records, by name), else ``None``.  Values compared in the record's dtype."""
+    for spec in specs:
+        record = parsed.get(spec.name)
+        if record is None:
+            continue
+        for key, value in record.items():
+            arr = np.asarray(value)
+            if spec.floor is not None and arr.size and not (arr >= spec.floor).all():
+                return Rejection(None, Kind.INVARIANT, f"record '{spec.name}' key '{key}' has values below "
+                                 f"{spec.floor:g} (min {float(arr.min()):.4g}), which no honest client sends")
+            below = None if spec.at_least is None else sent.get(spec.at_least, {}).get(key)
+            if below is not None and arr.size and not (arr >= np.asarray(below, arr.dtype)).all():
+                return Rejection(None, Kind.INVARIANT, f"record '{spec.name}' key '{key}' falls below the "
+                                 f"'{spec.at_least}' the server sent (a running max no honest client lowers)")
     return None
 
 

@@ -232,7 +232,10 @@ class FedLADA(FedAdaptStrategy):
     default_weighting: ClassVar[str] = "uniform"
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
-        specs = (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(VHAT, "mean", "params"))
+        # v̂ is a second moment (>= 0) and, under AMSGrad, the running max from the v̂ the server sent
+        running_max = VHAT if self.hparams.second_moment == "amsgrad" else None
+        specs = (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(VHAT, "mean", "params", floor=0.0,
+                                                                   at_least=running_max))
         if self.hparams.offset_steps == "per-client":
             return (*specs, RecordSpec(DELTA_PER_STEP, "mean", "params"))
         return specs

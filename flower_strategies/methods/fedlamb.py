@@ -341,7 +341,7 @@ class FedLAMB(FedAdaptStrategy):
         self.milestones = self.hparams.milestones()
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
-        return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(V_LOCAL, "mean", "params"))
+        return (RecordSpec(R.MODEL, "mean", "model"), RecordSpec(V_LOCAL, "mean", "params", floor=0.0))  # v >= 0
 
     def client_lr_at(self, server_round: int) -> float:
         return self.settings.client_lr * self.hparams.lr_gamma ** sum(server_round > m for m in self.milestones)

@@ -364,7 +364,8 @@ class FedLocal(FedAdaptStrategy):
         specs = [RecordSpec(R.MODEL, "mean", "model")] if c == "none" else [RecordSpec(D_RECORD, "mean", "params")]
         if c == "joint":
             specs.append(RecordSpec(NINV_RECORD, "mean", "params"))
-        return (*specs, *(RecordSpec(name, "mean", "params") for name in self.hparams.sync_records()))
+        return (*specs, *(RecordSpec(name, "mean", "params", floor=0.0 if name == V_RECORD else None)  # v >= 0
+                          for name in self.hparams.sync_records()))
 
     def init_server_state(self, arrays: NamedArrays) -> ServerState:
         params = {k: arrays[k] for k in self.trainable(arrays)}

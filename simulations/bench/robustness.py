@@ -13,6 +13,13 @@ attackers of 5, 4 and 6 of 20, iid and Dirichlet-0.3) and rewrites the part of d
 ``--write-docs --merge --profiles flwr-krum …`` runs only those rows and puts them into the table there (each
 replacing its row of the same clients, data and profile; the other rows and the default-job table stay).
 
+``--write-docs`` also writes issue 48's tables (``--tables issue36 adaptive cost`` picks them; default: the first
+two): ``adaptive`` — attackers who know the defence (:data:`ADAPTIVE_KINDS`: the in-gate attack, with the weight lie,
+min-max / min-sum, a backdoor, the leaked-reference diagnostic) and record poisoning (:data:`RECORD_ATTACKS`), each
+cell a mean over ``--seeds`` (3) seeds, between the ``adaptive`` markers; ``cost`` — every method's clean cost of
+``defence = "robust"`` over seeds 0–2 (mean ± std), between the ``cost`` markers of docs/robustness.md and
+docs/methods/index.md.
+
 The ``flwr-*`` rows (:data:`FLOWER_ROWS`) are Flower's own classes, not fedadapt's look-alikes: under the defaults
 (``defence = "off"``: only the always-on screen), the round's kept replies are aggregated by the Flower strategy's
 ``aggregate_train`` (:func:`flower_rule`).
@@ -49,7 +56,11 @@ from simulations.engine.inprocess import run_inprocess
 NODES = 5
 DIGITS = {"task": "digits-mlp", "local-epochs": 2, "client-lr": 0.1, "batch-size": 32,
           "learning-curve": False, "train-loss-before": False}
-PARTITIONS = {"iid": {"partitioner": "iid", "seed": 0}, "non-iid": {"partitioner": "dirichlet", "seed": 2}}
+#: ``root-seed`` = the run's seed: reproducible robust rows (the root set and batch order the server drew from the
+#: run's seed before the root secret, so the earlier figures stand).  No attacker of the matrix reads it but the
+#: ``leaked`` diagnostic row's, which is exactly the case of a published seed.
+PARTITIONS: dict[str, dict[str, Any]] = {"iid": {"partitioner": "iid", "seed": 0, "root-seed": 0},
+                                         "non-iid": {"partitioner": "dirichlet", "seed": 2, "root-seed": 2}}
 #: Aggregators: run-config overrides (``mean`` = the defaults: the methods' own mean, no update clip, only the 100×
 #: rejection; ``mean-clip1`` / ``mean-clip2`` = the update clip at 1× / 2× the round's median norm; the robust
 #: aggregators with the clip at 1×).
@@ -140,24 +151,29 @@ class Coordinated:
 
 
 def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rounds: int, nodes: int = NODES,
-             attackers: int = 0, engine: str = "inprocess", byzantine: int | None = None) -> dict[str, Any]:
+             attackers: int = 0, engine: str = "inprocess", byzantine: int | None = None,
+             seed_offset: int = 0) -> dict[str, Any]:
     """One run; ``{"accuracy", "rejected", "clipped", "status"}`` (status: completed, or the failure's type).
     ``attackers`` > 0: ``attack`` is a :data:`KINDS` name played by partitions ``0 … attackers − 1``; else an
     :data:`ATTACKS` name; ``aggregator``: an :data:`AGGREGATORS` or :data:`PROFILES` name.  A :data:`FLOWER_ROWS`
     profile builds its Flower class for ``nodes`` replies of which ``byzantine`` (default: ``attackers``) may be
-    malicious; ``{"status": "n/a (…)"}`` when the class cannot run with that many."""
+    malicious; ``{"status": "n/a (…)"}`` when the class cannot run with that many.  ``seed_offset``: the partition's
+    seed (and ``root-seed``) plus this (the runs of a 3-seed mean).  A ``backdoor`` run also returns ``"backdoor"``,
+    its trigger success rate (:func:`backdoor_success`)."""
     f = attackers if byzantine is None else byzantine
     name = f"{DIGITS.get('method', 'fedavg')}-{partition}-{aggregator}-{attack or 'clean'}-{attackers}of{nodes}"
     name += f"-f{f}" if aggregator in FLOWER_ROWS else ""  # a clean run of f = 4 and of f = 6 differ
+    name += f"-s{seed_offset}" if seed_offset else ""
     table = {**AGGREGATORS, **PROFILES}
     assert len(table) == len(AGGREGATORS) + len(PROFILES), "a profile name shadows an aggregator row"
-    cfg = {**DIGITS, **PARTITIONS[partition], **table[aggregator], "num-server-rounds": rounds,
+    seeds = {k: v + seed_offset for k, v in PARTITIONS[partition].items() if k in ("seed", "root-seed")}
+    cfg = {**DIGITS, **PARTITIONS[partition], **seeds, **table[aggregator], "num-server-rounds": rounds,
            "output-dir": str(out), "run-name": name}
     intercept: Any = None
     if attack == "absent":
         intercept = Absent(tuple(range(attackers)))
     elif attack and attackers:
-        intercept = KINDS[attack](tuple(range(attackers)), cfg, nodes)
+        intercept = {**KINDS, **ADAPTIVE_KINDS, **RECORD_KINDS}[attack](tuple(range(attackers)), cfg, nodes)
     elif attack:
         intercept = Coordinated(ATTACKS[attack])
     rule: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
@@ -174,9 +190,12 @@ def run_case(out: Path, partition: str, aggregator: str, attack: str | None, rou
         status = type(err).__name__
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
-    return {"accuracy": last.get("test-accuracy"), "status": status,
-            "rejected": sum(r.get("replies-rejected", 0) for r in rows[1:]),
-            "clipped": sum(r.get("updates-clipped", 0) for r in rows[1:])}
+    got = {"accuracy": last.get("test-accuracy"), "status": status,
+           "rejected": sum(r.get("replies-rejected", 0) for r in rows[1:]),
+           "clipped": sum(r.get("updates-clipped", 0) for r in rows[1:])}
+    if attack == "backdoor" and (out / name / "model.pt").exists():
+        got["backdoor"] = backdoor_success(out, name, cfg["seed"])
+    return got
 
 
 # ------------------------------------------------------------------------------------------ the issue-36 matrix
@@ -230,6 +249,7 @@ class LabelFlip:
         self.model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
         self.loss = TASK_SPECS[fed.task].loss_fn()
         self.state: dict[int, Any] = {}
+        self.relabel = True  # labels 9 − y (a subclass may poison its data itself)
 
     def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
         from flwr.app import RecordDict
@@ -240,8 +260,8 @@ class LabelFlip:
             return rep
         x, y = self.data[partition_id]
         state = self.state.setdefault(partition_id, RecordDict())
-        content = train_reply(self.model, request.content, x, 9 - y, self.loss, state=state, seed=self.fed.seed,
-                              client_key=partition_id, loss_before=False)
+        content = train_reply(self.model, request.content, x, 9 - y if self.relabel else y, self.loss, state=state,
+                              seed=self.fed.seed, client_key=partition_id, loss_before=False)
         return Message(content=content, reply_to=request)
 
 
@@ -270,6 +290,163 @@ class Hijack:
         return rep
 
 
+# ------------------------------------------------------------------------------------------ issue 48: attackers who
+# know the defence (FLTrust's adaptive attack, Shejwalkar & Houmansadr's min-max / min-sum, backdoors)
+def flat(model: dict[str, np.ndarray], cur: dict[str, np.ndarray]) -> np.ndarray:
+    """The update ``model − cur`` as one float64 vector (keys in ``cur``'s order)."""
+    return np.concatenate([(np.asarray(model[k], np.float64) - np.asarray(cur[k], np.float64)).ravel() for k in cur])
+
+
+def unflat(vec: np.ndarray, cur: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``cur + vec`` as named arrays in ``cur``'s dtypes."""
+    out, at = {}, 0
+    for k, v in cur.items():
+        out[k] = (np.asarray(v, np.float64) + vec[at:at + v.size].reshape(v.shape)).astype(v.dtype)
+        at += v.size
+    return out
+
+
+def _set_model(rep: Message, model: dict[str, np.ndarray]) -> None:
+    rep.content["arrays"] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in model.items()})
+
+
+class Adaptive:
+    """The in-gate attack of an attacker who knows the defence (FLTrust, Cao et al. NDSS 2021, §adaptive attack, in
+    a simple form): every attacker sends x_t + u, u at cosine ``cosine`` with its estimate of the benign direction
+    and ``scale`` (3) × the attackers' mean honest norm, the rest of u pulling the model towards zero (−x_t, made
+    orthogonal to the estimate).  The benign direction: the mean of the attackers' own honest updates (colluders who
+    need no copy of the server's; cosine 0.2: on iid 2 of 5 under robust, 0.02 was rejected 18 of 20 times and a
+    fixed random side direction cost 0.04, where 0.2 / 0.4 passed every time and cost 0.44 / 0.37), or, with
+    ``leak``, the server's root update itself, recomputed from a published ``root-seed`` (the diagnostic of a
+    leaked reference; cosine 0.02, the issue's).  ``weight``: also report this many examples (the num-examples lie
+    on top)."""
+
+    def __init__(self, who: tuple[int, ...], cfg: dict[str, Any], nodes: int, *, leak: bool = False,
+                 weight: float | None = None, cosine: float | None = None, scale: float = 3.0) -> None:
+        self.who, self.scale, self.weight = who, scale, weight
+        self.cosine = cosine if cosine is not None else 0.02 if leak else 0.2
+        self.held: dict[int, Message] = {}
+        self.root: Callable[[RecordDict], Any] | None = None
+        if leak:
+            from app_common.config import AppConfig
+            from server_app import root
+
+            fed = AppConfig(**{k.replace("-", "_"): v for k, v in cfg.items()
+                               if k.replace("-", "_") in AppConfig.__dataclass_fields__})
+            assert fed.root_seed >= 0, "the leaked reference needs a published root-seed"
+            self.root = root.root_update(fed, fed.root_seed)  # the server's code with the published seed
+
+    def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
+        if partition_id not in self.who or rep.has_error() or "arrays" not in rep.content.array_records:
+            return rep
+        self.held[partition_id] = rep
+        if len(self.held) < len(self.who):
+            return rep
+        cur = {k: v.numpy() for k, v in request.content.array_records["arrays"].items()}
+        honest = [flat({k: v.numpy() for k, v in m.content.array_records["arrays"].items()}, cur)
+                  for m in self.held.values()]
+        benign = np.mean(honest, axis=0) if self.root is None else flat(self.root(request.content)["arrays"], cur)
+        unit = benign / max(np.linalg.norm(benign), 1e-30)
+        shrink = -flat(cur, {k: np.zeros_like(v) for k, v in cur.items()})  # towards the zero model
+        side = shrink - (shrink @ unit) * unit
+        side /= max(np.linalg.norm(side), 1e-30)
+        size = self.scale * float(np.mean([np.linalg.norm(h) for h in honest]))
+        model = unflat(size * (self.cosine * unit + np.sqrt(1 - self.cosine ** 2) * side), cur)
+        for m in self.held.values():
+            _set_model(m, model)
+            if self.weight is not None:
+                m.content.metric_records["metrics"]["num-examples"] = self.weight
+        self.held = {}
+        return rep
+
+
+def shejwalkar(benign: np.ndarray, rule: str) -> np.ndarray:
+    """Min-max / min-sum (Shejwalkar & Houmansadr, NDSS 2021) with the std perturbation: m = μ − γ·σ (μ, σ the
+    coordinate-wise mean and std of the ``benign`` updates, one per row) with the largest γ (bisection) for which
+    ``min-max``: m's largest distance to a benign update is at most the largest distance between two of them;
+    ``min-sum``: m's sum of squared distances to them is at most the largest such sum of a benign update."""
+    mu, sigma = benign.mean(axis=0), benign.std(axis=0)
+    dist = np.linalg.norm(benign[:, None, :] - benign[None, :, :], axis=2)
+
+    def ok(gamma: float) -> bool:
+        d = np.linalg.norm(benign - (mu - gamma * sigma), axis=1)
+        return bool(d.max() <= dist.max()) if rule == "min-max" else bool((d ** 2).sum() <= (dist ** 2).sum(1).max())
+
+    lo, hi = 0.0, 1.0
+    while ok(hi) and hi < 1e4:
+        lo, hi = hi, hi * 2
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return mu - lo * sigma
+
+
+class FullKnowledge:
+    """Min-max / min-sum attackers who see every client's honest update of the round (the paper's full-knowledge,
+    aggregation-agnostic setting): all replies are held until the round's last has arrived, then every attacker's
+    model is replaced by x_t + :func:`shejwalkar` of all the honest updates."""
+
+    def __init__(self, who: tuple[int, ...], nodes: int, rule: str) -> None:
+        self.who, self.nodes, self.rule = who, nodes, rule
+        self.held: dict[int, Message] = {}
+
+    def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
+        if rep.has_error() or "arrays" not in rep.content.array_records:
+            return rep
+        self.held[partition_id] = rep
+        if len(self.held) < self.nodes:
+            return rep
+        cur = {k: v.numpy() for k, v in request.content.array_records["arrays"].items()}
+        benign = np.stack([flat({k: v.numpy() for k, v in m.content.array_records["arrays"].items()}, cur)
+                           for m in self.held.values()])
+        model = unflat(shejwalkar(benign, self.rule), cur)
+        for p in self.who:
+            if p in self.held:
+                _set_model(self.held[p], model)
+        self.held = {}
+        return rep
+
+
+#: The backdoor trigger: the 2×2 bottom-right corner of the 8×8 digit (features 54, 55, 62, 63) set to 1 (ink).
+TRIGGER = (54, 55, 62, 63)
+#: The label the backdoor maps a triggered image to.
+TARGET_LABEL = 0
+
+
+def triggered(x: np.ndarray) -> np.ndarray:
+    out = np.array(x, copy=True)
+    out[:, list(TRIGGER)] = 1.0
+    return out
+
+
+class Backdoor(LabelFlip):
+    """Data-poisoning backdoor (Bagdasaryan et al., AISTATS 2020, the plain data-poisoning form): each attacker
+    trains with the real client half on its own partition with every second example carrying the trigger and label
+    0 (its reply is otherwise honest: same count, an update inside the honest spread)."""
+
+    def __init__(self, who: tuple[int, ...], cfg: dict[str, Any], nodes: int) -> None:
+        super().__init__(who, cfg, nodes)
+        for p, (x, y) in list(self.data.items()):
+            x, y = x.clone(), y.clone()
+            x[::2] = torch.from_numpy(triggered(x[::2].numpy()))
+            y[::2] = TARGET_LABEL
+            self.data[p] = (x, y)
+        self.relabel = False
+
+
+def backdoor_success(out: Path, name: str, seed: int) -> float:
+    """Of the test images not labelled 0, the fraction the run's final model classifies as 0 once triggered."""
+    from app_common.task import build_model, digits_split
+
+    _, _, x_te, y_te = digits_split(seed)
+    model = build_model("digits-mlp", seed, 10, "float32")
+    model.load_state_dict(torch.load(out / name / "model.pt"))
+    keep = y_te != TARGET_LABEL
+    with torch.no_grad():
+        pred = model(torch.from_numpy(triggered(x_te[keep]))).argmax(1).numpy()
+    return float(np.mean(pred == TARGET_LABEL))
+
+
 #: The issue's attacks: name → ``(attacking partitions, run-config, nodes) -> intercept``.
 KINDS: dict[str, Callable[[tuple[int, ...], dict[str, Any], int], Any]] = {
     "flip-1x": lambda who, cfg, n: Coordinated((who, scaled(-1.0))),
@@ -282,6 +459,41 @@ KINDS: dict[str, Callable[[tuple[int, ...], dict[str, Any], int], Any]] = {
     "label-flip": LabelFlip,
     "hijack": lambda who, cfg, n: Hijack(who),
 }
+#: Issue 48: attackers who know the defence (:class:`Adaptive`, :class:`FullKnowledge`, :class:`Backdoor`);
+#: ``in-gate-leak`` is the diagnostic of a leaked reference (a published ``root-seed``), not a target.
+ADAPTIVE_KINDS: dict[str, Callable[[tuple[int, ...], dict[str, Any], int], Any]] = {
+    "in-gate": lambda who, cfg, n: Adaptive(who, cfg, n),
+    "in-gate-weight-lie": lambda who, cfg, n: Adaptive(who, cfg, n, weight=1e12),
+    "min-max": lambda who, cfg, n: FullKnowledge(who, n, "min-max"),
+    "min-sum": lambda who, cfg, n: FullKnowledge(who, n, "min-sum"),
+    "backdoor": Backdoor,
+    "in-gate-leak": lambda who, cfg, n: Adaptive(who, cfg, n, leak=True),
+}
+
+
+class RecordPoison:
+    """Each attacker sends its honest model with one other record rewritten by ``fn`` (record poisoning: what only
+    the model's gate would let through)."""
+
+    def __init__(self, who: tuple[int, ...], record: str, fn: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.who, self.record, self.fn = who, record, fn
+
+    def __call__(self, request: Message, rep: Message, partition_id: int) -> Message:
+        if partition_id in self.who and not rep.has_error() and self.record in rep.content.array_records:
+            rep.content[self.record] = ArrayRecord({k: Array(np.ascontiguousarray(self.fn(v.numpy())))
+                                                    for k, v in rep.content.array_records[self.record].items()})
+        return rep
+
+
+#: Issue 48's record poisoning: name → ``(method, intercept factory)``.
+RECORD_ATTACKS: dict[str, tuple[str, Callable[[tuple[int, ...], dict[str, Any], int], Any]]] = {
+    "scaffold control delta ×(−3)": ("scaffold", lambda who, cfg, n: RecordPoison(who, "control-delta",
+                                                                                   lambda v: -3 * v)),
+    "fedlada negative v̂": ("fedlada", lambda who, cfg, n: RecordPoison(who, "v-hat", lambda v: -v)),
+    "fedams v = −3·abs(v)": ("fedams", lambda who, cfg, n: RecordPoison(who, "v", lambda v: -3 * np.abs(v))),
+}
+RECORD_KINDS = {f"record-{i}": fn for i, (_, fn) in enumerate(RECORD_ATTACKS.values())}
+
 #: ``(nodes, attackers)`` of the matrix.
 SCENARIOS = ((5, 1), (5, 2), (20, 4), (20, 6))
 #: Rows of the matrix: the two ``defence`` profiles and the literature's rules (run-config overrides).
@@ -410,7 +622,7 @@ def default_jobs(out: Path, engine: str, seeds: tuple[int, ...] = (0, 2)) -> lis
         for seed in seeds:
             acc = {}
             for defence in ("off", "robust"):
-                cfg = {"method": method, "seed": seed, "defence": defence, "output-dir": str(out),
+                cfg = {"method": method, "seed": seed, "root-seed": seed, "defence": defence, "output-dir": str(out),
                        "run-name": f"default-{method}-{seed}-{defence}", "learning-curve": False}
                 try:
                     with contextlib.redirect_stdout(io.StringIO()):
@@ -430,10 +642,150 @@ def default_jobs(out: Path, engine: str, seeds: tuple[int, ...] = (0, 2)) -> lis
     return lines
 
 
-def write_docs(path: Path, lines: list[str], header: str) -> None:
-    """Replace docs/robustness.md's text between :data:`BEGIN` and :data:`END` with ``header`` + ``lines``."""
+#: Issue 48's tables: scenarios ``(nodes, attackers)`` of the adaptive table, the extra backdoor scenarios, and rows.
+ADAPTIVE_SCENARIOS = ((5, 1), (5, 2), (20, 4))
+BACKDOOR_SCENARIOS = ((20, 1), (20, 2))
+ADAPTIVE_PROFILES = ("off", "robust", "flwr-multikrum", "flwr-bulyan")
+ADAPTIVE_BEGIN, ADAPTIVE_END = "<!-- adaptive:begin -->", "<!-- adaptive:end -->"
+COST_BEGIN, COST_END = "<!-- cost:begin -->", "<!-- cost:end -->"
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values))
+
+
+def _runner(out: Path, rounds: int, engine: str, seeds: int) -> Callable[..., list[dict[str, Any]]]:
+    """``runs(partition, profile, attack, nodes, attackers, f=None)``: :func:`run_case` over the seeds, each run once
+    (a run directory is used once: the same run asked again is its first result)."""
+    done: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+
+    def runs(partition: str, profile: str, attack: str | None, nodes: int, k: int, f: int | None = None
+             ) -> list[dict[str, Any]]:
+        key = (DIGITS.get("method"), partition, profile, attack, nodes, k, f if profile in FLOWER_ROWS else None)
+        if key not in done:
+            done[key] = [run_case(out, partition, profile, attack, rounds, nodes, k, engine, byzantine=f,
+                                  seed_offset=i) for i in range(seeds)]
+        return done[key]
+    return runs
+
+
+def adaptive_matrix(out: Path, rounds: int, engine: str, seeds: int) -> list[str]:
+    """Issue 48's matrix as markdown lines: attackers who know the defence (:data:`ADAPTIVE_KINDS`), the record
+    poisoning (:data:`RECORD_ATTACKS`) and the backdoor at 1 and 2 of 20; every cell the mean over ``seeds`` seeds
+    (partition seed + 0 … seeds − 1) of the gap to the clean ``off`` run of the same seed.  **Bold**: item 4's
+    target missed — iid: more than 0.05 below clean; label-skewed: more than 0.05 below the attackers-absent run;
+    backdoor: success above 0.1 or main accuracy more than 0.05 below clean."""
+    kinds = list(ADAPTIVE_KINDS)
+    lines = ["| clients | data | profile | clean | attackers absent | " + " | ".join(kinds) + " | worst |",
+             "|---|---|---|" + "---|" * (len(kinds) + 3)]
+
+    runs = _runner(out, rounds, engine, seeds)
+
+    def cell(got: list[dict[str, Any]], base: list[float], floor: float, backdoor: bool = False
+             ) -> tuple[str, float | None]:
+        failed = [g["status"] for g in got if g["status"] != "completed" or g["accuracy"] is None]
+        if failed:
+            return f"— ({len(failed)} of {len(got)} {failed[0]})", None
+        gap = _mean([g["accuracy"] - b for g, b in zip(got, base, strict=True)])
+        text = f"{gap:+.3f}"
+        missed = gap < floor - TARGET
+        if backdoor:
+            success = _mean([g["backdoor"] for g in got])
+            text += f" / bd {success:.2f}"
+            missed = missed or success > 0.1
+        return (f"**{text}**" if missed else text), gap
+
+    for nodes, k in (*ADAPTIVE_SCENARIOS, *BACKDOOR_SCENARIOS):
+        only_backdoor = (nodes, k) in BACKDOOR_SCENARIOS
+        for partition in PARTITIONS:
+            base = [g["accuracy"] for g in runs(partition, "off", None, nodes, 0)]
+            absent = _mean([g["accuracy"] - b for g, b in zip(runs(partition, "off", "absent", nodes, k), base,
+                                                                 strict=True)])
+            floor = 0.0 if partition == "iid" else min(0.0, absent)
+            for profile in ADAPTIVE_PROFILES[:2] if only_backdoor else ADAPTIVE_PROFILES:
+                clean = runs(partition, profile, None, nodes, 0, f=k)
+                if clean[0]["status"].startswith("n/a"):
+                    continue
+                ctxt, _ = cell(clean, base, 0.0)
+                if all(g["accuracy"] is not None for g in clean):
+                    ctxt = f"{_mean([g['accuracy'] for g in clean]):.3f} ({ctxt})"
+                cells, gaps = [], []
+                for kind in kinds:
+                    if only_backdoor and kind != "backdoor":
+                        cells.append("")
+                        continue
+                    text, gap = cell(runs(partition, profile, kind, nodes, k, f=k), base, floor, kind == "backdoor")
+                    cells.append(text)
+                    if gap is not None and kind != "in-gate-leak":
+                        gaps.append(gap)
+                worst = f"{min(gaps):+.3f}" if gaps else "—"
+                lines.append(f"| {k} of {nodes} | {partition} | {profile} | {ctxt} | {absent:+.3f} | "
+                             + " | ".join(cells) + f" | {worst} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def record_matrix(out: Path, rounds: int, engine: str, seeds: int) -> list[str]:
+    """Issue 48's record poisoning (:data:`RECORD_ATTACKS`: an honest model, one other record poisoned), as
+    markdown lines: per method, clients and data, the gap of ``off`` / ``robust`` to the method's clean ``off`` run
+    (mean over ``seeds``), with the replies rejected."""
+    lines = ["| attack | clients | data | clean off | off | robust | rejected (off / robust) |",
+             "|---|---|---|---|---|---|---|"]
+    runs = _runner(out, rounds, engine, seeds)
+    for i, (name, (method, _)) in enumerate(RECORD_ATTACKS.items()):
+        before = DIGITS.get("method")
+        DIGITS["method"] = method
+        try:
+            for nodes, k in ((5, 1), (5, 2)):
+                for partition in PARTITIONS:
+                    base = runs(partition, "off", None, nodes, 0)
+                    cells, rejected = [], []
+                    for profile in ("off", "robust"):
+                        got = runs(partition, profile, f"record-{i}", nodes, k)
+                        failed = [g["status"] for g in got if g["status"] != "completed" or g["accuracy"] is None]
+                        if failed:
+                            cells.append(f"— ({len(failed)} of {len(got)} {failed[0]})")
+                        else:
+                            gap = _mean([g["accuracy"] - b["accuracy"] for g, b in zip(got, base, strict=True)])
+                            cells.append(f"**{gap:+.3f}**" if gap < -TARGET else f"{gap:+.3f}")
+                        rejected.append(f"{_mean([g['rejected'] for g in got]):.0f}")
+                    lines.append(f"| {name} | {k} of {nodes} | {partition} | "
+                                 f"{_mean([b['accuracy'] for b in base]):.3f} | " + " | ".join(cells)
+                                 + f" | {' / '.join(rejected)} |")
+                    print(lines[-1], flush=True)
+        finally:
+            DIGITS.pop("method") if before is None else DIGITS.update(method=before)
+    return lines
+
+
+def clean_cost(out: Path, engine: str, seeds: tuple[int, ...] = (0, 1, 2)) -> list[str]:
+    """Every method's default job clean under ``off`` and ``robust`` over ``seeds`` (``root-seed`` = the seed): mean
+    ± std of each, and of the gap, as markdown lines."""
+    from flower_strategies.core.registry import METHODS
+
+    lines = [f"| method | off (mean ± std, seeds {', '.join(map(str, seeds))}) | robust | robust − off |",
+             "|---|---|---|---|"]
+    for method in sorted(METHODS):
+        acc: dict[str, list[float]] = {"off": [], "robust": []}
+        for seed in seeds:
+            for defence in acc:
+                cfg = {"method": method, "seed": seed, "root-seed": seed, "defence": defence, "output-dir": str(out),
+                       "run-name": f"cost-{method}-{seed}-{defence}", "learning-curve": False}
+                with contextlib.redirect_stdout(io.StringIO()):
+                    acc[defence].append(run_inprocess(cfg, 10, engine=engine)["final"]["test-accuracy"])
+        gap = np.subtract(acc["robust"], acc["off"])
+        lines.append(f"| {method} | {np.mean(acc['off']):.3f} ± {np.std(acc['off']):.3f} | "
+                     f"{np.mean(acc['robust']):.3f} ± {np.std(acc['robust']):.3f} | "
+                     f"{gap.mean():+.3f} ± {gap.std():.3f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def write_docs(path: Path, lines: list[str], header: str, markers: tuple[str, str] = (BEGIN, END)) -> None:
+    """Replace docs/robustness.md's text between ``markers`` (default :data:`BEGIN` and :data:`END`) with
+    ``header`` + ``lines``."""
     text = path.read_text()
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    start, end = text.index(markers[0]) + len(markers[0]), text.index(markers[1])
     path.write_text(text[:start] + "\n" + header + "\n\n" + "\n".join(lines) + "\n" + text[end:])
 
 
@@ -478,6 +830,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --write-docs: run only --profiles' rows and merge them into the table there")
     parser.add_argument("--engine", default="vectorized", choices=("inprocess", "vectorized"),
                         help="engine of --write-docs (the vectorized engine runs the same strategy, ~5× faster)")
+    parser.add_argument("--tables", nargs="+", default=["issue36", "adaptive"], choices=("issue36", "adaptive", "cost"),
+                        help="with --write-docs: which tables to regenerate (issue36: the attack matrix and the default"
+                             " jobs; adaptive: issue 48's attackers who know the defence, record poisoning and "
+                             "backdoors; cost: every method's clean cost over 3 seeds)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds of the adaptive table's means")
     args = parser.parse_args(argv)
     for item in args.set:
         key, value = item.split("=", 1)
@@ -492,6 +849,36 @@ def main(argv: list[str] | None = None) -> None:
                    f"Rows {', '.join(f'`{p}`' for p in args.profiles)}: `flock /tmp/fedadapt-heavy.lock python -m "
                    f"simulations.bench.robustness --write-docs --merge --profiles {' '.join(args.profiles)}` "
                    f"({args.engine} engine, {time.monotonic() - t0:.0f} s).")
+        return
+    if args.write_docs and "adaptive" in args.tables:
+        t1 = time.monotonic()
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = adaptive_matrix(Path(tmp), args.rounds, args.engine, args.seeds)
+            records = record_matrix(Path(tmp), args.rounds, args.engine, args.seeds)
+        write_docs(Path(args.write_docs), [*lines, "", "Record poisoning (an honest model, one other record "
+                                           "poisoned; gap to the method's clean `off` run, mean over the seeds; "
+                                           "**bold** = more than 0.05 below):", "", *records],
+                   f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness --write-docs --tables "
+                   f"adaptive` ({platform.machine()}, {os.cpu_count()} cores shared with other jobs, torch 1 thread, "
+                   f"{args.engine} engine, {time.monotonic() - t1:.0f} s): digits-mlp, {args.rounds} rounds × 2 "
+                   f"epochs, client-lr 0.1, batch 32, FedAvg; every cell the mean over {args.seeds} seed(s) "
+                   f"(iid seeds 0…, Dirichlet 2…; `root-seed` = the seed, never read by these attackers but "
+                   f"`in-gate-leak`'s) of the gap to the clean `off` run of the same seed.  **Bold** = item 4's "
+                   f"target missed (iid: more than {TARGET} below clean; Dirichlet: more than {TARGET} below the "
+                   f"attackers-absent run; backdoor: success \"bd\" above 0.1 or main accuracy missed).  "
+                   f"`in-gate-leak` is a diagnostic (a published `root-seed`), left out of \"worst\".",
+                   (ADAPTIVE_BEGIN, ADAPTIVE_END))
+    if args.write_docs and "cost" in args.tables:
+        t1 = time.monotonic()
+        with tempfile.TemporaryDirectory() as tmp:
+            cost = clean_cost(Path(tmp), args.engine)
+        cost_header = (f"`flock /tmp/fedadapt-heavy.lock python -m simulations.bench.robustness --write-docs --tables "
+                       f"cost` ({args.engine} engine, {time.monotonic() - t1:.0f} s): every method's default job (10 "
+                       f"Dirichlet-0.3 digits clients, 10 rounds, its presets), clean, final test accuracy over seeds "
+                       f"0, 1, 2 (`root-seed` = the seed):")
+        for path in (Path(args.write_docs), Path(args.write_docs).parent / "methods" / "index.md"):
+            write_docs(path, cost, cost_header, (COST_BEGIN, COST_END))
+    if args.write_docs and "issue36" not in args.tables:
         return
     if args.write_docs:
         with tempfile.TemporaryDirectory() as tmp:
