@@ -120,6 +120,16 @@ def send_round_partitions(strategy: FedAdaptStrategy) -> None:
     strategy.configure_train = configure_train  # type: ignore[method-assign]
 
 
+def prepare_sampling(grid: Grid, strategy: FedAdaptStrategy, fed: AppConfig) -> None:
+    """Before round 1: the nodes' partition ids where sampling or the data allocation needs them (partial
+    participation, per-round partitioners: clients find their slot by partition id)."""
+    per_round = fed.partitioner in ROUND_PARTITIONERS
+    if per_round or fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
+        discover_partitions(grid, strategy, fed.round_timeout, fed.grid_pull_interval)
+    if per_round:
+        send_round_partitions(strategy)
+
+
 class Checkpointer:
     """Writes ``checkpoint.npz`` every ``every`` rounds and after the last one; keeps the latest round's
     encoded checkpoint in memory so that SIGINT/SIGTERM can write it before the process exits."""
@@ -396,11 +406,7 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
     try:
         x_test, y_test = load_test_split(fed)  # inside: a data set that cannot be loaded fails with a summary too
         tracker = tracking.start(fed.tracking, out, info["config"])
-        per_round = fed.partitioner in ROUND_PARTITIONERS  # clients find their slot by partition id
-        if per_round or fed.fraction_train < 1.0 or fed.fraction_evaluate not in (0.0, 1.0):
-            discover_partitions(grid, strategy, fed.round_timeout, fed.grid_pull_interval)
-        if per_round:
-            send_round_partitions(strategy)
+        prepare_sampling(grid, strategy, fed)
         initial, start_round = ArrayRecord(model.state_dict()), 1
         if payload is not None:
             initial, start_round = resume_into(strategy, writer, payload)
