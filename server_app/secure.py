@@ -60,8 +60,7 @@ def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: 
                             clipping_range=fed.secagg_clipping_range, quantization_range=fed.secagg_quantization_range,
                             max_weight=fed.secagg_max_weight)
     strategy.num_rounds = fed.num_server_rounds
-    with strategy.driven():  # fedadapt's own driver (core/privacy.py: summary() outside it means a wrapper)
-        strategy.summary()
+    strategy.summary()
     run_secagg(PollingGrid(grid, fed.grid_pull_interval), legacy, fed.num_server_rounds, workflow(fed))
     return result
 

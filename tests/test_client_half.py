@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 import flower_strategies as fs
 from flower_strategies.core import records as R
 from flower_strategies.core.client import ClientRound, RoundLoader, TensorPartition
 from flower_strategies.core.local import LOCAL_OPTIMIZERS
+from flower_strategies.core.loop import own_loop_config
 
 from .test_structure import ROOT, import_graph
 
@@ -67,7 +68,7 @@ def test_needs_a_client_half_is_decided_in_one_place():
 def _content(method: str, model: torch.nn.Module, **settings) -> RecordDict:
     strategy = fs.get_method(method).build(**settings)
     strategy.num_rounds = 3
-    return strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), 1)
+    return strategy.prepare_round(1, ArrayRecord(model.state_dict()), own_loop_config(), 1)
 
 
 @pytest.mark.parametrize("method", sorted(fs.METHODS))
@@ -85,7 +86,7 @@ def test_the_round_config_tells_the_client_what_its_method_needs(method):
 def test_a_set_client_hyper_parameter_is_a_client_half_on_the_wire():
     assert not ClientRound(_content("fedavg", torch.nn.Linear(3, 2))).needs_client_half
     strategy = fs.FedAvg(fs.FedAvg.make_hparams(mu=0.1))  # FedProx's proximal term on a FedAvg
-    content = strategy.prepare_round(1, ArrayRecord(torch.nn.Linear(3, 2).state_dict()), ConfigRecord(), 1)
+    content = strategy.prepare_round(1, ArrayRecord(torch.nn.Linear(3, 2).state_dict()), own_loop_config(), 1)
     assert ClientRound(content).needs_client_half
 
 

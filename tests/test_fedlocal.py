@@ -27,7 +27,8 @@ from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy, get_method, parse_run_config
 from flower_strategies.core.server_opt import ServerOptimizer
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flower_strategies.core.loop import own_loop_config
+from flwr.app import ArrayRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import fedlocal_ref as ref
 
@@ -346,7 +347,7 @@ def test_restart_every_round():
     grid = LoopbackGrid(None, 2, RUN_CONFIG)
     from client_app.app import app as client_app
 
-    msg = list(strategy.configure_train(1, initial_arrays(x_start()), ConfigRecord({}), grid))[0]
+    msg = list(strategy.configure_train(1, initial_arrays(x_start()), own_loop_config(), grid))[0]
     ctx = grid.contexts[msg.metadata.dst_node_id]
     r1, r2 = client_app(msg, ctx), client_app(msg, ctx)
     for name in (FL.D_RECORD, FL.NINV_RECORD):
@@ -387,7 +388,7 @@ def test_mocked_joint_replies():
     strategy = FL.FedLocal(hp, client_lr=0.1, local_steps=3)
     x0 = x_start()
     grid = LoopbackGrid(None, 3)
-    msgs = list(strategy.configure_train(1, initial_arrays(x0), ConfigRecord({}), grid))
+    msgs = list(strategy.configure_train(1, initial_arrays(x0), own_loop_config(), grid))
     assert len(msgs) == 3
     cfg = msgs[0].content[R.CONFIG]
     assert cfg["fedlocal.client-opt"] == "adagrad" and cfg["fedlocal.correction"] == "joint"
@@ -414,7 +415,7 @@ def test_mocked_sync_downlink_and_state():
     strategy = FL.FedLocalSync(hp, client_lr=0.1, local_steps=3)
     x0 = x_start()
     grid = LoopbackGrid(None, 2)
-    msgs = list(strategy.configure_train(1, initial_arrays(x0), ConfigRecord({}), grid))
+    msgs = list(strategy.configure_train(1, initial_arrays(x0), own_loop_config(), grid))
     down = msgs[0].content
     assert set(down.array_records) == {R.MODEL, FL.M_RECORD, FL.V_RECORD}
     assert np.all(R.to_numpy(down[FL.M_RECORD])["w.weight"] == 0)
@@ -427,7 +428,7 @@ def test_mocked_sync_downlink_and_state():
                               FL.V_RECORD: {"w.weight": v[i]}}, [10, 30][i]) for i in range(2)]
     new, _ = strategy.aggregate_train(1, replies)
     np.testing.assert_allclose(R.to_numpy(new)["w.weight"], np.full((1, DIM), 0.25 * 0.5 + 0.75 * -0.5))
-    msgs = list(strategy.configure_train(2, new, ConfigRecord({}), grid))
+    msgs = list(strategy.configure_train(2, new, own_loop_config(), grid))
     np.testing.assert_allclose(R.to_numpy(msgs[0].content[FL.M_RECORD])["w.weight"], 0.25 * 1 + 0.75 * 4)
     np.testing.assert_allclose(R.to_numpy(msgs[0].content[FL.V_RECORD])["w.weight"], 0.25 * 2 + 0.75 * 8)
     assert msgs[0].content[R.CONFIG]["fedlocal-sync.step-offset"] == 3.0
@@ -532,7 +533,7 @@ def _train_content(method: str) -> tuple:
     if rounds_before:
         snaps, _ = simulate(strategy, arrays, rounds_before, 3, RUN_CONFIG)
         arrays = R.to_record(snaps[-1])
-    return spec, strategy.prepare_round(rounds_before + 1, arrays, ConfigRecord(), num_sampled=1)
+    return spec, strategy.prepare_round(rounds_before + 1, arrays, own_loop_config(), num_sampled=1)
 
 
 def _client_xy():

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from ..core import records as R
 from ..core.client import ClientRound, TensorPartition, mean_loss, num_examples_of, train_reply
 from ..core.ops import NamedArrays
+from ..core.loop import own_loop_config
 from ..core.policy import RunFailed, check_strategy
 from ..core.rounds import mean_reply_metrics
 from ..core.strategy import FedAdaptStrategy
@@ -263,7 +264,8 @@ class LegacyStrategy(LegacyBase):
         proxies = client_manager.all()
         by_node = {_node_id(p): p for p in proxies.values()}
         picked = s.sampler.pick(list(by_node), cfg.fraction_train, cfg.min_train_nodes)
-        content = s.prepare_round(server_round, R.to_record(self._arrays(parameters)), ConfigRecord(), len(picked))
+        content = s.prepare_round(server_round, R.to_record(self._arrays(parameters)), own_loop_config(),
+                                  len(picked))
         arrays, layout = pack({name: R.to_numpy(rec) for name, rec in content.array_records.items()})
         config: dict[str, Scalar] = _scalars(content.config_records[R.CONFIG])
         config[LAYOUT] = layout

@@ -60,6 +60,11 @@ LOCAL_OPTIMIZER = "local-optimizer"
 LOSS_BEFORE = "loss-before"
 FULL_GRADIENT = "full-gradient"
 
+#: Train-config key set by fedadapt's own round loops on the config they hand ``configure_train``
+#: (:func:`.loop.own_loop_config`); not sent to clients.  A round whose config lacks it runs in another loop, e.g.
+#: Flower's ``Strategy.start`` of a wrapper such as a DP wrapper (:func:`.privacy.flower_dp_wrapper`).
+OWN_LOOP = "fedadapt-own-loop"
+
 # Reply ConfigRecord naming the method whose client half produced the reply (``{"method": name}``).
 REPLY_INFO = "fedadapt"
 

@@ -23,8 +23,7 @@ needs is in :meth:`~FedAdaptStrategy.state_dict` (data only: arrays, numbers, st
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from logging import ERROR, INFO, WARNING
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -101,10 +100,6 @@ class FedAdaptStrategy(Strategy):
     #: Hyper-parameter defaults of this class (and its registry name) that differ from :attr:`hparams_class`'s
     #: declaration, by field name: an alias class's (``FedAdam``: ``{"server_opt": "adam", "server_lr": 0.01}``).
     hparam_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
-    #: Set when :meth:`summary` runs outside :meth:`driven`: another strategy's ``start()`` (a wrapper's, e.g. one
-    #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
-    started_by_another: bool = False
-    _driving: int = 0
     #: ``aggregator = fltrust`` (``defence = "robust"``): the server's own local procedure on its trusted root set —
     #: given a round's train content (what the clients receive), the reply's records it trains from it
     #: (``{record name: named arrays}``, e.g. ``{"arrays": model}``: at least the records :meth:`uplink_specs` names
@@ -243,8 +238,6 @@ class FedAdaptStrategy(Strategy):
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
-        if not self._driving:  # Flower's Strategy.start of a wrapper calls the wrapped strategy's summary()
-            self.started_by_another = True
         s = self.settings
         log(INFO, "\t├──> %s (%s) settings:", type(self).__name__, self.method)
         for line in self.log_settings():
@@ -258,22 +251,11 @@ class FedAdaptStrategy(Strategy):
         """Flower's ``Strategy.start`` (same arguments, same loop), run by fedadapt's one round loop
         (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and raised)."""
         try:
-            with self.driven():
-                return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
-                                  train_config=train_config, evaluate_config=evaluate_config)
+            return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
+                              train_config=train_config, evaluate_config=evaluate_config)
         except RunFailed as err:
             log(ERROR, "fedadapt: run FAILED: %s", err)
             raise
-
-    @contextmanager
-    def driven(self) -> Iterator[None]:
-        """fedadapt's own drivers (:meth:`start`, the app's round loops) run the strategy inside this: a
-        :meth:`summary` outside it came from another strategy's ``start()`` (:attr:`started_by_another`)."""
-        self._driving += 1
-        try:
-            yield
-        finally:
-            self._driving -= 1
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -286,14 +268,16 @@ class FedAdaptStrategy(Strategy):
     def prepare_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                       num_sampled: int) -> RecordDict:
         """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord
-        (transport-agnostic; the legacy adapter uses it too)."""
+        (transport-agnostic; the legacy adapter uses it too).  ``config`` is what the loop hands down: fedadapt's own
+        loops mark it (:func:`.loop.own_loop_config`), which tells them from a Flower wrapper's loop
+        (:func:`.privacy.refuse_flower_dp`); the mark is not sent on."""
         refuse_flower_dp(self, config)  # Flower's DP wrappers compose only with model averaging (core/privacy.py)
         self.check_sample_size(num_sampled)
         rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
         self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:
             self.server_state = self.init_server_state(self.current)
-        cfg = ConfigRecord(dict(config))
+        cfg = ConfigRecord({k: v for k, v in config.items() if k != R.OWN_LOOP})  # the loop's mark stays here
         cfg[R.SERVER_ROUND] = server_round
         cfg.update(self.round_config(server_round))  # ConfigRecord validates each value as on item assignment
         extras = {name: cast_like(v, self.current) for name, v in self.downlink(server_round).items()}
