@@ -21,7 +21,6 @@ from flwr.clientapp import ClientApp
 from app_common.config import AppConfig
 from app_common.task import TASK_SPECS, build_model, evaluate
 from app_common.wire import BASE, KEEP, KEY, STATUS
-from flower_strategies.compat.secagg import secagg_mod
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors, train_reply
 
@@ -29,9 +28,24 @@ from .client_state import store_for
 from .node import client_data, node_partition
 from .node_data import NODE_DATA_KEY
 
-#: ``secagg_mod``: Flower's SecAgg+ client mod for the messages of a ``secure-aggregation = secaggplus`` run (their
-#: train step, a legacy FitIns, is answered by :mod:`client_app.legacy`); every other message passes it unchanged.
-app = ClientApp(mods=[secagg_mod])
+#: The record of Flower's SecAgg+ protocol messages (``flwr.common.secure_aggregation.secaggplus_constants.
+#: RECORD_KEY_CONFIGS``; ``flower_strategies.compat.secagg.SECAGG_CONFIGS``).
+SECAGG_CONFIGS = "secaggplus_configs"
+
+
+def secure_aggregation(msg: Message, context: Context, call_next: Any) -> Message:
+    """Client mod: a message of a ``secure-aggregation = secaggplus`` run goes through fedadapt's SecAgg+ client mod
+    (:func:`flower_strategies.compat.secagg.secagg_mod`: Flower's ``secaggplus_mod``; the train step, a legacy
+    FitIns, is answered by :mod:`client_app.legacy`), imported then only: a device of an ordinary run loads no
+    server-side adapter.  Every other message passes unchanged."""
+    if SECAGG_CONFIGS not in msg.content.config_records:
+        return call_next(msg, context)
+    from flower_strategies.compat.secagg import secagg_mod
+
+    return secagg_mod(msg, context, call_next)
+
+
+app = ClientApp(mods=[secure_aggregation])
 
 
 def legacy_message(msg: Message) -> bool:

@@ -40,7 +40,6 @@ from flwr.common import log
 
 from app_common.wire import KEY
 from flower_strategies.core import records as R
-from flower_strategies.core.checkpoint import write_atomic
 
 NODE_CONFIG_KEY = "client-state-dir"
 ENV_VAR = "FEDADAPT_CLIENT_STATE_DIR"
@@ -111,6 +110,8 @@ class ClientStateStore:
         records = {n: rec for n, rec in state.array_records.items() if n.startswith(R.STATE_PREFIX)}
         if not records:
             return
+        from flower_strategies.core.checkpoint import write_atomic  # the server's writer, loaded when first needed
+
         write_atomic(self.path(server_round, base, run_id), self.encode(records, server_round))
         files = self.files()
         kept = [f[0] for f in files if f[0] <= keep]

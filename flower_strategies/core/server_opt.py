@@ -35,8 +35,7 @@ import numpy as np
 
 from .ops import NamedArrays, dtype_of
 
-SERVER_OPTIMIZERS = ("sgd", "sgdm", "adagrad", "adam", "yogi")
-BIAS_CORRECTIONS = ("none", "adam", "flower")
+from ..optimizers.baselines import BIAS_CORRECTIONS, SERVER_OPTIMIZERS  # the names hyper-parameters validate
 
 ServerState = dict[str, NamedArrays]
 
