@@ -171,7 +171,7 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
-    aggregator = strategy.settings.setting("aggregator")
+    aggregator = strategy.settings.aggregator
     if aggregator in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)
         strategy.root_update = root.root_update(fed)
         log(INFO, "fedadapt: aggregator %s, root set of %d training examples", aggregator, fed.root_set_size)

@@ -75,7 +75,7 @@ def expected_cell(name, component):
     model_only = [s.name for s in strategy.uplink_specs()] == [R.MODEL] and not strategy.downlink(1)
     if component == "local-dp":  # local DP of a model-only reply: the server's math is post-processing
         return "equal" if model_only else "refused"
-    return "equal" if model_only and getattr(strategy, "averages_models", False) else "refused"
+    return "equal" if model_only and strategy.averages_models else "refused"
 
 
 @pytest.mark.parametrize("name", every_method())
@@ -299,22 +299,25 @@ def test_native_dp_settings_refuse_weighted_or_robust_aggregation():
     with pytest.raises(ConfigError, match="aggregator = mean"):
         build("fedavg", dp_clip=1.0, aggregator="median")
     s = build("fedavg", dp_clip=1.0)
-    assert s.weighting == "uniform" and s.settings.setting("update_norm_ratio") == 0.0  # the clip bounds every reply
+    assert s.weighting == "uniform" and s.settings.update_norm_ratio == 0.0  # the clip bounds every reply
     with pytest.raises(ConfigError, match="max-merges"):
         privacy.check_specs("m", (RecordSpec("v", "max", "params"),))
 
 
 def test_native_dp_decides_only_the_keys_left_to_it_and_an_explicit_conflict_names_both_keys():
     """No silent override: weighting left "default" and update-norm-ratio left unset take DP_PROFILE's values (the
-    settings object keeps what the user gave); an explicit conflicting value is a ConfigError naming both keys."""
+    attributes are the values the run uses; the settings object names the keys a profile decided); an explicit
+    conflicting value is a ConfigError naming both keys."""
     from flower_strategies.core.hparams import DP_PROFILE, StrategyConfig
 
     dp = StrategyConfig(dp_clip=1.0)
-    assert (dp.weighting, dp.update_norm_ratio) == ("default", None)  # what the user gave, unchanged
-    assert {k: dp.setting(k) for k in DP_PROFILE} == {"weighting": "uniform", "update_norm_ratio": 0.0}
+    assert {k: getattr(dp, k) for k in DP_PROFILE} == {"weighting": "uniform", "update_norm_ratio": 0.0}
+    assert set(DP_PROFILE) <= dp.decided_by_profile
     plain = dp.replace(dp_clip=0.0)  # DP off again: the non-DP defaults, nothing left behind
-    assert (plain.setting("weighting"), plain.setting("update_norm_ratio")) == ("default", 100.0)
-    assert StrategyConfig(dp_clip=1.0, weighting="uniform", update_norm_ratio=0.0).setting("update_norm_ratio") == 0
+    assert (plain.weighting, plain.update_norm_ratio) == ("default", 100.0)
+    given = StrategyConfig(dp_clip=1.0, weighting="uniform", update_norm_ratio=0.0)
+    assert given.update_norm_ratio == 0 and not set(DP_PROFILE) & given.decided_by_profile
+    assert given.replace(dp_clip=0.0).weighting == "uniform"  # given, so it stays
     for key, value in (("weighting", "examples"), ("update_norm_ratio", 50.0), ("update_norm_ratio", 100.0)):
         with pytest.raises(ConfigError, match=f"dp-clip = 1.0 conflicts with {key.replace('_', '-')} = {value}"):
             StrategyConfig(dp_clip=1.0, **{key: value})

@@ -80,10 +80,10 @@ def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
     if s.defence != "off":
         return (f"defence = {s.defence} screens, clips and weighs the individual replies, which SecAgg+ hides from "
                 f"the server (every reply it sees is the same average); set defence = off, or {INSTEAD}")
-    needs_replies = {"aggregator": s.setting("aggregator") != "mean",
-                     "update-clip-ratio": s.setting("update_clip_ratio") > 0,
+    needs_replies = {"aggregator": s.aggregator != "mean",
+                     "update-clip-ratio": s.update_clip_ratio > 0,
                      "max-update-norm": s.max_update_norm > 0,
-                     "update-cosine-floor": s.setting("update_cosine_floor") > -1}
+                     "update-cosine-floor": s.update_cosine_floor > -1}
     named = [key for key, on in needs_replies.items() if on]
     if named:
         return (f"{', '.join(named)} need(s) the individual replies, which SecAgg+ hides from the server (every reply "
@@ -104,8 +104,8 @@ def check_secagg(strategy: FedAdaptStrategy) -> None:
     if reason is not None:
         raise ConfigError(f"secure-aggregation = secaggplus: {reason} (docs/privacy.md section 4)")
     s = strategy.settings
-    off = [k for k, v in (("update-norm-ratio", s.setting("update_norm_ratio")),
-                          ("max-weight-ratio", s.setting("max_weight_ratio"))) if v > 0]
+    off = [k for k, v in (("update-norm-ratio", s.update_norm_ratio),
+                          ("max-weight-ratio", s.max_weight_ratio)) if v > 0]
     if off:
         log(INFO, "secure-aggregation: %s switched off (no effect on replies that are all the same average)",
             " and ".join(off))
@@ -141,7 +141,7 @@ class SecAggStrategy(LegacyStrategy):
                  **kwargs: Any) -> None:
         #: The plain path's median-relative bound, kept for the aggregate's norm check (check_secagg switches the
         #: per-reply screen off: every reply the server sees is the same average).
-        self.norm_ratio = float(strategy.settings.setting("update_norm_ratio"))
+        self.norm_ratio = float(strategy.settings.update_norm_ratio)
         check_secagg(strategy)
         super().__init__(strategy, initial_arrays, *args, **kwargs)
         self.clipping_range, self.quantization_range, self.max_weight = clipping_range, quantization_range, max_weight

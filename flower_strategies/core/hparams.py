@@ -19,7 +19,8 @@ __all__ = ["DEFENCES", "DP_PROFILE", "ConfigError", "HParams", "StrategyConfig",
            "to_key", "toml_value"]  # the declaration (.params) re-exported where callers always found it
 
 #: What each ``defence`` profile sets (field: value).  A key given explicitly (not ``None``; ``""`` in a run-config)
-#: overrides its profile's value (:meth:`StrategyConfig.setting`).  ``"off"`` is every method's paper algorithm.
+#: overrides its profile's value (resolved when :class:`StrategyConfig` is built).  ``"off"`` is every method's
+#: paper algorithm.
 DEFENCES: dict[str, dict[str, Any]] = {
     "off": {"max_weight_ratio": 0.0, "update_clip_ratio": 0.0, "update_cosine_floor": -1.0, "aggregator": "mean"},
     "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 3.0, "update_cosine_floor": -1.0,
@@ -31,8 +32,12 @@ DEFENCE_CHOICES = tuple(DEFENCES)
 #: "default"``, ``update-norm-ratio`` unset): bounded, unweighted contributions, no median-relative rejection (the
 #: clip bounds every reply).  A conflicting explicit value is a :class:`ConfigError` naming both keys.
 DP_PROFILE: dict[str, Any] = {"weighting": "uniform", "update_norm_ratio": 0.0}
-#: ``update-norm-ratio`` left unset without native DP (``StrategyConfig.setting``).
+#: ``update-norm-ratio`` left unset without native DP.
 UPDATE_NORM_RATIO = 100.0
+#: The keys a profile may decide, and the value that leaves each unset (``""`` in a run-config for ``None``):
+#: :class:`StrategyConfig` resolves them on construction.
+UNSET: dict[str, Any] = {"weighting": "default", "update_norm_ratio": None, "max_weight_ratio": None,
+                         "update_clip_ratio": None, "update_cosine_floor": None, "aggregator": None}
 
 # --------------------------------------------------------------------------------------------------
 # Settings every strategy takes (plain kebab-case run-config keys)
@@ -83,15 +88,15 @@ class StrategyConfig(HParams):
     )
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
     weighting: str = param(
-        "default", choices=("default", "examples", "uniform"),
+        "default", choices=("default", "examples", "uniform"), profile=True,
         help="client weights of means; default = the method's paper (uniform with native DP, dp-clip > 0)",
     )
     max_update_norm: float = param(
         0.0, lo=0.0,
         help="reject replies whose update norm exceeds this absolute bound (0 = off)",
     )
-    update_norm_ratio: float | None = param(
-        None, lo=0.0,
+    update_norm_ratio: float = param(
+        None, lo=0.0, profile=True,
         help="reject replies whose update norm exceeds this multiple of the round's median (0 = off; honest "
              "training stays far below 100); empty = 100, or 0 with native DP (dp-clip > 0: the clip bounds every "
              "reply)",
@@ -104,25 +109,25 @@ class StrategyConfig(HParams):
              "update-clip-ratio 3, max-weight-ratio 1.5; docs/robustness.md). The four keys below override it when "
              "set",
     )
-    max_weight_ratio: float | None = param(
-        None, lo=0.0,
+    max_weight_ratio: float = param(
+        None, lo=0.0, profile=True,
         help="clip each reply's num-examples weight (and, in epochs mode, its num-steps) at this multiple of the "
              "round's median; empty = the defence profile's (off: 0 = exact n_k weighting; robust: 1.5)",
     )
-    update_clip_ratio: float | None = param(
-        None, lo=0.0,
+    update_clip_ratio: float = param(
+        None, lo=0.0, profile=True,
         help="scale each reply's update (and every other uplink record) back onto this multiple of the round's "
              "median norm of that record (needs ≥ 3 replies; 0 = off); empty = the defence profile's (off: 0; "
              "robust: 3)",
     )
-    update_cosine_floor: float | None = param(
-        None, lo=-1.0, hi=1.0,
+    update_cosine_floor: float = param(
+        None, lo=-1.0, hi=1.0, profile=True,
         help="reject a reply whose model update has a cosine below this with the round's robust centre (the mean of "
              "the updates, each scaled down onto the round's median norm; needs ≥ 3 replies; -1 = off); empty = the "
              "defence profile's (-1 in both)",
     )
-    aggregator: str | None = param(
-        None, choices=AGGREGATORS,
+    aggregator: str = param(
+        None, choices=AGGREGATORS, profile=True,
         help="mean = the method's own rule; median / trimmed-mean = coordinate-wise robust aggregation of every "
              "mean-rule record (O(N·model) memory); centered-clip / bucketing = centered clipping around the last "
              "round's update, of the replies / of means of random pairs; krum / multi-krum = use only the "
@@ -163,30 +168,42 @@ class StrategyConfig(HParams):
     )
     dp_delta: float = param(1e-5, lo=0.0, hi=1.0, lo_open=True, help="δ of the ε reported per round (native DP)")
 
-    def setting(self, name: str) -> Any:
-        """The value field ``name`` runs with: its own, or, for a key left for a profile to decide, the profile's
-        value: with native DP (``dp-clip > 0``) :data:`DP_PROFILE`'s (``weighting = "default"``, ``update-norm-ratio``
-        unset), else the ``defence`` profile's (:data:`DEFENCES`; ``update-norm-ratio``: :data:`UPDATE_NORM_RATIO`).
-        ``weighting = "default"`` without DP stays ``"default"``: the method's own (``FedAdaptStrategy.weighting``)."""
-        value = getattr(self, name)
-        unset = value is None or (name == "weighting" and value == "default")
-        if unset and self.dp_clip > 0 and name in DP_PROFILE:
+    def _profile_value(self, name: str) -> Any:
+        """What a key left unset runs with: with native DP (``dp-clip > 0``) :data:`DP_PROFILE`'s (``weighting``,
+        ``update-norm-ratio``), else the ``defence`` profile's (:data:`DEFENCES`; ``update-norm-ratio``:
+        :data:`UPDATE_NORM_RATIO`).  ``weighting`` without DP stays ``"default"``: the method's own, which only the
+        strategy knows (``FedAdaptStrategy.weighting``)."""
+        if self.dp_clip > 0 and name in DP_PROFILE:
             return DP_PROFILE[name]
-        if value is None and name in DEFENCES[self.defence]:
+        if name in DEFENCES[self.defence]:
             return DEFENCES[self.defence][name]
-        if value is None and name == "update_norm_ratio":
-            return UPDATE_NORM_RATIO
-        return value
+        return UPDATE_NORM_RATIO if name == "update_norm_ratio" else UNSET[name]
+
+    def replace(self, **changes: Any) -> StrategyConfig:
+        """A validated copy with ``changes``; a key a profile decided stays unset, so that the copy's profiles
+        decide it again (``replace(defence="robust")`` changes ``aggregator`` unless it was given)."""
+        if not changes:
+            return self
+        return super().replace(**{**{name: UNSET[name] for name in self.decided_by_profile}, **changes})
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # Settings resolved once: a key left unset (UNSET) takes its profile's value here, so that every reader
+        # reads the attribute (``settings.aggregator``) and gets the value the run uses.
+        decided = [name for name, unset in UNSET.items() if getattr(self, name) == unset
+                   and self._profile_value(name) != unset]
+        for name in decided:
+            object.__setattr__(self, name, self._profile_value(name))
+        #: The keys a profile decided (left unset): :meth:`replace` leaves them to the copy's profiles.
+        self.decided_by_profile: frozenset[str]
+        object.__setattr__(self, "decided_by_profile", frozenset(decided))
         if self.dp_clip > 0:  # native DP (core/privacy.py): bounded, unweighted contributions
             conflicts = [f"{key} = {value}" for key, value, ok in (
                 ("weighting", self.weighting, self.weighting != "examples"),
                 ("update-norm-ratio", self.update_norm_ratio, not self.update_norm_ratio),
-                ("aggregator", self.setting("aggregator"), self.setting("aggregator") == "mean"),
-                ("update-clip-ratio", self.setting("update_clip_ratio"), self.setting("update_clip_ratio") <= 0),
-                ("update-cosine-floor", self.setting("update_cosine_floor"), self.setting("update_cosine_floor") <= -1),
+                ("aggregator", self.aggregator, self.aggregator == "mean"),
+                ("update-clip-ratio", self.update_clip_ratio, self.update_clip_ratio <= 0),
+                ("update-cosine-floor", self.update_cosine_floor, self.update_cosine_floor <= -1),
             ) if not ok]
             if conflicts:
                 raise ConfigError(f"dp-clip = {self.dp_clip} conflicts with {', '.join(conflicts)}: native DP needs "

@@ -34,6 +34,7 @@ def param(
     lo_open: bool = False,
     choices: tuple[Any, ...] | None = None,
     client: bool = False,
+    profile: bool = False,
     help: str = "",  # noqa: A002 - mirrors argparse
 ) -> Any:
     """Declare a hyper-parameter with its validation rule and one-line documentation.
@@ -42,10 +43,15 @@ def param(
     round's ConfigRecord under the same key as in the run-config (``"<method>.<field-with-dashes>"``), and
     the optimizer takes it as a keyword argument of the same (snake_case) name and keeps it in its
     ``param_groups``.  This one declaration is the only place the flag is written.
+
+    ``profile=True`` (default ``None``; ``""`` in a run-config): a key that may be left unset for a profile to
+    decide; the class resolves it on construction (:class:`~.hparams.StrategyConfig`), so that the attribute is
+    always the value the run uses, of the declared type.
     """
     return field(
         default=default,
-        metadata={"lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices, "help": help, "client": client},
+        metadata={"lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices, "help": help, "client": client,
+                  "profile": profile},
     )
 
 
@@ -204,7 +210,8 @@ def _base_type(tp: Any) -> type:
 
 def _coerce(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
     base = _base_type(tp)
-    if value is None or (_optional(tp) and value == ""):  # run-configs cannot hold None: "" means "not set"
+    unset_ok = _optional(tp) or meta.get("profile")
+    if value is None or (unset_ok and value == ""):  # run-configs cannot hold None: "" means "not set"
         value = None
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -217,7 +224,7 @@ def _coerce(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
 def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
     base = _base_type(tp)
     if value is None:
-        if _optional(tp):
+        if _optional(tp) or meta.get("profile"):
             return
         raise ConfigError(f"{name} must be {base.__name__}, got None")
     ok_type = isinstance(value, base) and not (base is not bool and isinstance(value, bool))

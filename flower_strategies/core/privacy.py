@@ -67,11 +67,13 @@ _SERVER_WRAPPERS = "DifferentialPrivacyServerSide{Fixed,Adaptive}Clipping"
 
 class Wrapped(Protocol):
     """What the rules for Flower's DP wrappers read of a strategy (:class:`~.strategy.FedAdaptStrategy`): its method,
-    uplink and downlink.  A strategy whose new model is the mean of the replies also says so (``averages_models``,
-    read where present)."""
+    uplink and downlink, and whether its new model is the mean of the replies (``averages_models``)."""
 
     @property
     def method(self) -> str: ...
+
+    @property
+    def averages_models(self) -> bool: ...
 
     def uplink_specs(self) -> Sequence[RecordSpec]: ...
 
@@ -84,7 +86,7 @@ def composes_with_flower_dp(strategy: Wrapped) -> bool:
     plain server step), so that clipping each reply and noising the output is the DP-FedAvg mechanism."""
     specs = strategy.uplink_specs()
     model_only = len(specs) == 1 and specs[0].name == R.MODEL and specs[0].keys == "model"
-    return model_only and bool(getattr(strategy, "averages_models", False)) and not strategy.downlink(1)
+    return model_only and strategy.averages_models and not strategy.downlink(1)
 
 
 def flower_dp_wrapper(config: Mapping[str, Any]) -> str | None:

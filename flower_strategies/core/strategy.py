@@ -71,7 +71,7 @@ class FedAdaptStrategy(Strategy):
     settings
         The run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig` or an app's extension of it,
         documented as the run-config keys), kept as :attr:`settings` and read there (``self.settings.client_lr``;
-        a key left unset for a profile to decide, e.g. ``aggregator``, through :meth:`.StrategyConfig.setting`).
+        a key left unset for a profile to decide, e.g. ``aggregator``, holds the profile's value: resolved once).
         A change is an explicit, validated copy: ``s.settings = s.settings.replace(max_update_norm=5.0)``.
     overrides
         Settings fields by name, applied to ``settings`` (default ``StrategyConfig()``) in one validated replace.
@@ -87,11 +87,23 @@ class FedAdaptStrategy(Strategy):
         Registry name sent to clients (default: the class's); aliases pass their own name.
     """
 
+    #: The method contract: what a method class declares besides its hooks, each declared (and documented) here
+    #: and read as an attribute wherever it is needed, never probed; docs/extending.md lists the same names.
+    method_contract: ClassVar[tuple[str, ...]] = (
+        "method", "hparams_class", "local_optimizer", "default_weighting", "needs_train_loss_before",
+        "accepts_zero_client_lr", "hparam_defaults", "averages_models")
+    #: The hooks a method writes (its math; none of them touches Flower messages).
+    method_hooks: ClassVar[tuple[str, ...]] = (
+        "uplink_specs", "init_server_state", "downlink", "client_config", "client_lr_at", "server_update")
     #: Registry name; sent to clients so that the generic ClientApp picks the matching local optimizer.
     method: ClassVar[str] = ""
+    #: The method's frozen hyper-parameter declaration (:mod:`flower_strategies.optimizers`): its fields are the
+    #: ``<method>.<key>`` run-config keys; those declared ``client=True`` are the local optimizer's.
     hparams_class: ClassVar[type[HParams]] = HParams
     #: The client half: the local optimizer the ClientApp builds for this method.
     local_optimizer: ClassVar[type[LocalOptimizer]] = SGDOptimizer
+    #: ``"examples"`` or ``"uniform"``: the client weights of the method's paper, used when ``weighting`` is left
+    #: ``"default"`` (:attr:`weighting`).
     default_weighting: ClassVar[str] = "examples"
     #: Whether :meth:`server_update` reads the clients' ``train-loss-before`` metric (the app then asks clients for it).
     needs_train_loss_before: ClassVar[bool] = False
@@ -105,6 +117,13 @@ class FedAdaptStrategy(Strategy):
     #: (``{record name: named arrays}``, e.g. ``{"arrays": model}``: at least the records :meth:`uplink_specs` names
     #: first).  The fedadapt ServerApp sets it from the task and ``root-set-size``; a library user sets their own.
     root_update: Callable[[RecordDict], dict[str, NamedArrays]] | None = None
+
+    @property
+    def averages_models(self) -> bool:
+        """Whether the new model is the (weighted) mean of the replies' models and nothing else is uploaded or kept
+        (FedAvg / FedProx with the plain server step): only then do Flower's DP wrappers compose with the strategy
+        (:func:`.privacy.composes_with_flower_dp`).  Default ``False``."""
+        return False
 
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
@@ -152,9 +171,10 @@ class FedAdaptStrategy(Strategy):
 
     @property
     def weighting(self) -> str:
-        """``"examples"`` or ``"uniform"``: the settings' ``weighting`` (:meth:`.StrategyConfig.setting`: native DP's
-        when left ``"default"``), else (``"default"``) the method's own, :attr:`default_weighting`."""
-        weighting = self.settings.setting("weighting")
+        """``"examples"`` or ``"uniform"``: the settings' ``weighting`` (native DP's ``"uniform"`` when left
+        ``"default"``: :class:`.StrategyConfig` resolved it), else (``"default"``) the method's own,
+        :attr:`default_weighting`."""
+        weighting = self.settings.weighting
         return self.default_weighting if weighting == "default" else weighting
 
     # the parts' state, under the names callers use
@@ -294,7 +314,7 @@ class FedAdaptStrategy(Strategy):
         :attr:`root_update` on the round's train ``content``), centered clipping's centre (:attr:`centre`, the last
         round's model update).  Nothing under the other aggregators."""
         assert self.current is not None
-        aggregator = self.settings.setting("aggregator")
+        aggregator = self.settings.aggregator
         if aggregator in TRUST_RULES:
             if self.root_update is None:
                 raise ConfigError(
@@ -314,7 +334,7 @@ class FedAdaptStrategy(Strategy):
         min_replies`) would refuse every round: before the run's first round that is a :class:`ConfigError` naming
         the fix (nothing has been sent); later (nodes lost) a warning, and the round's replies are refused with the
         reason as they arrive."""
-        aggregator, fraction = self.settings.setting("aggregator"), self.settings.byzantine_fraction
+        aggregator, fraction = self.settings.aggregator, self.settings.byzantine_fraction
         if aggregator == "mean" or num_sampled <= 0:
             return
         try:
