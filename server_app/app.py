@@ -400,7 +400,7 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
         with checkpointer.signal_handlers() if checkpointer else nullcontext():
             try:
                 if fed.secure_aggregation != "off":  # Flower's SecAgg+ workflow (no checkpoints: secure.check)
-                    result = secure.run_rounds(fed, strategy, grid, initial, evaluate_fn)
+                    result = secure.run_secure_rounds(fed, strategy, grid, initial, evaluate_fn)
                 else:
                     result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
                                         start_round=start_round,

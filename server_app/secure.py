@@ -44,7 +44,7 @@ def check(fed: AppConfig, strategy: FedAdaptStrategy) -> None:
     workflow(fed)
 
 
-def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: ArrayRecord,
+def run_secure_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: ArrayRecord,
                evaluate_fn: Callable[[int, ArrayRecord], MetricRecord]) -> Result:
     """``fed.num_server_rounds`` SecAgg+ rounds; ``evaluate_fn`` runs after each (and on the initial model), then the
     run-failure policy.  The result's arrays are the last evaluated global arrays."""
