@@ -435,16 +435,16 @@ def test_mocked_sync_downlink_and_state():
 
 
 # ------------------------------------------------------------------------------------------ unit tests
-def test_pseudo_gradient_pure():
+def test_corrected_pseudo_gradient_pure():
     cur = {"a": np.array([1.0, 2.0]), "b": np.array([3.0])}
     agg = {R.MODEL: {"a": np.array([0.5, 2.5]), "b": np.array([1.0])},
            FL.D_RECORD: {"a": np.array([0.2, -0.4]), "b": np.array([1.0])},
            FL.NINV_RECORD: {"a": np.array([0.5, 0.0]), "b": np.array([4.0])}}
-    np.testing.assert_allclose(FL.pseudo_gradient("none", cur, agg, ["a"])["a"], [0.5, -0.5])
-    np.testing.assert_allclose(FL.pseudo_gradient("local", cur, agg, ["a", "b"])["b"], [1.0])
-    np.testing.assert_allclose(FL.pseudo_gradient("joint", cur, agg, ["a"])["a"], [0.4, 0.0])  # divide-no-nan
+    np.testing.assert_allclose(FL.corrected_pseudo_gradient("none", cur, agg, ["a"])["a"], [0.5, -0.5])
+    np.testing.assert_allclose(FL.corrected_pseudo_gradient("local", cur, agg, ["a", "b"])["b"], [1.0])
+    np.testing.assert_allclose(FL.corrected_pseudo_gradient("joint", cur, agg, ["a"])["a"], [0.4, 0.0])  # divide-no-nan
     with pytest.raises(ValueError):
-        FL.pseudo_gradient("global", cur, agg, ["a"])
+        FL.corrected_pseudo_gradient("global", cur, agg, ["a"])
 
 
 def test_server_optimizer_mapping():

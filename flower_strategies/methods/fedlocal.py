@@ -60,7 +60,7 @@ import numpy as np
 
 from ..core import records as R
 from ..core.ops import NamedArrays, owned, safe_divide
-from ..core.ops import pseudo_gradient as model_pseudo_gradient
+from ..core.ops import pseudo_gradient
 from ..core.server_opt import ServerOptimizer
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
@@ -73,13 +73,13 @@ from ..optimizers.fedlocal import (
 __all__ = [
     "ADAPTIVE", "CLIENT_OPTIMIZERS", "CORRECTIONS", "D_RECORD", "FedLocal", "FedLocalClientHParams",
     "FedLocalHParams", "FedLocalOptimizer", "FedLocalSync", "M_RECORD", "NINV_RECORD", "SERVER_FORMS",
-    "STEP_OFFSET", "V_RECORD", "pseudo_gradient", "resolved_beta1", "resolved_initial_v", "safe_divide_t",
+    "STEP_OFFSET", "V_RECORD", "corrected_pseudo_gradient", "resolved_beta1", "resolved_initial_v", "safe_divide_t",
     "server_optimizer",
 ]
 
 
 # ------------------------------------------------------------------------------------------ pure server math
-def pseudo_gradient(
+def corrected_pseudo_gradient(
     correction: str, current: Mapping[str, np.ndarray], aggregates: Mapping[str, NamedArrays], keys: Iterable[str]
 ) -> NamedArrays:
     """Server input ``D̄`` of the FedOpt step, per Algorithm 1, in the parameters' dtype and in the round's
@@ -90,7 +90,7 @@ def pseudo_gradient(
     joint: ``mean_i D_i / mean_i Ninv_i`` (divide-no-nan)
     """
     if correction == "none":
-        return model_pseudo_gradient(current, aggregates[R.MODEL], keys)
+        return pseudo_gradient(current, aggregates[R.MODEL], keys)
     out: NamedArrays = {}
     for k in keys:
         if correction == "local":
@@ -179,7 +179,7 @@ class FedLocal(FedAdaptStrategy):
         self, inputs: RoundInputs, state: ServerState
     ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         keys, current = inputs.trainable, inputs.current
-        d_bar = pseudo_gradient(self.hparams.correction, current, inputs.aggregates, keys)
+        d_bar = corrected_pseudo_gradient(self.hparams.correction, current, inputs.aggregates, keys)
         sync_keys = (*self.hparams.sync_records(), STEP_OFFSET)
         new_params, opt_state = self.opt.step(
             {k: current[k] for k in keys}, d_bar, {k: v for k, v in state.items() if k not in sync_keys},
