@@ -92,7 +92,7 @@ def weighted_mean(values: Sequence[tuple[float, float]], weighting: str) -> floa
     return float(sum(v * n for v, n in values) / total)
 
 
-def _finite(value: object) -> bool:
+def _finite_number(value: object) -> bool:
     """Whether ``value`` is a finite int/float (not a bool)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
@@ -107,7 +107,7 @@ def robust_mean(values: Sequence[tuple[Any, float]], weighting: str = "examples"
     with left out: non-numbers and NaN/Inf, and with 3 or more values any value above ``METRIC_OUTLIER_RATIO`` ×
     max(1, the lower median of the values' magnitudes); ``None`` when nothing is left.  With nothing left out it
     equals :func:`weighted_mean` bit for bit."""
-    pairs = [(float(v), float(n)) for v, n in values if _finite(v)]
+    pairs = [(float(v), float(n)) for v, n in values if _finite_number(v)]
     if len(pairs) >= 3:
         scale = max(1.0, lower_median([abs(v) for v, _ in pairs]))
         pairs = [(v, n) for v, n in pairs if abs(v) <= METRIC_OUTLIER_RATIO * scale]
@@ -125,12 +125,12 @@ def mean_reply_metrics(reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, 
     One reply cannot poison a metric (:func:`robust_mean`): NaN/Inf values are left out, and with 3 or more values
     so is any value above ``METRIC_OUTLIER_RATIO`` × max(1, the lower median of the values' magnitudes) (e.g. a
     train-loss of 1e300).  A reply without a finite positive ``num-examples`` is left out altogether."""
-    usable = [m for m in reply_metrics if _finite(m.get(R.NUM_EXAMPLES)) and float(m[R.NUM_EXAMPLES]) > 0]
+    usable = [m for m in reply_metrics if _finite_number(m.get(R.NUM_EXAMPLES)) and float(m[R.NUM_EXAMPLES]) > 0]
     values: dict[str, list[tuple[float, float]]] = {}
     for m in usable:
         n = float(m[R.NUM_EXAMPLES])
         for key, value in m.items():
-            if key not in NOT_AVERAGED and _finite(value):
+            if key not in NOT_AVERAGED and _finite_number(value):
                 values.setdefault(key, []).append((float(value), n))
     out: dict[str, float] = {}
     for key, pairs in values.items():
@@ -154,15 +154,15 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
       ``train-loss`` of an earlier round (:meth:`RoundBook.lowest_train_loss`; ``None``: no earlier round has one).
 
     ``round_mean``: the round's metric means (:func:`mean_reply_metrics`: non-finite values and outliers left out)."""
-    bad = [m for m in reply_metrics if R.TRAIN_LOSS in m and not _finite(m[R.TRAIN_LOSS])]
+    bad = [m for m in reply_metrics if R.TRAIN_LOSS in m and not _finite_number(m[R.TRAIN_LOSS])]
     if bad:
         return f"{len(bad)} of {len(reply_metrics)} clients reported a non-finite train loss"
-    if not _finite(round_mean.get(R.TRAIN_LOSS)):
+    if not _finite_number(round_mean.get(R.TRAIN_LOSS)):
         return None
     mean = float(round_mean[R.TRAIN_LOSS])
     if lowest is None:
         for key in (R.TRAIN_LOSS_BEFORE, FIRST_BATCH_LOSS):
-            start = float(round_mean[key]) if _finite(round_mean.get(key)) else 0.0
+            start = float(round_mean[key]) if _finite_number(round_mean.get(key)) else 0.0
             if start > 0 and mean > LOSS_RISE_RATIO * start:
                 return (f"the clients' mean train loss {mean:.4g} is {mean / start:.3g} × the loss they started "
                         f"from ({key} {start:.4g}): local training made the initial model worse")
@@ -228,7 +228,7 @@ class RoundBook:
         read, low = self._lowest if self._lowest[0] <= len(self.history) else (0, None)
         for h in self.history[read:]:
             value = h.train_metrics.get(R.TRAIN_LOSS)
-            if _finite(value) and 0 < float(cast(float, value)) < (math.inf if low is None else low):
+            if _finite_number(value) and 0 < float(cast(float, value)) < (math.inf if low is None else low):
                 low = float(cast(float, value))
         self._lowest = (len(self.history), low)
         return low
