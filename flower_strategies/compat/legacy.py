@@ -95,7 +95,7 @@ def _scalars(record: ConfigRecord | MetricRecord) -> dict[str, Scalar]:
 
 
 # ------------------------------------------------------------------------------------------ client
-def _number(value: Any) -> float | None:
+def _real_number(value: Any) -> float | None:
     """``value`` as a float when it is a real number (not a bool) or a one-element tensor/array, else ``None``."""
     if isinstance(value, bool):
         return None
@@ -115,14 +115,14 @@ def train_result(result: Any) -> tuple[float | None, dict[str, float]]:
     a ``TypeError`` naming the contract."""
     if result is None:
         return None, {}
-    loss = _number(result)
+    loss = _real_number(result)
     if loss is not None:
         return loss, {}
     if isinstance(result, Mapping):
         for k, v in result.items():
-            if not isinstance(k, str) or _number(v) is None:
+            if not isinstance(k, str) or _real_number(v) is None:
                 raise TypeError(f"{TRAIN_CONTRACT}; got a dict whose {k!r} entry is a {type(v).__name__}")
-        values = {k: float(_number(v)) for k, v in result.items()}  # type: ignore[arg-type]
+        values = {k: float(_real_number(v)) for k, v in result.items()}  # type: ignore[arg-type]
         key = next((k for k in LOSS_KEYS if k in values), None)
         return (None if key is None else values.pop(key)), values
     raise TypeError(f"{TRAIN_CONTRACT}; got {type(result).__name__}")
