@@ -366,12 +366,12 @@ def test_bytes(correction, method, up_factor, down_factor):
     hp = {"client_opt": "adam", "correction": correction}
     _, strat, _ = run_sim(hp, method=method, rounds=2, nodes=3)
     model = 8 * DIM
-    for rlog in strat.history:
-        assert rlog.replies_used == 3 and rlog.replies_rejected == 0
-        assert rlog.bytes_up == up_factor * model * 3
-        assert rlog.bytes_down == down_factor * model * 3
+    for round_log in strat.history:
+        assert round_log.replies_used == 3 and round_log.replies_rejected == 0
+        assert round_log.bytes_up == up_factor * model * 3
+        assert round_log.bytes_down == down_factor * model * 3
     if method == "fedlocal" and correction == "joint":  # the paper's "1.5×" per round (up + down)
-        assert (rlog.bytes_up + rlog.bytes_down) / (2 * model * 3) == 1.5
+        assert (round_log.bytes_up + round_log.bytes_down) / (2 * model * 3) == 1.5
 
 
 # ------------------------------------------------------------------------------------------ mocked protocol

@@ -16,11 +16,11 @@ from flower_strategies.core.rounds import (
 def test_open_take_close_builds_the_history():
     book = RoundBook()
     opened = book.open(3, sampled=4, bytes_down=400)
-    rlog = book.take(3)
-    assert rlog is opened and (rlog.server_round, rlog.sampled, rlog.bytes_down) == (3, 4, 400)
+    round_log = book.take(3)
+    assert round_log is opened and (round_log.server_round, round_log.sampled, round_log.bytes_down) == (3, 4, 400)
     assert book.take(4) == RoundLog(4)  # taken once: a later take starts a fresh log
-    book.close(rlog, {"train-loss": 0.5})
-    assert book.history == [rlog] and rlog.train_metrics == {"train-loss": 0.5} and rlog.seconds >= 0.0
+    book.close(round_log, {"train-loss": 0.5})
+    assert book.history == [round_log] and round_log.train_metrics == {"train-loss": 0.5} and round_log.seconds >= 0.0
 
 
 
@@ -63,9 +63,9 @@ def test_nonfinite_state_names_the_culprit():
 def test_state_dict_round_trip():
     book = RoundBook()
     book.commit(1, {"w": np.zeros(1)}, {})
-    rlog = book.take(1)
-    rlog.rejections.append(Rejection(3, Kind.CLIENT_ERROR, "client error: boom"))
-    book.close(rlog, {"train-loss": 1.0})
+    round_log = book.take(1)
+    round_log.rejections.append(Rejection(3, Kind.CLIENT_ERROR, "client error: boom"))
+    book.close(round_log, {"train-loss": 1.0})
     state = book.state_dict()
     assert set(state) == {"num_updates", "history"}
     assert state["history"][0]["rejections"] == [{"node": 3, "kind": "client-error", "detail": "client error: boom"}]

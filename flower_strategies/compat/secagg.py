@@ -181,15 +181,15 @@ class SecAggStrategy(LegacyStrategy):
                     "secagg-dropped": float(dropped)}
         history = self.inner.history
         if history and history[-1].server_round == server_round:
-            rlog = history[-1]
+            round_log = history[-1]
             if reason is not None:
-                rlog.replies_rejected = used
-                rlog.rejections.append(Rejection(None, Kind.SECURE_AGGREGATE,
+                round_log.replies_rejected = used
+                round_log.rejections.append(Rejection(None, Kind.SECURE_AGGREGATE,
                                                  f"secure aggregate of {used} replies rejected: {reason}"))
                 metrics["replies-rejected"] = used
-            elif rlog.updated and self._norm is not None:
+            elif round_log.updated and self._norm is not None:
                 self.update_norms.append(self._norm)
-            rlog.round_metrics.update(counters)
+            round_log.round_metrics.update(counters)
         metrics.update(counters)
         if clipped:
             log(WARNING, "secure-aggregation: round %d: %d reply value(s) beyond ±clipping-range were clipped by "

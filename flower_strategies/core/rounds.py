@@ -207,9 +207,9 @@ class RoundBook:
 
     def take(self, server_round: int) -> RoundLog:
         """The open round's log (a fresh one when no round was opened, e.g. replies without a configure step)."""
-        rlog = self._open or RoundLog(server_round)
+        round_log = self._open or RoundLog(server_round)
         self._open = None
-        return rlog
+        return round_log
 
     def commit(self, server_round: int, new: NamedArrays, state: Mapping[str, Any]) -> bool:
         """Whether the server update's ``new`` arrays and ``state`` are all finite (then it counts as an update);
@@ -233,10 +233,10 @@ class RoundBook:
         self._lowest = (len(self.history), low)
         return low
 
-    def close(self, rlog: RoundLog, train_metrics: dict[str, float]) -> None:
-        rlog.train_metrics = train_metrics
-        rlog.seconds = time.monotonic() - self._t0
-        self.history.append(rlog)
+    def close(self, round_log: RoundLog, train_metrics: dict[str, float]) -> None:
+        round_log.train_metrics = train_metrics
+        round_log.seconds = time.monotonic() - self._t0
+        self.history.append(round_log)
 
     def state_dict(self) -> dict[str, Any]:
         history = [{**dataclasses.asdict(h), "rejections": [r.to_state() for r in h.rejections]} for h in self.history]

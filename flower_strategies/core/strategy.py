@@ -293,7 +293,7 @@ class FedAdaptStrategy(Strategy):
         (:func:`.privacy.refuse_flower_dp`); the mark is not sent on."""
         refuse_flower_dp(self, config)  # Flower's DP wrappers compose only with model averaging (core/privacy.py)
         self.check_sample_size(num_sampled)
-        rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
+        round_log = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
         self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:
             self.server_state = self.init_server_state(self.current)
@@ -305,7 +305,7 @@ class FedAdaptStrategy(Strategy):
         if clash:
             raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
         content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
-        rlog.bytes_down = R.arrays_nbytes(content) * num_sampled
+        round_log.bytes_down = R.arrays_nbytes(content) * num_sampled
         self.robust_references(content)
         return content
 
@@ -355,36 +355,36 @@ class FedAdaptStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        rlog = self.rounds.take(server_round)
+        round_log = self.rounds.take(server_round)
         replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
-        rlog.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
+        round_log.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
         screen = self.reply_screen()
         screened = self.binder.run(server_round, replies, screen, self.settings.max_reply_bytes)
         privacy = PrivacyPolicy.from_settings(self.settings)
         dp_metrics: dict[str, float] = {}
         if privacy.enabled and screened.kept:  # native DP: clipped, noised aggregates
             screened.aggregates, dp_metrics = privacy.privatize(
-                self.method, screen.specs, [parsed for _, parsed in screened.kept], screen.current, rlog.sampled,
-                max(self.sampler.population, rlog.sampled), released_rounds(self.history))
-        rlog.rejections += screened.rejections
-        rlog.replies_rejected += len(screened.rejections)
+                self.method, screen.specs, [parsed for _, parsed in screened.kept], screen.current, round_log.sampled,
+                max(self.sampler.population, round_log.sampled), released_rounds(self.history))
+        round_log.rejections += screened.rejections
+        round_log.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
-        rlog.replies_used = len(reply_metrics)
-        metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
-                                       "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped,
+        round_log.replies_used = len(reply_metrics)
+        metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": round_log.replies_used,
+                                       "replies-rejected": round_log.replies_rejected, "weights-clipped": clipped,
                                        "updates-clipped": screened.updates_clipped}
         self._warn_divergence(server_round, reply_metrics, metrics_out,
                               [r for r in screened.rejections if r.kind is Kind.NONFINITE])
         new_arrays: ArrayRecord | None = None
-        if rlog.replies_used < self.settings.min_replies:
+        if round_log.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
-                server_round, rlog.replies_used, self.settings.min_replies)
+                server_round, round_log.replies_used, self.settings.min_replies)
         else:
             new_arrays, round_metrics = self._update(server_round, screened.aggregates, reply_metrics)
-            rlog.round_metrics = {**round_metrics, **(dp_metrics if new_arrays is not None else {})}
-            metrics_out.update(rlog.round_metrics)
-            rlog.updated = new_arrays is not None
-        self.rounds.close(rlog, metrics_out)
+            round_log.round_metrics = {**round_metrics, **(dp_metrics if new_arrays is not None else {})}
+            metrics_out.update(round_log.round_metrics)
+            round_log.updated = new_arrays is not None
+        self.rounds.close(round_log, metrics_out)
         return new_arrays, MetricRecord(metrics_out)
 
     def _warn_divergence(self, server_round: int, reply_metrics: list[dict[str, Any]], means: Mapping[str, Any],
