@@ -63,7 +63,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..core import records as R
-from ..core.ops import NamedArrays, averaging_step, owned, state_like
+from ..core.ops import NamedArrays, averaging_step, state_like, writable_like
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 from ..optimizers.fedlada import (
     DELTA_PER_STEP, FedLADAHParams, FedLADAOptimizer, GLOBAL_OFFSET, LOCAL_UPDATES, OFFSET_LRS, OFFSET_STEPS,
@@ -120,7 +120,7 @@ class FedLADA(FedAdaptStrategy):
             # line 17: x_{t+1} = x_t − η_g·Δ̄ ; line 18 per client: g_a = mean_i Δ_i/(η_l·K_i), into the record's buffers
             new, _ = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr)
             per_step = inputs.aggregates[DELTA_PER_STEP]  # mean_i Δ_i/K_i
-            offset = {k: np.divide(per_step[k], lr, out=per_step[k] if owned(per_step[k], current[k]) else None)
+            offset = {k: np.divide(per_step[k], lr, out=per_step[k] if writable_like(per_step[k], current[k]) else None)
                       for k in inputs.trainable}
         else:
             # lines 17–18: x_{t+1} = x_t − η_g·Δ̄ (into the mean's buffers), g_a = Δ̄/(η_l·K̄) (in place)

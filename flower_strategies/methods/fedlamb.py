@@ -70,7 +70,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..core import records as R
-from ..core.ops import NamedArrays, owned, state_like
+from ..core.ops import NamedArrays, state_like, writable_like
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
 from .baselines import FedOpt
@@ -90,7 +90,8 @@ __all__ = [
 def merge_vhat(v_hat: NamedArrays, mean_v: Mapping[str, np.ndarray]) -> NamedArrays:
     """Server line 16: ``v̂ ← max(v̂, mean_i v_i)`` elementwise, in v̂'s dtype (the model's), into ``mean_v``'s
     buffers when they are the round's own (writable, same dtype)."""
-    return {k: np.maximum(v, mean_v[k], out=mean_v[k] if owned(mean_v[k], v) else None) for k, v in v_hat.items()}
+    return {k: np.maximum(v, mean_v[k], out=mean_v[k] if writable_like(mean_v[k], v) else None)
+            for k, v in v_hat.items()}
 
 
 # ------------------------------------------------------------------------------------------ server

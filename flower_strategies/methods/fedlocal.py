@@ -59,7 +59,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..core import records as R
-from ..core.ops import NamedArrays, owned, safe_divide
+from ..core.ops import NamedArrays, safe_divide, writable_like
 from ..core.ops import pseudo_gradient
 from ..core.server_opt import ServerOptimizer
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
@@ -97,7 +97,7 @@ def corrected_pseudo_gradient(
             out[k] = aggregates[D_RECORD][k]
         elif correction == "joint":
             d, n = aggregates[D_RECORD][k], np.asarray(aggregates[NINV_RECORD][k])
-            if owned(d, d):
+            if writable_like(d, d):
                 zero = n == 0
                 out[k] = np.divide(d, n, out=d, where=~zero)
                 d[zero] = 0.0

@@ -40,7 +40,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..core import records as R
-from ..core.ops import NamedArrays, averaging_step, owned, state_like
+from ..core.ops import NamedArrays, averaging_step, state_like, writable_like
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 from ..optimizers.scaffold import (
     CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, ScaffoldHParams, ScaffoldOptimizer,
@@ -79,6 +79,6 @@ class Scaffold(FedAdaptStrategy):
         control = {}
         for k in inputs.trainable:  # c + Σ Δc_i / N, into the round's Σ Δc_i buffers
             c, d = state[SERVER_CONTROL][k], delta_sum[k]
-            out = d if owned(d, c) else None
+            out = d if writable_like(d, c) else None
             control[k] = np.add(c, np.divide(d, n_total, out=out), out=out)
         return self.merge_buffers(new, current, mean), {SERVER_CONTROL: control}, {"num-clients-total": n_total}
