@@ -356,7 +356,7 @@ class FedAdaptStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         round_log = self.rounds.take(server_round)
-        replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
+        replies = self.sampler.receive(server_round, replies)  # in node order, less the never-answered
         round_log.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
         screen = self.reply_screen()
         screened = self.binder.run(server_round, replies, screen, self.settings.max_reply_bytes)
