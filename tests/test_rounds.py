@@ -16,9 +16,9 @@ from flower_strategies.core.rounds import (
 def test_open_take_close_builds_the_history():
     book = RoundBook()
     opened = book.open(3, sampled=4, bytes_down=400)
-    round_log = book.take(3)
+    round_log = book.pop_open_log(3)
     assert round_log is opened and (round_log.server_round, round_log.sampled, round_log.bytes_down) == (3, 4, 400)
-    assert book.take(4) == RoundLog(4)  # taken once: a later take starts a fresh log
+    assert book.pop_open_log(4) == RoundLog(4)  # popped once: a later pop starts a fresh log
     book.close(round_log, {"train-loss": 0.5})
     assert book.history == [round_log] and round_log.train_metrics == {"train-loss": 0.5} and round_log.seconds >= 0.0
 
@@ -31,7 +31,7 @@ def test_lowest_train_loss_reads_each_round_once_and_follows_a_restored_history(
     assert book.lowest_train_loss() is None
     losses = [None, 2.0, float("nan"), 0.0, 1.5, float("inf"), -1.0, 1.7, 0.9, 3.0]
     for r, loss in enumerate(losses, start=1):
-        book.close(book.take(r), {} if loss is None else {"train-loss": loss})
+        book.close(book.pop_open_log(r), {} if loss is None else {"train-loss": loss})
         finite = [v for v in losses[:r] if v is not None and np.isfinite(v) and v > 0]
         assert book.lowest_train_loss() == (min(finite) if finite else None)
     restored = RoundBook()
@@ -63,7 +63,7 @@ def test_nonfinite_state_names_the_culprit():
 def test_state_dict_round_trip():
     book = RoundBook()
     book.commit(1, {"w": np.zeros(1)}, {})
-    round_log = book.take(1)
+    round_log = book.pop_open_log(1)
     round_log.rejections.append(Rejection(3, Kind.CLIENT_ERROR, "client error: boom"))
     book.close(round_log, {"train-loss": 1.0})
     state = book.state_dict()

@@ -187,8 +187,8 @@ def nonfinite_state(state: Mapping[str, Any]) -> str | None:
 class RoundBook:
     """Round accounting across a run: the open round's :class:`RoundLog`, the history and the update counter.
 
-    ``open`` (when the round's train messages are built) → ``take`` (when its replies arrive) → ``commit`` (finite
-    check of the server update) → ``close`` (the log joins :attr:`history`)."""
+    ``open`` (when the round's train messages are built) → ``pop_open_log`` (when its replies arrive) → ``commit``
+    (finite check of the server update) → ``close`` (the log joins :attr:`history`)."""
 
     def __init__(self) -> None:
         self.history: list[RoundLog] = []
@@ -205,7 +205,7 @@ class RoundBook:
         self._open = RoundLog(server_round, sampled=sampled, bytes_down=bytes_down)
         return self._open
 
-    def take(self, server_round: int) -> RoundLog:
+    def pop_open_log(self, server_round: int) -> RoundLog:
         """The open round's log (a fresh one when no round was opened, e.g. replies without a configure step)."""
         round_log = self._open or RoundLog(server_round)
         self._open = None

@@ -355,7 +355,7 @@ class FedAdaptStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        round_log = self.rounds.take(server_round)
+        round_log = self.rounds.pop_open_log(server_round)
         replies = self.sampler.receive(server_round, replies)  # in node order, less the never-answered
         round_log.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
         screen = self.reply_screen()
