@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 
 from app_common.config import AppConfig
 from app_common.task import TASK_SPECS, build_model, evaluate
-from app_common.wire import BASE, KEEP, KEY, STATUS
+from app_common.wire import CLIENT_STATE_BASE, CLIENT_STATE_KEEP, CLIENT_STATE_KEY, STATUS
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors, train_reply
 
@@ -114,7 +114,7 @@ def begin_train(msg: Message, context: Context) -> TrainJob:
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
     held = _holds_state(context)
-    base = int(config.get(BASE, 0))
+    base = int(config.get(CLIENT_STATE_BASE, 0))
     status = store.load(context.state, server_round, context.run_id, base) if store else ("memory" if held else "fresh")
     return TrainJob(fed, pid, x, y, config, store, status)
 
@@ -125,11 +125,11 @@ def finish_train(job: TrainJob, content: RecordDict, msg: Message, context: Cont
     assert metrics is not None and info is not None  # train_reply writes both
     metrics["partition-id"] = job.pid
     config = job.config
-    if config.get(KEY) and _holds_state(context):  # stateful
+    if config.get(CLIENT_STATE_KEY) and _holds_state(context):  # stateful
         if job.store is not None:
             server_round = int(config.get(R.SERVER_ROUND, 0))
-            job.store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id,
-                           int(config.get(BASE, 0)))
+            job.store.save(context.state, server_round, int(config.get(CLIENT_STATE_KEEP, 0)), context.run_id,
+                           int(config.get(CLIENT_STATE_BASE, 0)))
         info[STATUS] = job.status
     return Message(content=content, reply_to=msg)
 

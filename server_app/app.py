@@ -393,7 +393,8 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
             if checkpointer is None:
                 return {}
             keep = checkpointer.written_round if checkpointer.written_round >= 0 else (resumed_after or 0)
-            return {wire.KEY: token, wire.KEEP: keep, wire.BASE: resumed_after or 0}
+            return {wire.CLIENT_STATE_KEY: token, wire.CLIENT_STATE_KEEP: keep,
+                    wire.CLIENT_STATE_BASE: resumed_after or 0}
 
         failure: RunFailed | None = None
         final = initial
