@@ -25,7 +25,6 @@ from flower_strategies.core.loop import exchange
 from flower_strategies.core.strategy import FedAdaptStrategy
 
 
-
 def workflow(fed: AppConfig) -> Any:
     """The run's SecAgg+ workflow (its settings validated by Flower's own checks)."""
     return secaggplus_workflow(fed.secagg_num_shares, fed.secagg_reconstruction_threshold,

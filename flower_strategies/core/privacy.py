@@ -122,10 +122,6 @@ def refuse_flower_dp(strategy: Wrapped, config: Mapping[str, Any]) -> None:
         f"the replies (only FedAvg/FedProx with server-opt sgd and server-lr 1 compose). Fix: {FIX}")
 
 
-
-
-
-
 def rewritten_reply_reason(content: Any, info: Mapping[str, Any]) -> Rejection | None:
     """Why a reply is rejected (:attr:`~.rejections.Kind.REWRITTEN`) when its ``ReplyInfo`` carries
     :data:`UPLINK_CRC` and its only ArrayRecord no longer matches it (a ClientApp mod rewrote the record after

@@ -269,7 +269,6 @@ def config_lines(method: str) -> str:
     return "\n".join(lines)
 
 
-
 # ------------------------------------------------------------------ the built-in methods
 # Registered here, where METHODS is defined, so that it is complete whoever reads it and however fedadapt was
 # imported (the method modules import nothing of this module; a plug-in method calls register() itself).

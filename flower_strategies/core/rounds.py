@@ -64,7 +64,8 @@ class RoundInputs:
     server_round: int
     current: NamedArrays
     #: The round's aggregated uplink records: fresh buffers owned by this round, which ``server_update`` may reuse
-    #: (e.g. :func:`.ops.pseudo_gradient` writes ``D̄`` into the mean model's arrays).
+    #: (e.g. SCAFFOLD writes ``c + Σ Δc_i / N`` into the round's ``Σ Δc_i`` arrays, FedLADA's per-client offset
+    #: divides the ``delta-per-step`` record's arrays in place).
     aggregates: Mapping[str, NamedArrays]
     #: Metrics of each valid reply (``num-examples``, ``num-steps``, ``train-loss-before``, …, ``node-id``).
     reply_metrics: tuple[Mapping[str, Any], ...]

@@ -123,7 +123,7 @@ class FedLADA(FedAdaptStrategy):
             offset = {k: np.divide(per_step[k], lr, out=per_step[k] if writable_like(per_step[k], current[k]) else None)
                       for k in inputs.trainable}
         else:
-            # lines 17–18: x_{t+1} = x_t − η_g·Δ̄ (into the mean's buffers), g_a = Δ̄/(η_l·K̄) (in place)
+            # lines 17–18: x_{t+1} = x_t − η_g·Δ̄, g_a = Δ̄/(η_l·K̄), both in new arrays (ops.averaging_step)
             new, offset = averaging_step(current, mean, inputs.trainable, self.hparams.server_lr, state[GLOBAL_OFFSET],
                                          lr, inputs.mean_steps)
         vhat = inputs.aggregates[VHAT]  # line 16: v_srv = the round's aggregate itself
