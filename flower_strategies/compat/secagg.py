@@ -50,7 +50,7 @@ CLIPPED = "secagg-clipped"
 #: fixed-point mean of them loses its relative precision (stochastic rounding makes entries of a few levels or
 #: negative), and the adaptive denominator built from it breaks: measured on digits-mlp, 3 nodes, 2 rounds, these
 #: methods fall to 0.09–0.58 in round 2 where the plain run reaches 0.53–0.81 (docs/privacy.md section 4).
-SECOND_MOMENTS = frozenset({"v", "v-hat"})
+SECOND_MOMENT_RECORDS = frozenset({"v", "v-hat"})
 #: What a refused method or setting should use instead.
 INSTEAD = ("run it with secure-aggregation = off (and, for privacy against whoever sees the released model, "
            "fedadapt's native DP: dp-clip / dp-noise-multiplier, docs/privacy.md)")
@@ -69,7 +69,7 @@ def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
     if bad:
         return (f"{name} aggregates the uplink record(s) {', '.join(bad)} by another rule than the example-weighted "
                 f"mean, the only aggregate SecAgg+ computes (n copies of a mean are not a sum); {INSTEAD}")
-    moments = [f"'{r.name}'" for r in strategy.uplink_specs() if r.name in SECOND_MOMENTS]
+    moments = [f"'{r.name}'" for r in strategy.uplink_specs() if r.name in SECOND_MOMENT_RECORDS]
     if moments:
         return (f"{name} sends the second-moment record(s) {', '.join(moments)}, whose entries lie below SecAgg+'s "
                 f"fixed-point resolution (clipping-range / quantization-range): their secure mean loses its relative "
