@@ -66,13 +66,13 @@ from ..core.hparams import ConfigError
 from ..core.ops import NamedArrays, dtype_of, state_like
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
 from ..optimizers.fedda import (
-    BIAS_CORRECTIONS, FedDAClientHParams, FedDAHParams, FedDAOptimizer, MOMENTUM, MOMENTUM_SUM, TABLE12_SERVER_LR,
-    VARIANTS, V_HATS,
+    FEDDA_BIAS_CORRECTIONS, FedDAClientHParams, FedDAHParams, FedDAOptimizer, MOMENTUM, MOMENTUM_SUM,
+    TABLE12_SERVER_LR, VARIANTS, V_HATS,
 )
 
 #: This module's names and its client half's (:mod:`flower_strategies.optimizers.fedda`, re-exported).
 __all__ = [
-    "BIAS_CORRECTIONS", "FedDA", "FedDAAdagrad", "FedDAAdam", "FedDAClientHParams", "FedDAHParams",
+    "FEDDA_BIAS_CORRECTIONS", "FedDA", "FedDAAdagrad", "FedDAAdam", "FedDAClientHParams", "FedDAHParams",
     "FedDAOptimizer", "FedDASGDM", "MOMENTUM", "MOMENTUM_SUM", "TABLE12_SERVER_LR", "VARIANTS", "V_HATS",
     "fedda_server_step",
 ]

@@ -75,15 +75,16 @@ from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
 from .baselines import FedOpt
 from ..optimizers.fedlamb import (
-    BIAS_CORRECTIONS, FedLAMBHParams, FedLAMBOptimizer, GRADIENT_POINTS, LAYER_GROUPINGS, M_STEP_COUNTS, STATE_M,
-    STATE_M_STEPS, VHAT_MODES, V_HAT, V_LOCAL, V_STEPS, bias_factors, layer_groups, parse_milestones, trust_ratio,
+    FEDLAMB_BIAS_CORRECTIONS, FedLAMBHParams, FedLAMBOptimizer, GRADIENT_POINTS, LAYER_GROUPINGS, M_STEP_COUNTS,
+    STATE_M, STATE_M_STEPS, VHAT_MODES, V_HAT, V_LOCAL, V_STEPS, bias_factors, layer_groups, parse_milestones,
+    trust_ratio,
 )
 
 #: This module's names and its client half's (:mod:`flower_strategies.optimizers.fedlamb`, re-exported).
 __all__ = [
-    "AdpFed", "BIAS_CORRECTIONS", "FedAMS", "FedLAMB", "FedLAMBHParams", "FedLAMBOptimizer", "GRADIENT_POINTS",
-    "LAYER_GROUPINGS", "M_STEP_COUNTS", "STATE_M", "STATE_M_STEPS", "VHAT_MODES", "V_HAT", "V_LOCAL", "V_STEPS",
-    "bias_factors", "layer_groups", "merge_vhat", "parse_milestones", "trust_ratio",
+    "AdpFed", "FEDLAMB_BIAS_CORRECTIONS", "FedAMS", "FedLAMB", "FedLAMBHParams", "FedLAMBOptimizer",
+    "GRADIENT_POINTS", "LAYER_GROUPINGS", "M_STEP_COUNTS", "STATE_M", "STATE_M_STEPS", "VHAT_MODES", "V_HAT",
+    "V_LOCAL", "V_STEPS", "bias_factors", "layer_groups", "merge_vhat", "parse_milestones", "trust_ratio",
 ]
 
 

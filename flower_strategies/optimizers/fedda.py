@@ -18,7 +18,7 @@ MOMENTUM = "momentum"
 MOMENTUM_SUM = "momentum-sum"
 
 VARIANTS = ("sgdm", "adam", "adagrad")
-BIAS_CORRECTIONS = ("updates", "round", "none")
+FEDDA_BIAS_CORRECTIONS = ("updates", "round", "none")
 V_HATS = ("new", "stale")
 #: Table 12 server learning rates α on EMNIST (used by ``fedda`` when ``server-lr`` is empty).
 TABLE12_SERVER_LR = {"sgdm": 1.0, "adam": 0.1, "adagrad": 0.1}
@@ -49,7 +49,7 @@ class FedDAHParams(FedDAClientHParams):
     eps: float = param(0.1, lo=0.0, help="fuzz factor ε outside the square root (Table 12 EMNIST: 0.1; adam, adagrad)")
     initial_v: float = param(0.0, lo=0.0, help="V_0 (A10: 0; adam, adagrad)")
     bias_correction: str = param(
-        "updates", choices=BIAS_CORRECTIONS, help="A3 (adam): s = server updates | round | none",
+        "updates", choices=FEDDA_BIAS_CORRECTIONS, help="A3 (adam): s = server updates | round | none",
     )
     v_hat: str = param("new", choices=V_HATS, help="A4 (adam): V̂ from V_{r+1} (Algorithm 2) or stale V_r (Eq. 35)")
     full_batch_last: float = param(

@@ -21,7 +21,7 @@ STATE_M = "fedlamb_m"
 STATE_M_STEPS = "fedlamb_m_steps"
 
 VHAT_MODES = ("local_max", "server_fixed", "none")
-BIAS_CORRECTIONS = ("global", "as_written", "none")
+FEDLAMB_BIAS_CORRECTIONS = ("global", "as_written", "none")
 M_STEP_COUNTS = ("client", "global")
 GRADIENT_POINTS = ("current", "round_start")
 LAYER_GROUPINGS = ("tensor", "module")
@@ -34,8 +34,6 @@ def trust_ratio(w_norm: Tensor, u_norm: Tensor, phi_min: float = 0.0, phi_max: f
     phi = torch.clamp(w_norm, min=phi_min, max=phi_max)
     ok = (w_norm > 0) & (u_norm > 0)
     return torch.where(ok, phi / torch.where(ok, u_norm, torch.ones_like(u_norm)), torch.ones_like(w_norm))
-
-
 
 
 def bias_factors(
@@ -93,7 +91,7 @@ class FedLAMBHParams(HParams):
         "local_max", choices=VHAT_MODES, client=True, help="denominator: local_max (A2) | server_fixed | none",
     )
     bias_correction: str = param(
-        "global", choices=BIAS_CORRECTIONS, client=True,
+        "global", choices=FEDLAMB_BIAS_CORRECTIONS, client=True,
         help="global | as_written (local t, corrected v up) | none (A4)",
     )
     m_step_count: str = param(
