@@ -449,7 +449,7 @@ def test_corrected_pseudo_gradient_pure():
 
 def test_server_optimizer_mapping():
     def so(**kw):
-        return FL.server_optimizer(FL.FedLocalHParams(**kw))
+        return FL.fedlocal_server_optimizer(FL.FedLocalHParams(**kw))
 
     assert so(server_opt="adagrad") == ServerOptimizer("adagrad", lr=0.1, beta1=0.0, beta2=0.999, tau=1e-3,
                                                        initial_v=0.1)

@@ -42,11 +42,11 @@ from ..optimizers.baselines import (
 #: This module's names and its client half's (:mod:`flower_strategies.optimizers.baselines`, re-exported).
 __all__ = [
     "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedOptHParams", "FedProx", "FedYogi",
-    "server_optimizer",
+    "fedopt_server_optimizer",
 ]
 
 
-def server_optimizer(h: FedOptHParams) -> ServerOptimizer:
+def fedopt_server_optimizer(h: FedOptHParams) -> ServerOptimizer:
     """The server optimizer the hyper-parameters ``h`` configure (the strategy's ``opt``)."""
     return ServerOptimizer(
         h.server_opt, lr=h.server_lr, beta1=h.beta1, beta2=h.beta2, tau=h.tau,
@@ -64,7 +64,7 @@ class FedOpt(FedAdaptStrategy):
 
     def __init__(self, hparams: FedOptHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        self.opt = server_optimizer(self.hparams)
+        self.opt = fedopt_server_optimizer(self.hparams)
 
     @property
     def averages_models(self) -> bool:

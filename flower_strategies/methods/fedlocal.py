@@ -73,8 +73,8 @@ from ..optimizers.fedlocal import (
 __all__ = [
     "ADAPTIVE", "CLIENT_OPTIMIZERS", "CORRECTIONS", "D_RECORD", "FedLocal", "FedLocalClientHParams",
     "FedLocalHParams", "FedLocalOptimizer", "FedLocalSync", "M_RECORD", "NINV_RECORD", "SERVER_FORMS",
-    "STEP_OFFSET", "V_RECORD", "corrected_pseudo_gradient", "resolved_beta1", "resolved_initial_v", "safe_divide_t",
-    "server_optimizer",
+    "STEP_OFFSET", "V_RECORD", "corrected_pseudo_gradient", "fedlocal_server_optimizer", "resolved_beta1",
+    "resolved_initial_v", "safe_divide_t",
 ]
 
 
@@ -110,7 +110,7 @@ def corrected_pseudo_gradient(
 
 # ------------------------------------------------------------------------------------------ strategies
 
-def server_optimizer(h: FedLocalHParams) -> ServerOptimizer:
+def fedlocal_server_optimizer(h: FedLocalHParams) -> ServerOptimizer:
     """Map ``server_opt`` × ``server_form`` (A12) onto a :class:`ServerOptimizer`.
 
     keras : SGD; SGDM heavy-ball β1 = 0.9; AdaGrad without momentum, A₀ = 0.1; Adam β1 = 0.9, β2 = 0.999,
@@ -147,7 +147,7 @@ class FedLocal(FedAdaptStrategy):
 
     def __init__(self, hparams: FedLocalHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        self.opt = server_optimizer(self.hparams)
+        self.opt = fedlocal_server_optimizer(self.hparams)
 
     def uplink_specs(self) -> tuple[RecordSpec, ...]:
         c = self.hparams.correction

@@ -71,7 +71,7 @@ from ..optimizers.localupdate import (
 __all__ = [
     "LOSS_WEIGHTINGS", "LocalUpdate", "LocalUpdateDecay", "LocalUpdateDecayHParams", "LocalUpdateHParams",
     "LocalUpdateOptimizer", "PLATEAU_RULES", "PlateauController", "Q_RECORD", "THETA_PRESETS", "ThetaHParams",
-    "WINDOW_FILLS", "normalize_theta", "parse_theta", "server_optimizer", "theta_preset",
+    "WINDOW_FILLS", "localupdate_server_optimizer", "normalize_theta", "parse_theta", "theta_preset",
 ]
 
 
@@ -81,7 +81,7 @@ def _optimizer_state(state: ServerState) -> ServerState:
     return {k: v for k, v in state.items() if isinstance(v, Mapping)}
 
 
-def server_optimizer(h: LocalUpdateHParams) -> ServerOptimizer:
+def localupdate_server_optimizer(h: LocalUpdateHParams) -> ServerOptimizer:
     """The server optimizer the hyper-parameters ``h`` configure (the strategy's ``opt``)."""
     return ServerOptimizer(
         h.server_opt, lr=h.server_lr, beta1=h.beta1, beta2=h.beta2, tau=h.eps,
@@ -110,7 +110,7 @@ class LocalUpdate(FedAdaptStrategy):
             log(INFO, "%s: local-steps %d overridden by K(Θ) = %d", self.method, self.settings.local_steps,
                 len(self.theta))
         self.settings = self.settings.replace(local_steps=len(self.theta))  # K(Θ) overrides local-steps / -epochs
-        self.opt = server_optimizer(self.hparams)
+        self.opt = localupdate_server_optimizer(self.hparams)
 
     def log_settings(self) -> list[str]:
         return super().log_settings() + [f"Θ = {self.theta} (K = {len(self.theta)} local steps per round)"]
