@@ -72,6 +72,16 @@ REPLY_INFO = "fedadapt"
 STATE_PREFIX = "fedadapt."
 
 
+def train_content(model: ArrayRecord, extras: Mapping[str, Mapping[str, np.ndarray]], config: ConfigRecord,
+                  ) -> RecordDict:
+    """A train message's content: the model (:data:`MODEL`), the named downlink extras, the round's
+    ConfigRecord (:data:`CONFIG`).  An extra named like one of the two is a ValueError."""
+    clash = set(extras) & {MODEL, CONFIG}
+    if clash:
+        raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
+    return RecordDict({MODEL: model, **{k: to_record(v) for k, v in extras.items()}, CONFIG: config})
+
+
 def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
 

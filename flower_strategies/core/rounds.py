@@ -173,6 +173,23 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
     return None
 
 
+def warn_divergence(server_round: int, why: str | None, nonfinite: Sequence[Rejection], client_lr: float,
+                    server_lr: Any, method: str) -> None:
+    """A warning naming the learning rates when the clients' training loss explodes (``why``: :func:`loss_alarm`)
+    or replies were rejected for NaN/Inf values (``nonfinite``: the round's :attr:`.rejections.Kind.NONFINITE`
+    rejections): a run that goes on would otherwise "complete" at chance.  ``server_lr``: the method's
+    ``server_lr`` hyper-parameter, when it has one."""
+    if why is None and nonfinite:
+        why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
+    if why is None:
+        return
+    lrs = f"client lr {client_lr:g} (run-config client-lr, or your app's name for it)"
+    if isinstance(server_lr, (int, float)):
+        lrs += f", server lr {server_lr:g} ({method}.server-lr)"
+    log(WARNING, "Round %d: training is diverging: %s. The learning rate is likely too high: %s; try it ÷10 "
+        "(docs/plugin.md: client-lr factors)", server_round, why, lrs)
+
+
 def nonfinite_state(state: Mapping[str, Any]) -> str | None:
     """The first name (``record/key`` for arrays) of ``state`` holding NaN/Inf, or ``None``."""
     for name, value in state.items():
