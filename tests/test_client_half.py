@@ -130,8 +130,7 @@ def test_the_client_package_keeps_the_names_users_import():
 #: is the server's).
 DEVICE_MODULES = ("flower_strategies", "flower_strategies._version", "flower_strategies.core",
                   "flower_strategies.core.client", "flower_strategies.core.local", "flower_strategies.core.params",
-                  "flower_strategies.core.records", "flower_strategies.core.dpmods", "flower_strategies.core.ops",
-                  "flower_strategies.optimizers")
+                  "flower_strategies.core.records", "flower_strategies.core.dpmods", "flower_strategies.optimizers")
 
 _DEVICE = r'''
 import json, sys
