@@ -233,15 +233,15 @@ def resume_into(strategy: FedAdaptStrategy, writer: MetricsWriter, payload: dict
     return R.to_record(payload["arrays"]), payload["round"] + 1
 
 
-def round_row(server_round: int, test_metrics: Mapping[str, float], history: list[RoundLog]) -> dict[str, Any]:
-    """The metrics row of ``server_round``: central test metrics + the round's log (replies, bytes, the
-    method's own round metrics such as decayed learning rates)."""
+def round_row(server_round: int, test_metrics: Mapping[str, float], report: RoundLog | None) -> dict[str, Any]:
+    """The metrics row of ``server_round``: central test metrics + the round's report (``RoundBook.report``:
+    replies, bytes, the method's own round metrics such as decayed learning rates; ``None``: no train round)."""
     row: dict[str, Any] = {"round": server_round, "test-loss": test_metrics["loss"]}
     if "accuracy" in test_metrics:
         row["test-accuracy"] = test_metrics["accuracy"]
-    if server_round == 0 or not history or history[-1].server_round != server_round:
+    if server_round == 0 or report is None:
         return row
-    h = history[-1]
+    h = report
     row.update({
         "train-loss": h.train_metrics.get(R.TRAIN_LOSS), "train-loss-before": h.train_metrics.get(R.TRAIN_LOSS_BEFORE),
         "replies-used": h.replies_used, "replies-rejected": h.replies_rejected,
@@ -380,7 +380,7 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
         def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
             model.load_state_dict(record_tensors(arrays, copy=False))
             m = evaluate(model, x_test, y_test, fed.task)
-            row = writer.add(round_row(server_round, m, strategy.history))
+            row = writer.add(round_row(server_round, m, strategy.rounds.report(server_round)))
             tracker.log_round(row)
             print(progress_line(row, fed.num_server_rounds, progress), flush=True)
             return MetricRecord(dict(m))  # run_rounds then applies the run-failure policy (core/policy.py)

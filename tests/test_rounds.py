@@ -96,3 +96,25 @@ def test_weighted_mean():
     pairs = [(2.0, 1.0), (5.0, 3.0)]
     assert weighted_mean(pairs, "uniform") == 3.5 and weighted_mean(pairs, "examples") == 4.25
     assert np.isnan(weighted_mean([], "examples"))
+
+
+def test_a_rounds_report_is_its_closed_log_with_an_adapters_notes_joined_at_close():
+    """Readers take RoundBook.report(round); an adapter's findings (SecAgg+'s) join the round's log when it closes,
+    for that round only, and nothing edits the history afterwards."""
+    from flower_strategies.core.rejections import Kind, Rejection
+
+    book = RoundBook()
+    book.open(1, sampled=3)
+    assert book.report(1) is None  # not closed yet
+    found = Rejection(None, Kind.SECURE_AGGREGATE, "secure aggregate of 3 replies rejected: x")
+    book.note(1, rejections=[found], replies_rejected=3, round_metrics={"secagg-used": 3.0})
+    book.note(7, round_metrics={"stale": 1.0})  # another round's note: dropped
+    log = book.pop_open_log(1)
+    log.round_metrics = {"server-lr": 0.5}
+    book.close(log, {"train-loss": 0.5})
+    report = book.report(1)
+    assert report is log and report.rejections == [found] and report.replies_rejected == 3
+    assert report.round_metrics == {"server-lr": 0.5, "secagg-used": 3.0}
+    book.open(2)
+    book.close(book.pop_open_log(2), {})
+    assert book.report(1) is None and book.report(2).rejections == [] and book.report(2).round_metrics == {}

@@ -167,6 +167,13 @@ class SecAggStrategy(LegacyStrategy):
                 "; ".join(sorted({str(f) for f in failures}))[:300] or "no masked vector", used)
         self._norm = None
         reason = self.check_aggregate(results) if results else None
+        counters = {CLIPPED: float(clipped), "secagg-sampled": float(self.sampled), "secagg-used": float(used),
+                    "secagg-dropped": float(dropped)}
+        # this adapter's findings join the round's log when the wrapped strategy closes it (its round report)
+        rejected = [] if reason is None else [
+            Rejection(None, Kind.SECURE_AGGREGATE, f"secure aggregate of {used} replies rejected: {reason}")]
+        self.inner.rounds.note(server_round, rejections=rejected, replies_rejected=len(rejected) and used,
+                               round_metrics=counters)
         if reason is not None:
             log(WARNING, "secure-aggregation: round %d: the decoded aggregate is rejected: %s", server_round, reason)
             out, metrics = super().aggregate_fit(server_round, [], [])  # no update
@@ -177,19 +184,11 @@ class SecAggStrategy(LegacyStrategy):
                     res.parameters = averaged
             # a dropout is missing, not rejected (Flower lists a failure per protocol stage it missed)
             out, metrics = super().aggregate_fit(server_round, results, [])
-        counters = {CLIPPED: float(clipped), "secagg-sampled": float(self.sampled), "secagg-used": float(used),
-                    "secagg-dropped": float(dropped)}
-        history = self.inner.history
-        if history and history[-1].server_round == server_round:
-            round_log = history[-1]
-            if reason is not None:
-                round_log.replies_rejected = used
-                round_log.rejections.append(Rejection(None, Kind.SECURE_AGGREGATE,
-                                                 f"secure aggregate of {used} replies rejected: {reason}"))
-                metrics["replies-rejected"] = used
-            elif round_log.updated and self._norm is not None:
-                self.update_norms.append(self._norm)
-            round_log.round_metrics.update(counters)
+        report = self.inner.rounds.report(server_round)
+        if reason is not None:
+            metrics["replies-rejected"] = used
+        elif report is not None and report.updated and self._norm is not None:
+            self.update_norms.append(self._norm)
         metrics.update(counters)
         if clipped:
             log(WARNING, "secure-aggregation: round %d: %d reply value(s) beyond ±clipping-range were clipped by "
@@ -259,8 +258,7 @@ class SecAggStrategy(LegacyStrategy):
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """As :meth:`LegacyStrategy.evaluate`; a round in which the workflow halted (too few clients answered one of
         its stages, so ``aggregate_fit`` never ran) first counts as a round whose every reply failed."""
-        history = self.inner.history
-        if server_round > 0 and not (history and history[-1].server_round == server_round):
+        if server_round > 0 and self.inner.rounds.report(server_round) is None:
             reason = "the SecAgg+ protocol halted (too few clients answered one of its stages; see the log)"
             log(WARNING, "secure-aggregation: round %d: %s", server_round, reason)
             super().aggregate_fit(server_round, [], [RuntimeError(reason)])

@@ -206,13 +206,16 @@ class RoundBook:
     """Round accounting across a run: the open round's :class:`RoundLog`, the history and the update counter.
 
     ``open`` (when the round's train messages are built) → ``pop_open_log`` (when its replies arrive) → ``commit``
-    (finite check of the server update) → ``close`` (the log joins :attr:`history`)."""
+    (finite check of the server update) → ``close`` (the log joins :attr:`history`).  Whoever reads a round's
+    outcome reads its :meth:`report`; an adapter around the strategy adds its own findings with :meth:`note`
+    before the round closes, never by editing the history."""
 
     def __init__(self) -> None:
         self.history: list[RoundLog] = []
         #: Server updates committed so far (the server optimizer's step counter).
         self.num_updates = 0
         self._open: RoundLog | None = None
+        self._notes: list[tuple[int, list[Rejection], int, dict[str, float]]] = []
         self._t0 = 0.0
         #: (rounds of :attr:`history` read, the lowest mean train loss among them) for :meth:`lowest_train_loss`.
         self._lowest: tuple[int, float | None] = (0, None)
@@ -251,10 +254,28 @@ class RoundBook:
         self._lowest = (len(self.history), low)
         return low
 
+    def note(self, server_round: int, *, rejections: Sequence[Rejection] = (), replies_rejected: int = 0,
+             round_metrics: Mapping[str, float] | None = None) -> None:
+        """An adapter's findings about ``server_round`` (e.g. SecAgg+: the decoded aggregate of ``replies_rejected``
+        replies rejected, its counters), joined to the round's log when it closes."""
+        self._notes.append((server_round, list(rejections), replies_rejected, dict(round_metrics or {})))
+
     def close(self, round_log: RoundLog, train_metrics: dict[str, float]) -> None:
         round_log.train_metrics = train_metrics
         round_log.seconds = time.monotonic() - self._t0
+        for server_round, rejections, rejected, round_metrics in self._notes:
+            if server_round == round_log.server_round:
+                round_log.rejections += rejections
+                round_log.replies_rejected += rejected
+                round_log.round_metrics.update(round_metrics)
+        self._notes.clear()
         self.history.append(round_log)
+
+    def report(self, server_round: int) -> RoundLog | None:
+        """The closed log of ``server_round`` (its report: replies, bytes, rejections, round metrics), or ``None``
+        when that round has not closed (yet)."""
+        last = self.history[-1] if self.history else None
+        return last if last is not None and last.server_round == server_round else None
 
     def state_dict(self) -> dict[str, Any]:
         history = [{**dataclasses.asdict(h), "rejections": [r.to_state() for r in h.rejections]} for h in self.history]
