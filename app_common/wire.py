@@ -2,11 +2,11 @@
 (``client_app/client_state.py``) and the round's sampled partitions (per-round partitioners)."""
 
 #: Round-config key: the run token naming the run's client state (sent only by runs that write checkpoints).
-KEY = "client-state-key"
+CLIENT_STATE_KEY = "client-state-key"
 #: Round-config key: the last round whose server checkpoint was written (0: none yet).
-KEEP = "client-state-keep"
+CLIENT_STATE_KEEP = "client-state-keep"
 #: Round-config key: the round the run resumed after (0: a fresh run).
-BASE = "client-state-base"
+CLIENT_STATE_BASE = "client-state-base"
 #: Reply-info key (``fedadapt`` ConfigRecord of a train reply): where the client's state came from this round.
 STATUS = "client-state"
 #: Round-config key (partitioner round-iid / round-class): the round's sampled partition ids, in sampling order; a

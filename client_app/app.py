@@ -20,8 +20,7 @@ from flwr.clientapp import ClientApp
 
 from app_common.config import AppConfig
 from app_common.task import TASK_SPECS, build_model, dropout_rng, evaluate
-from app_common.wire import BASE, KEEP, KEY, STATUS
-from flower_strategies.compat.secagg import secagg_mod
+from app_common.wire import CLIENT_STATE_BASE, CLIENT_STATE_KEEP, CLIENT_STATE_KEY, STATUS
 from flower_strategies.core import records as R
 from flower_strategies.core.client import record_tensors, train_reply
 
@@ -29,9 +28,24 @@ from .client_state import store_for
 from .node import client_data, node_partition
 from .node_data import NODE_DATA_KEY
 
-#: ``secagg_mod``: Flower's SecAgg+ client mod for the messages of a ``secure-aggregation = secaggplus`` run (their
-#: train step, a legacy FitIns, is answered by :mod:`client_app.legacy`); every other message passes it unchanged.
-app = ClientApp(mods=[secagg_mod])
+#: The record of Flower's SecAgg+ protocol messages (``flwr.common.secure_aggregation.secaggplus_constants.
+#: RECORD_KEY_CONFIGS``; ``flower_strategies.compat.secagg.SECAGG_CONFIGS``).
+SECAGG_CONFIGS = "secaggplus_configs"
+
+
+def secure_aggregation(msg: Message, context: Context, call_next: Any) -> Message:
+    """Client mod: a message of a ``secure-aggregation = secaggplus`` run goes through fedadapt's SecAgg+ client mod
+    (:func:`flower_strategies.compat.secagg.secagg_mod`: Flower's ``secaggplus_mod``; the train step, a legacy
+    FitIns, is answered by :mod:`client_app.legacy`), imported then only: a device of an ordinary run loads no
+    server-side adapter.  Every other message passes unchanged."""
+    if SECAGG_CONFIGS not in msg.content.config_records:
+        return call_next(msg, context)
+    from flower_strategies.compat.secagg import secagg_mod
+
+    return secagg_mod(msg, context, call_next)
+
+
+app = ClientApp(mods=[secure_aggregation])
 
 
 def legacy_message(msg: Message) -> bool:
@@ -100,7 +114,7 @@ def begin_train(msg: Message, context: Context) -> TrainJob:
     server_round = int(config.get(R.SERVER_ROUND, 0))
     store = store_for(config, context, pid)
     held = _holds_state(context)
-    base = int(config.get(BASE, 0))
+    base = int(config.get(CLIENT_STATE_BASE, 0))
     status = store.load(context.state, server_round, context.run_id, base) if store else ("memory" if held else "fresh")
     return TrainJob(fed, pid, x, y, config, store, status)
 
@@ -111,11 +125,11 @@ def finish_train(job: TrainJob, content: RecordDict, msg: Message, context: Cont
     assert metrics is not None and info is not None  # train_reply writes both
     metrics["partition-id"] = job.pid
     config = job.config
-    if config.get(KEY) and _holds_state(context):  # stateful
+    if config.get(CLIENT_STATE_KEY) and _holds_state(context):  # stateful
         if job.store is not None:
             server_round = int(config.get(R.SERVER_ROUND, 0))
-            job.store.save(context.state, server_round, int(config.get(KEEP, 0)), context.run_id,
-                           int(config.get(BASE, 0)))
+            job.store.save(context.state, server_round, int(config.get(CLIENT_STATE_KEEP, 0)), context.run_id,
+                           int(config.get(CLIENT_STATE_BASE, 0)))
         info[STATUS] = job.status
     return Message(content=content, reply_to=msg)
 

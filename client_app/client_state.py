@@ -5,17 +5,18 @@ In Flower 1.42 ``Context.state`` belongs to one run: a run resumed from a checkp
 silently restart.  So the method's client state (the ``fedadapt.<name>`` records of ``Context.state``, see
 :func:`flower_strategies.core.client.save_client_state`) is also kept on the node's disk, keyed by the *run*:
 
-* The ServerApp (``checkpoint-every > 0``) sends in every round's ConfigRecord :data:`KEY` = the run token (hex,
-  generated at the run's first start, kept in the checkpoint and sent again by a resumed run; a fresh run with the
-  same ``run-name`` gets a new one, so it never picks up stale state) and :data:`KEEP` = the last round whose
-  checkpoint was written (a resume continues after it).
+* The ServerApp (``checkpoint-every > 0``) sends in every round's ConfigRecord (keys: :mod:`app_common.wire`)
+  ``client-state-key`` = the run token (hex, generated at the run's first start, kept in the checkpoint and sent
+  again by a resumed run; a fresh run with the same ``run-name`` gets a new one, so it never picks up stale state)
+  and ``client-state-keep`` = the last round whose checkpoint was written (a resume continues after it).
 * The ClientApp of a node with a client-state directory (node config ``client-state-dir``, else the environment
   variable ``FEDADAPT_CLIENT_STATE_DIR``) keeps ``<dir>/<token>/client-<id>/round-<r>.base-<b>.run-<flwr run>.npz``
-  (``id`` = partition id, else node id; ``b`` = :data:`BASE`, the round the run resumed after).  Before training
-  round ``t`` it loads the newest valid file into ``Context.state``: one of this Flower run for a round ``< t``, or
-  one of an earlier (interrupted) run for a round ``<= b``; what the interrupted run wrote after the checkpoint
-  (possibly late, while its in-flight messages still ran) is deleted, never used.  After training it writes its file
-  atomically and deletes those no resume can need any more (older than the newest one with ``r <= keep``).
+  (``id`` = partition id, else node id; ``b`` = ``client-state-base``, the round the run resumed after).  Before
+  training round ``t`` it loads the newest valid file into ``Context.state``: one of this Flower run for a round
+  ``< t``, or one of an earlier (interrupted) run for a round ``<= b``; what the interrupted run wrote after the
+  checkpoint (possibly late, while its in-flight messages still ran) is deleted, never used.  After training it
+  writes its file atomically and deletes those no resume can need any more (older than the newest one with
+  ``r <= keep``).
 
 File format: an ``.npz`` archive (read with ``allow_pickle=False``: data only) of members ``"0"``, ``"1"``, … and
 ``"meta"``, a UTF-8 JSON document stored as ``uint8`` (format, token, client id, round, ``[[record, key], …]``).
@@ -38,9 +39,8 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, RecordDict
 from flwr.common import log
 
-from app_common.wire import KEY
+from app_common.wire import CLIENT_STATE_KEY
 from flower_strategies.core import records as R
-from flower_strategies.core.checkpoint import write_atomic
 
 NODE_CONFIG_KEY = "client-state-dir"
 ENV_VAR = "FEDADAPT_CLIENT_STATE_DIR"
@@ -60,7 +60,7 @@ class ClientStateStore:
 
     def __init__(self, root: Path, token: str, client: int) -> None:
         if not _TOKEN.fullmatch(token):
-            raise ValueError(f"{KEY} must be 8-64 lowercase hex digits, got {token!r}")
+            raise ValueError(f"{CLIENT_STATE_KEY} must be 8-64 lowercase hex digits, got {token!r}")
         self.token, self.client = token, int(client)
         self.dir = Path(root) / token / f"client-{self.client}"
 
@@ -111,6 +111,8 @@ class ClientStateStore:
         records = {n: rec for n, rec in state.array_records.items() if n.startswith(R.STATE_PREFIX)}
         if not records:
             return
+        from flower_strategies.core.checkpoint import write_atomic  # the server's writer, loaded when first needed
+
         write_atomic(self.path(server_round, base, run_id), self.encode(records, server_round))
         files = self.files()
         kept = [f[0] for f in files if f[0] <= keep]
@@ -160,8 +162,9 @@ class ClientStateStore:
 
 def store_for(config: Mapping[str, Any], context: Context, client: int) -> ClientStateStore | None:
     """The store of this round's client (``config`` = the round's ConfigRecord), or None when the server asks for no
-    persistence (no :data:`KEY`: the run writes no checkpoints) or the node has no client-state directory."""
-    token = config.get(KEY)
+    persistence (no ``client-state-key``: the run writes no checkpoints) or the node has no client-state
+    directory."""
+    token = config.get(CLIENT_STATE_KEY)
     if not token:
         return None
     root = state_root(context)

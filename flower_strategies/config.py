@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import flower_strategies  # noqa: F401 - registers every method
 from flower_strategies.core.hparams import ConfigError
-from flower_strategies.core.registry import METHODS, config_lines
+from flower_strategies.core.registry import METHODS, config_lines  # the registry registers every built-in method
 
 
 def main(argv: list[str] | None = None) -> int:

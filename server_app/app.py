@@ -210,7 +210,7 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
     assert isinstance(fed, AppConfig)
-    aggregator = strategy.settings.setting("aggregator")
+    aggregator = strategy.settings.aggregator
     if aggregator in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)
         log(INFO, "fedadapt: aggregator %s, root set of %d training examples", aggregator, fed.root_set_size)
     tracking.check_available(fed.tracking)  # a missing tracker package fails here, before anything is written
@@ -271,15 +271,15 @@ def resume_into(strategy: FedAdaptStrategy, writer: MetricsWriter, payload: dict
     return R.to_record(payload["arrays"]), payload["round"] + 1
 
 
-def round_row(server_round: int, test_metrics: Mapping[str, float], history: list[RoundLog]) -> dict[str, Any]:
-    """The metrics row of ``server_round``: central test metrics + the round's log (replies, bytes, the
-    method's own round metrics such as decayed learning rates)."""
+def round_row(server_round: int, test_metrics: Mapping[str, float], report: RoundLog | None) -> dict[str, Any]:
+    """The metrics row of ``server_round``: central test metrics + the round's report (``RoundBook.report``:
+    replies, bytes, the method's own round metrics such as decayed learning rates; ``None``: no train round)."""
     row: dict[str, Any] = {"round": server_round, "test-loss": test_metrics["loss"]}
     if "accuracy" in test_metrics:
         row["test-accuracy"] = test_metrics["accuracy"]
-    if server_round == 0 or not history or history[-1].server_round != server_round:
+    if server_round == 0 or report is None:
         return row
-    h = history[-1]
+    h = report
     row.update({
         "train-loss": h.train_metrics.get(R.TRAIN_LOSS), "train-loss-before": h.train_metrics.get(R.TRAIN_LOSS_BEFORE),
         "replies-used": h.replies_used, "replies-rejected": h.replies_rejected,
@@ -417,14 +417,14 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
         def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
             model.load_state_dict(record_tensors(arrays, copy=False))
             m = evaluate(model, x_test, y_test, fed.task)
-            row = writer.add(round_row(server_round, m, strategy.history))
+            row = writer.add(round_row(server_round, m, strategy.rounds.report(server_round)))
             tracker.log_round(row)
             print(progress_line(row, fed.num_server_rounds, progress), flush=True)
             return MetricRecord(dict(m))  # run_rounds then applies the run-failure policy (core/policy.py)
 
         token = run_token(payload) if fed.checkpoint_every > 0 else ""
         secret: int | None = None
-        if strategy.settings.setting("aggregator") in TRUST_RULES:  # the secret trust reference (server_app.root)
+        if strategy.settings.aggregator in TRUST_RULES:  # the secret trust reference (server_app.root)
             secret = root.root_secret(fed, payload)
             strategy.root_update = root.root_update(fed, secret)
         checkpointer = make_checkpointer(fed, out, strategy, writer, run_config, token, secret)
@@ -434,14 +434,15 @@ def _run(grid: Grid, run_config: Mapping[str, Any], fed: AppConfig, model: torch
             if checkpointer is None:
                 return {}
             keep = checkpointer.written_round if checkpointer.written_round >= 0 else (resumed_after or 0)
-            return {wire.KEY: token, wire.KEEP: keep, wire.BASE: resumed_after or 0}
+            return {wire.CLIENT_STATE_KEY: token, wire.CLIENT_STATE_KEEP: keep,
+                    wire.CLIENT_STATE_BASE: resumed_after or 0}
 
         failure: RunFailed | None = None
         final = initial
         with checkpointer.signal_handlers() if checkpointer else nullcontext():
             try:
                 if fed.secure_aggregation != "off":  # Flower's SecAgg+ workflow (no checkpoints: secure.check)
-                    result = secure.run_rounds(fed, strategy, grid, initial, evaluate_fn)
+                    result = secure.run_secure_rounds(fed, strategy, grid, initial, evaluate_fn)
                 else:
                     result = run_rounds(strategy, grid, initial, fed.num_server_rounds, fed.round_timeout, evaluate_fn,
                                         start_round=start_round,

@@ -23,7 +23,7 @@ def resolved_config(settings: Any, method: str, hparams: Any) -> dict[str, Any]:
     """Every run-config key of the run with the value it ran with: the app settings (``settings``, after presets
     and defaults, a defence key left unset as its profile gives it) and ``method``'s hyper-parameters
     (``<method>.<key>``); ``None`` stays ``null``."""
-    config = {to_key(f.name): settings.setting(f.name) for f in dataclasses.fields(settings)}
+    config = {to_key(f.name): getattr(settings, f.name) for f in dataclasses.fields(settings)}
     config.update({f"{method}.{to_key(f.name)}": getattr(hparams, f.name) for f in dataclasses.fields(hparams)})
     return config
 

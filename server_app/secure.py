@@ -25,7 +25,6 @@ from flower_strategies.core.loop import exchange
 from flower_strategies.core.strategy import FedAdaptStrategy
 
 
-
 def workflow(fed: AppConfig) -> Any:
     """The run's SecAgg+ workflow (its settings validated by Flower's own checks)."""
     return secaggplus_workflow(fed.secagg_num_shares, fed.secagg_reconstruction_threshold,
@@ -44,7 +43,7 @@ def check(fed: AppConfig, strategy: FedAdaptStrategy) -> None:
     workflow(fed)
 
 
-def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: ArrayRecord,
+def run_secure_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: ArrayRecord,
                evaluate_fn: Callable[[int, ArrayRecord], MetricRecord]) -> Result:
     """``fed.num_server_rounds`` SecAgg+ rounds; ``evaluate_fn`` runs after each (and on the initial model), then the
     run-failure policy.  The result's arrays are the last evaluated global arrays."""
@@ -60,8 +59,7 @@ def run_rounds(fed: AppConfig, strategy: FedAdaptStrategy, grid: Grid, initial: 
                             clipping_range=fed.secagg_clipping_range, quantization_range=fed.secagg_quantization_range,
                             max_weight=fed.secagg_max_weight)
     strategy.num_rounds = fed.num_server_rounds
-    with strategy.driven():  # fedadapt's own driver (core/privacy.py: summary() outside it means a wrapper)
-        strategy.summary()
+    strategy.summary()
     run_secagg(PollingGrid(grid, fed.grid_pull_interval), legacy, fed.num_server_rounds, workflow(fed))
     return result
 

@@ -15,6 +15,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, Metadata, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from flower_strategies.core.loop import own_loop_config
+
 try:  # Flower >= 1.38 builds a message outside a runtime only once a task identity is set
     from flwr.supercore.task_identity import TaskIdentity
 except ImportError:  # older Flower: no such step
@@ -127,7 +129,8 @@ def our_processes(home) -> list[str]:
 
 
 def config(**kv) -> ConfigRecord:
-    return ConfigRecord(kv)
+    """The train config a fedadapt round loop hands ``configure_train`` (marked: :func:`.loop.own_loop_config`)."""
+    return own_loop_config(kv)
 
 
 # ------------------------------------------------------------ paper-002 harness (FedLADA / FedCM / SCAFFOLD tests)
@@ -196,7 +199,7 @@ def plain_loop_round(strategy, make_model, x, y, loss_fn, *, client_state=None, 
     from flower_strategies.core.registry import get_method
 
     model = make_model()
-    content = strategy.prepare_round(server_round, ArrayRecord(model.state_dict()), ConfigRecord(), num_sampled=1)
+    content = strategy.prepare_round(server_round, ArrayRecord(model.state_dict()), own_loop_config(), num_sampled=1)
     saved = RD()
     save_client_state(saved, client_state or {})
     reply = train_reply(make_model(), content, x, y, loss_fn, state=saved, seed=seed, client_key=client_key)

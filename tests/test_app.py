@@ -242,11 +242,12 @@ def test_metrics_row_carries_the_round_log_and_the_methods_round_metrics():
                    bytes_down=40, bytes_up=20, updated=True,
                    train_metrics={"train-loss": 0.5, "train-loss-before": 0.7},
                    round_metrics={"client-lr": 0.05, "server-lr": 0.5})
-    row = round_row(2, {"loss": 0.4, "accuracy": 0.9}, [log])
+    row = round_row(2, {"loss": 0.4, "accuracy": 0.9}, log)
     assert row == {"round": 2, "test-loss": 0.4, "test-accuracy": 0.9, "train-loss": 0.5, "train-loss-before": 0.7,
                    "replies-used": 2, "replies-rejected": 1, "replies-missing": 1, "bytes-down": 40, "bytes-up": 20,
                    "updated": True, "client-lr": 0.05, "server-lr": 0.5, "rejections": "node 3: NaN"}
-    assert round_row(0, {"loss": 1.0}, [log]) == {"round": 0, "test-loss": 1.0}  # round 0: evaluation only
+    assert round_row(0, {"loss": 1.0}, None) == {"round": 0, "test-loss": 1.0}  # round 0: evaluation only
+    assert round_row(3, {"loss": 1.0}, None) == {"round": 3, "test-loss": 1.0}  # no train round closed
 
 
 @pytest.mark.learning_curve

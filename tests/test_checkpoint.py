@@ -26,6 +26,7 @@ from client_app.app import app as client_app
 from app_common.config import AppConfig
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core.registry import METHODS
+from flower_strategies.core.loop import own_loop_config
 from server_app.app import run
 from simulations.engine.inprocess import LoopbackGrid
 from tests.helpers import every_method, rewrite_checkpoint
@@ -361,7 +362,7 @@ def test_checkpoint_holds_arrays_strategy_state_rng_and_rows(tmp_path):
 
 def test_loaded_state_dict_equals_the_strategys(tmp_path):
     """state_dict → checkpoint → load_state_dict → state_dict is the identity (arrays bit-exact, scalars equal)."""
-    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.app import ArrayRecord
 
     from app_common.task import build_model
     from flower_strategies.core.registry import build_strategy
@@ -370,7 +371,7 @@ def test_loaded_state_dict_equals_the_strategys(tmp_path):
         cfg = {**BASE, "method": method}
         strategy, _ = build_strategy(cfg, trainable_keys=["w.weight"], settings=AppConfig)
         init = build_model("synthetic-linear", 2, 4, "float64").state_dict()
-        strategy.prepare_round(1, ArrayRecord(init), ConfigRecord(), num_sampled=1)
+        strategy.prepare_round(1, ArrayRecord(init), own_loop_config(), num_sampled=1)
         strategy.sampler.rng.random()
         arrays = {k: v.numpy() for k, v in init.items()}
         data = ckpt.encode(server_round=1, num_rounds=6, arrays=arrays, strategy=strategy, metrics_rows=[],
@@ -410,9 +411,8 @@ def test_start_round_loop_equals_flowers_loop():
         if ours:
             res = run_rounds(strategy, grid, init, 4, 60.0, on_round_end=lambda r, a, ends=ends: ends.append(r))
             assert ends == [1, 2, 3, 4]
-        else:  # Flower's loop itself, not the strategy's override
-            with strategy.driven():
-                res = Strategy.start(strategy, grid=grid, initial_arrays=init, num_rounds=4)
+        else:  # Flower's loop itself, not the strategy's override (the train config marked as fedadapt's loops do)
+            res = Strategy.start(strategy, grid=grid, initial_arrays=init, num_rounds=4, train_config=own_loop_config())
         out.append((to_numpy(res.arrays), sorted(res.train_metrics_clientapp)))
     assert out[0][1] == out[1][1] == [1, 2, 3, 4]
     for k in out[0][0]:

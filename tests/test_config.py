@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord
 
 import flower_strategies as fs
 from app_common.config import AppConfig
@@ -18,6 +18,7 @@ from app_common.task import build_model
 from flower_strategies.core.client import full_gradient_from, num_local_steps
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, register, run_config_defaults
+from flower_strategies.core.loop import own_loop_config
 from simulations.tools import configgen
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +111,7 @@ def test_every_method_builds_from_defaults_and_its_optimizer_steps(name):
     strategy, fed = fs.build_strategy({"method": name})
     assert isinstance(strategy, spec.strategy) and strategy.method == name
     model = build_model("digits-mlp", 0)
-    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), num_sampled=1)
+    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), own_loop_config(), num_sampled=1)
     cfg = dict(content.config_records["config"])
     x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))
     opt_cls = spec.local_optimizer

@@ -19,6 +19,7 @@ from flower_strategies.methods.fedlada import GLOBAL_OFFSET, VHAT, FedLADAOptimi
 from flower_strategies.core.ops import averaging_step
 from flower_strategies.core.registry import METHODS, parse_run_config
 from flower_strategies.core.strategy import weighted_mean
+from flower_strategies.core.loop import own_loop_config
 from tests.helpers import (
     set_task_identity,
     SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
@@ -161,7 +162,7 @@ def test_protocol_mocked_replies():
     set_task_identity()
     s = FedCM(FedCMHParams(client_lr_decay=0.5), client_lr=0.2, local_steps=5)
     x = np.array([1.0, 1.0])
-    msgs = list(s.configure_train(1, ArrayRecord({"w": Array(x)}), ConfigRecord(), FakeGrid()))
+    msgs = list(s.configure_train(1, ArrayRecord({"w": Array(x)}), own_loop_config(), FakeGrid()))
     c = msgs[0].content
     assert set(c.array_records) == {"arrays", GLOBAL_UPDATE}
     np.testing.assert_array_equal(c[GLOBAL_UPDATE]["w"].numpy(), [0.0, 0.0])
@@ -169,7 +170,7 @@ def test_protocol_mocked_replies():
     arrays, metrics = s.aggregate_train(1, [_reply(1, [0.0, 1.0], 10, 5), _reply(2, [1.0, 0.0], 30, 5)])
     np.testing.assert_allclose(arrays["w"].numpy(), [0.5, 0.5])  # uniform by default
     np.testing.assert_allclose(s.server_state[GLOBAL_UPDATE]["w"], [0.5, 0.5])  # Δ̄/(0.2·5)
-    msgs = list(s.configure_train(2, arrays, ConfigRecord(), FakeGrid()))
+    msgs = list(s.configure_train(2, arrays, own_loop_config(), FakeGrid()))
     assert msgs[0].content["config"]["client-lr"] == pytest.approx(0.1)
     np.testing.assert_allclose(msgs[0].content[GLOBAL_UPDATE]["w"].numpy(), [0.5, 0.5])
     # communication: 2× download, 1× upload

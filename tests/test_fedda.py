@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 from flower_strategies.core.strategy import ClientHalfMissing
 import flower_strategies  # noqa: F401  (registers the core methods)
@@ -22,6 +22,7 @@ from flower_strategies.methods.baselines import FedAdagrad, FedAdam, FedAvg
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.records import to_record
 from flower_strategies.core.registry import METHODS, build_strategy
+from flower_strategies.core.loop import own_loop_config
 from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import fedda_ref as ref
 
@@ -357,7 +358,7 @@ def test_protocol_with_mocked_replies():
     hp = fd.FedDAAdam.make_hparams(server_lr=2.0, beta1=0.5, beta2=0.9, eps=0.1, full_batch_from=2)
     s = fd.FedDAAdam(hp, client_lr=0.1, seed=0)
     w = np.array([[1.0, -1.0, 0.5]], dtype=np.float32)
-    msgs = list(s.configure_train(1, to_record({"w": w}), ConfigRecord(), grid))
+    msgs = list(s.configure_train(1, to_record({"w": w}), own_loop_config(), grid))
     assert len(msgs) == 4
     c = msgs[0].content
     np.testing.assert_array_equal(c.array_records[fd.MOMENTUM]["w"].numpy(), np.zeros((1, 3), np.float32))
@@ -387,7 +388,7 @@ def test_protocol_with_mocked_replies():
     np.testing.assert_allclose(new, expect, rtol=1e-5)
     np.testing.assert_allclose(s.server_state["m_t"]["w"], m_bar, rtol=1e-6)
 
-    msgs = list(s.configure_train(2, arrays, ConfigRecord(), grid))
+    msgs = list(s.configure_train(2, arrays, own_loop_config(), grid))
     c = msgs[0].content
     np.testing.assert_allclose(c.array_records[fd.MOMENTUM]["w"].numpy(), m_bar, rtol=1e-6)
     assert c.config_records["config"][R.FULL_BATCH] is True
@@ -411,7 +412,7 @@ def _round_content(name: str, server_round: int) -> RecordDict:
     snaps, _ = simulate(warm, initial_arrays(), 1, NODES, RUN_CONFIG)
     strategy = spec.build(hp, num_rounds=ROUNDS, **kw)
     strategy.load_state_dict(warm.state_dict())
-    content = strategy.prepare_round(server_round, to_record(snaps[-1]), ConfigRecord(), num_sampled=1)
+    content = strategy.prepare_round(server_round, to_record(snaps[-1]), own_loop_config(), num_sampled=1)
     assert np.abs(content.array_records[fd.MOMENTUM]["w.weight"].numpy()).max() > 1e-3
     return content
 
@@ -543,4 +544,4 @@ def test_misuse_raises_clear_errors(name):
             spec.strategy(fd.FedDAHParams(variant=other))
     # full-batch-last needs the run's number of rounds (Strategy.start sets it; a bare driver passes num_rounds=)
     with pytest.raises(ConfigError, match="num_rounds="):
-        spec.build().prepare_round(1, initial_arrays(), ConfigRecord(), num_sampled=1)
+        spec.build().prepare_round(1, initial_arrays(), own_loop_config(), num_sampled=1)

@@ -11,7 +11,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401  (core registrations first)
 import flower_strategies.methods.fedlada  # noqa: F401  (registers fedlada, localadam)
@@ -22,6 +22,7 @@ from flower_strategies.methods.fedlada import (
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, parse_run_config, register
 from flower_strategies.core.strategy import RecordSpec, RoundInputs
+from flower_strategies.core.loop import own_loop_config
 from tests.helpers import (
     SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
     recorded_run,
@@ -377,7 +378,7 @@ def test_protocol_records_and_aggregation(weighting):
     s = FedLADA(FedLADAHParams(client_lr_decay=0.5), client_lr=0.1, local_steps=4, weighting=weighting,
                 min_available_nodes=3, min_train_nodes=3)
     x = np.array([1.0, -1.0])
-    msgs = list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), ConfigRecord(), FakeGrid()))
+    msgs = list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), own_loop_config(), FakeGrid()))
     assert len(msgs) == 3
     c = msgs[0].content
     assert set(c.array_records) == {"arrays", VHAT, GLOBAL_OFFSET}
@@ -400,7 +401,7 @@ def test_protocol_records_and_aggregation(weighting):
     np.testing.assert_allclose(s.server_state[VHAT]["w"], w[0] * np.array([0.2, 0.1]) + w[1] * np.array([0.4, 0.3]))
     np.testing.assert_allclose(s.server_state[GLOBAL_OFFSET]["w"], (x - mean) / (0.1 * 4))
     # round 2: the decayed lr and the new v̄ / g_a go down
-    msgs = list(s.configure_train(2, arrays, ConfigRecord(), FakeGrid()))
+    msgs = list(s.configure_train(2, arrays, own_loop_config(), FakeGrid()))
     c = msgs[0].content
     assert c["config"]["client-lr"] == pytest.approx(0.05)
     np.testing.assert_allclose(c[GLOBAL_OFFSET]["w"].numpy(), s.server_state[GLOBAL_OFFSET]["w"])
@@ -410,7 +411,7 @@ def test_protocol_records_and_aggregation(weighting):
 def test_protocol_debug_record_and_unequal_steps():
     s = DirectionSumFedLADA(FedLADAHParams(), client_lr=0.1, min_available_nodes=2, min_train_nodes=3)
     x = np.array([1.0, -1.0])
-    list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), ConfigRecord(), FakeGrid()))
+    list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), own_loop_config(), FakeGrid()))
     replies = [
         _reply(1, [0.8, -0.6], [0.2, 0.1], 10, 2, {DIRECTION_SUM: [1.0, 2.0]}),
         _reply(2, [0.6, -1.0], [0.4, 0.3], 30, 6, {DIRECTION_SUM: [3.0, 4.0]}),
@@ -429,7 +430,7 @@ def test_protocol_per_client_offset_steps():
     s = FedLADA(FedLADAHParams(offset_steps="per-client"), client_lr=0.1, min_available_nodes=2, min_train_nodes=3)
     assert [spec.name for spec in s.uplink_specs()] == ["arrays", VHAT, DELTA_PER_STEP]
     x = np.array([1.0, -1.0])
-    msgs = list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), ConfigRecord(), FakeGrid()))
+    msgs = list(s.configure_train(1, ArrayRecord({"w": _arr(x)}), own_loop_config(), FakeGrid()))
     assert msgs[0].content["config"]["fedlada.offset-steps"] == "per-client"
     m1, m2 = np.array([0.8, -0.6]), np.array([0.6, -1.0])
     replies = [

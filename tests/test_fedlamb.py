@@ -9,7 +9,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401  (registers the core methods)
 import flower_strategies.methods.fedlamb as FL
@@ -19,6 +19,7 @@ from flower_strategies.core.client import batch_indices
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import get_method, parse_run_config
 from flower_strategies.core.strategy import RoundInputs
+from flower_strategies.core.loop import own_loop_config
 from simulations.engine.inprocess import simulate
 from tests.reference.fedlamb_ref import RefConfig, linear_grad, mlp_grad, run_reference
 
@@ -272,7 +273,9 @@ def test_trust_ratio_one_equals_fedams(monkeypatch):
     _, lamb_free, *_ = run_engine("fedlamb", hp, rounds=10)
     _, ams, *_ = run_engine("fedams", hp, rounds=10)
     assert max_diff(lamb_free[-1], ams[-1]) > 1e-3  # they differ normally
-    monkeypatch.setattr(FL, "trust_ratio", lambda wn, un, lo=0.0, hi=0.0: torch.ones_like(wn))
+    import flower_strategies.optimizers.fedlamb as client_half  # where the local optimizer reads it
+
+    monkeypatch.setattr(client_half, "trust_ratio", lambda wn, un, lo=0.0, hi=0.0: torch.ones_like(wn))
     _, lamb_one, *_ = run_engine("fedlamb", hp, rounds=10)
     for r in range(11):
         assert max_diff(lamb_one[r], ams[r]) < 1e-12
@@ -408,7 +411,7 @@ def test_server_math_direct():
     assert int(new["steps"][0]) == 5  # integer buffers keep the server's value
     np.testing.assert_array_equal(state["v_hat"]["a"], [0.2, 0.1])
     s.server_state = state
-    down = s.prepare_round(2, R.to_record(new), ConfigRecord({}), 1).array_records
+    down = s.prepare_round(2, R.to_record(new), own_loop_config(), 1).array_records
     assert state["v_steps"] == 4.0 and float(down[FL.V_STEPS]["s_v"].numpy()[0]) == 4.0
     _, state, _ = s.server_update(inputs(s, 2, new, {"arrays": new, "v": {"a": np.array([0.1, 0.3])}}), state)
     np.testing.assert_array_equal(state["v_hat"]["a"], [0.2, 0.3])
@@ -463,7 +466,7 @@ def reply(node: int, arrays: dict, v: dict | None, n: int = 10, steps: float = 3
 def test_protocol_downlink_and_aggregation():
     s = FL.FedLAMB(FL.FedLAMBHParams(weight_decay=0.01), client_lr=0.05, local_steps=3, seed=0)
     w = {"fc.weight": np.ones((2, 2)), "fc.bias": np.zeros(2)}
-    msgs = list(s.configure_train(1, R.to_record(w), ConfigRecord({}), FakeGrid(3)))
+    msgs = list(s.configure_train(1, R.to_record(w), own_loop_config(), FakeGrid(3)))
     assert len(msgs) == 3
     c = msgs[0].content
     assert set(c.array_records) == {"arrays", FL.V_HAT, FL.V_STEPS}
@@ -486,7 +489,7 @@ def test_protocol_downlink_and_aggregation():
     np.testing.assert_allclose(s.server_state["v_hat"]["fc.weight"], 0.2)
     np.testing.assert_allclose(s.server_state["v_hat"]["fc.bias"], [0.2, 0.0])
     # round 2: v̂ goes down with the model; a NaN v is rejected; max-merge keeps the larger entries
-    msgs = list(s.configure_train(2, new, ConfigRecord({}), FakeGrid(3)))
+    msgs = list(s.configure_train(2, new, own_loop_config(), FakeGrid(3)))
     np.testing.assert_allclose(R.to_numpy(msgs[0].content.array_records[FL.V_HAT])["fc.bias"], [0.2, 0.0])
     assert R.to_numpy(msgs[0].content.array_records[FL.V_STEPS])["s_v"][0] == 3.0
     small = {"fc.weight": np.full((2, 2), 0.01), "fc.bias": np.array([0.0, 0.5])}
@@ -499,7 +502,7 @@ def test_protocol_downlink_and_aggregation():
 def test_protocol_examples_weighting_flag():
     s = FL.FedAMS(weighting="examples", local_steps=3)
     w = {"x": np.zeros(2)}
-    list(s.configure_train(1, R.to_record(w), ConfigRecord({}), FakeGrid(2)))
+    list(s.configure_train(1, R.to_record(w), own_loop_config(), FakeGrid(2)))
     new, _ = s.aggregate_train(1, [reply(1, {"x": np.array([1.0, 0.0])}, {"x": np.array([1.0, 0.0])}, n=10),
                                    reply(2, {"x": np.array([0.0, 1.0])}, {"x": np.array([0.0, 1.0])}, n=30)])
     np.testing.assert_allclose(R.to_numpy(new)["x"], [0.25, 0.75])
@@ -573,7 +576,7 @@ def test_plain_torch_loop_equals_train_reply(method, hp):
     arrays = ArrayRecord(model.state_dict())
     node_state, plain_state = RecordDict(), {}
     for rnd in (1, 2):
-        content = strategy.prepare_round(rnd, arrays, ConfigRecord(), num_sampled=1)
+        content = strategy.prepare_round(rnd, arrays, own_loop_config(), num_sampled=1)
         reply_content = train_reply(TwoLayer(), content, x, y, mse, state=node_state, seed=0, client_key=3)
         got_model, got_up, plain_state = plain_round(spec, content, TwoLayer(), x, y, plain_state, client_key=3)
         assert_same(got_model, reply_content.array_records[R.MODEL].to_torch_state_dict())
@@ -598,7 +601,7 @@ def test_state_dict_resume_mid_round_is_exact(method, hp):
 
     spec = get_method(method)
     strategy = spec.build(spec.default_hparams().replace(**hp), **PLAN)
-    content = strategy.prepare_round(1, ArrayRecord(TwoLayer().state_dict()), ConfigRecord(), num_sampled=1)
+    content = strategy.prepare_round(1, ArrayRecord(TwoLayer().state_dict()), own_loop_config(), num_sampled=1)
     gen = torch.Generator().manual_seed(9)
     saved = {FL.STATE_M: {n: torch.randn(p.shape, generator=gen, dtype=torch.float64) for n,
                           p in TwoLayer().named_parameters()},
@@ -646,7 +649,7 @@ def test_misuse_raises_clear_errors(method):
     spec = get_method(method)
     strategy = spec.build(**PLAN)
     model = TwoLayer()
-    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), num_sampled=1)
+    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), own_loop_config(), num_sampled=1)
     opt_cls = spec.local_optimizer
     if method != "adpfed":
         with pytest.raises(ValueError, match="downlink record.*v_hat"):

@@ -27,7 +27,8 @@ from flower_strategies.core.client import batch_indices, train_reply
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import build_strategy, get_method, parse_run_config
 from flower_strategies.core.server_opt import ServerOptimizer
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flower_strategies.core.loop import own_loop_config
+from flwr.app import ArrayRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import fedlocal_ref as ref
 
@@ -346,7 +347,7 @@ def test_restart_every_round():
     grid = LoopbackGrid(None, 2, RUN_CONFIG)
     from client_app.app import app as client_app
 
-    msg = list(strategy.configure_train(1, initial_arrays(x_start()), ConfigRecord({}), grid))[0]
+    msg = list(strategy.configure_train(1, initial_arrays(x_start()), own_loop_config(), grid))[0]
     ctx = grid.contexts[msg.metadata.dst_node_id]
     r1, r2 = client_app(msg, ctx), client_app(msg, ctx)
     for name in (FL.D_RECORD, FL.NINV_RECORD):
@@ -365,12 +366,12 @@ def test_bytes(correction, method, up_factor, down_factor):
     hp = {"client_opt": "adam", "correction": correction}
     _, strat, _ = run_sim(hp, method=method, rounds=2, nodes=3)
     model = 8 * DIM
-    for rlog in strat.history:
-        assert rlog.replies_used == 3 and rlog.replies_rejected == 0
-        assert rlog.bytes_up == up_factor * model * 3
-        assert rlog.bytes_down == down_factor * model * 3
+    for round_log in strat.history:
+        assert round_log.replies_used == 3 and round_log.replies_rejected == 0
+        assert round_log.bytes_up == up_factor * model * 3
+        assert round_log.bytes_down == down_factor * model * 3
     if method == "fedlocal" and correction == "joint":  # the paper's "1.5×" per round (up + down)
-        assert (rlog.bytes_up + rlog.bytes_down) / (2 * model * 3) == 1.5
+        assert (round_log.bytes_up + round_log.bytes_down) / (2 * model * 3) == 1.5
 
 
 # ------------------------------------------------------------------------------------------ mocked protocol
@@ -387,7 +388,7 @@ def test_mocked_joint_replies():
     strategy = FL.FedLocal(hp, client_lr=0.1, local_steps=3)
     x0 = x_start()
     grid = LoopbackGrid(None, 3)
-    msgs = list(strategy.configure_train(1, initial_arrays(x0), ConfigRecord({}), grid))
+    msgs = list(strategy.configure_train(1, initial_arrays(x0), own_loop_config(), grid))
     assert len(msgs) == 3
     cfg = msgs[0].content[R.CONFIG]
     assert cfg["fedlocal.client-opt"] == "adagrad" and cfg["fedlocal.correction"] == "joint"
@@ -414,7 +415,7 @@ def test_mocked_sync_downlink_and_state():
     strategy = FL.FedLocalSync(hp, client_lr=0.1, local_steps=3)
     x0 = x_start()
     grid = LoopbackGrid(None, 2)
-    msgs = list(strategy.configure_train(1, initial_arrays(x0), ConfigRecord({}), grid))
+    msgs = list(strategy.configure_train(1, initial_arrays(x0), own_loop_config(), grid))
     down = msgs[0].content
     assert set(down.array_records) == {R.MODEL, FL.M_RECORD, FL.V_RECORD}
     assert np.all(R.to_numpy(down[FL.M_RECORD])["w.weight"] == 0)
@@ -427,28 +428,28 @@ def test_mocked_sync_downlink_and_state():
                               FL.V_RECORD: {"w.weight": v[i]}}, [10, 30][i]) for i in range(2)]
     new, _ = strategy.aggregate_train(1, replies)
     np.testing.assert_allclose(R.to_numpy(new)["w.weight"], np.full((1, DIM), 0.25 * 0.5 + 0.75 * -0.5))
-    msgs = list(strategy.configure_train(2, new, ConfigRecord({}), grid))
+    msgs = list(strategy.configure_train(2, new, own_loop_config(), grid))
     np.testing.assert_allclose(R.to_numpy(msgs[0].content[FL.M_RECORD])["w.weight"], 0.25 * 1 + 0.75 * 4)
     np.testing.assert_allclose(R.to_numpy(msgs[0].content[FL.V_RECORD])["w.weight"], 0.25 * 2 + 0.75 * 8)
     assert msgs[0].content[R.CONFIG]["fedlocal-sync.step-offset"] == 3.0
 
 
 # ------------------------------------------------------------------------------------------ unit tests
-def test_pseudo_gradient_pure():
+def test_corrected_pseudo_gradient_pure():
     cur = {"a": np.array([1.0, 2.0]), "b": np.array([3.0])}
     agg = {R.MODEL: {"a": np.array([0.5, 2.5]), "b": np.array([1.0])},
            FL.D_RECORD: {"a": np.array([0.2, -0.4]), "b": np.array([1.0])},
            FL.NINV_RECORD: {"a": np.array([0.5, 0.0]), "b": np.array([4.0])}}
-    np.testing.assert_allclose(FL.pseudo_gradient("none", cur, agg, ["a"])["a"], [0.5, -0.5])
-    np.testing.assert_allclose(FL.pseudo_gradient("local", cur, agg, ["a", "b"])["b"], [1.0])
-    np.testing.assert_allclose(FL.pseudo_gradient("joint", cur, agg, ["a"])["a"], [0.4, 0.0])  # divide-no-nan
+    np.testing.assert_allclose(FL.corrected_pseudo_gradient("none", cur, agg, ["a"])["a"], [0.5, -0.5])
+    np.testing.assert_allclose(FL.corrected_pseudo_gradient("local", cur, agg, ["a", "b"])["b"], [1.0])
+    np.testing.assert_allclose(FL.corrected_pseudo_gradient("joint", cur, agg, ["a"])["a"], [0.4, 0.0])  # divide-no-nan
     with pytest.raises(ValueError):
-        FL.pseudo_gradient("global", cur, agg, ["a"])
+        FL.corrected_pseudo_gradient("global", cur, agg, ["a"])
 
 
 def test_server_optimizer_mapping():
     def so(**kw):
-        return FL.FedLocalHParams(**kw).server_optimizer()
+        return FL.fedlocal_server_optimizer(FL.FedLocalHParams(**kw))
 
     assert so(server_opt="adagrad") == ServerOptimizer("adagrad", lr=0.1, beta1=0.0, beta2=0.999, tau=1e-3,
                                                        initial_v=0.1)
@@ -532,7 +533,7 @@ def _train_content(method: str) -> tuple:
     if rounds_before:
         snaps, _ = simulate(strategy, arrays, rounds_before, 3, RUN_CONFIG)
         arrays = R.to_record(snaps[-1])
-    return spec, strategy.prepare_round(rounds_before + 1, arrays, ConfigRecord(), num_sampled=1)
+    return spec, strategy.prepare_round(rounds_before + 1, arrays, own_loop_config(), num_sampled=1)
 
 
 def _client_xy():

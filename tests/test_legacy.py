@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 import flower_strategies as fs
@@ -13,6 +13,7 @@ from app_common.task import build_model
 from flower_strategies.core import records as R
 from flower_strategies.compat.legacy import LAYOUT, LegacyStrategy, pack, unpack
 from flower_strategies.core.registry import METHODS
+from flower_strategies.core.loop import own_loop_config
 from simulations.engine.inprocess import simulate, simulate_legacy
 from tests.helpers import every_method
 
@@ -66,7 +67,7 @@ class _Proxy:
 def test_legacy_replies_without_layout_or_with_failures_are_rejected_not_fatal():
     init = {"w": np.zeros(3, np.float32)}
     strat = LegacyStrategy(fs.FedAvg(min_available_nodes=1, min_train_nodes=1), init)
-    strat.inner.prepare_round(1, R.to_record(init), ConfigRecord(), 3)
+    strat.inner.prepare_round(1, R.to_record(init), own_loop_config(), 3)
     good_arrays, layout = pack({"arrays": {"w": np.ones(3, np.float32)}})
     ok = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(good_arrays), 5, {LAYOUT: layout, "num-examples": 5})
     no_layout = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(good_arrays), 5, {})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message
+from flwr.app import ArrayRecord, Error, Message
 from flwr.common.constant import HEARTBEAT_INTERVAL_INF, HEARTBEAT_PATIENCE, ErrorCode
 from flwr.proto.node_pb2 import NodeInfo
 
@@ -19,6 +19,7 @@ from app_common.config import AppConfig
 from app_common.task import build_model
 from flower_strategies.core.registry import build_strategy
 from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.loop import own_loop_config
 from simulations.engine.inprocess import LoopbackGrid
 
 CFG = {"task": "synthetic-linear", "synthetic-dim": 3, "local-steps": 1, "num-server-rounds": 3, "seed": 0}
@@ -46,7 +47,7 @@ def strategy(**cfg):
 
 def one_round(s, grid, server_round):
     arrays = ArrayRecord(build_model("synthetic-linear", 0, 3).state_dict())
-    msgs = list(s.configure_train(server_round, arrays, ConfigRecord(), grid))
+    msgs = list(s.configure_train(server_round, arrays, own_loop_config(), grid))
     s.aggregate_train(server_round, grid.send_and_receive(msgs))
     return sorted(m.metadata.dst_node_id for m in msgs), s.history[-1]
 

@@ -20,10 +20,11 @@ from flower_strategies.core.registry import METHODS, parse_run_config
 
 from app_common.task import build_model, half_mse
 from flower_strategies.core.client import batch_indices, train_reply
+from flower_strategies.core.loop import own_loop_config
 from simulations.engine.inprocess import LoopbackGrid, simulate
 from tests.reference import localupdate_ref as ref
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 DIM = 5
 RC = {"task": "synthetic-linear", "seed": 0, "precision": "float64", "synthetic-dim": DIM}
@@ -433,7 +434,7 @@ def test_protocol_config_and_aggregation():
     s = LU.LocalUpdate(hp, client_lr=0.2, local_steps=7, local_epochs=3)
     grid = LoopbackGrid(None, 3)
     x0 = np.array([[1.0, 2.0]])
-    msgs = list(s.configure_train(1, ArrayRecord({"w.weight": Array(x0)}), ConfigRecord({}), grid))
+    msgs = list(s.configure_train(1, ArrayRecord({"w.weight": Array(x0)}), own_loop_config(), grid))
     assert len(msgs) == 3
     cfg = msgs[0].content["config"]
     assert cfg["method"] == "localupdate" and cfg["local-steps"] == 2 and cfg["client-lr"] == 0.2
@@ -451,7 +452,7 @@ def test_protocol_config_and_aggregation():
     assert s.history[-1].round_metrics == {"client-lr": 0.2, "server-lr": 0.5}
     bad = np.array([[np.nan, 0.0]])
     s2 = LU.LocalUpdate(hp, client_lr=0.2, weighting="examples")
-    s2.configure_train(1, ArrayRecord({"w.weight": Array(x0)}), ConfigRecord({}), grid)
+    s2.configure_train(1, ArrayRecord({"w.weight": Array(x0)}), own_loop_config(), grid)
     arrays, metrics = s2.aggregate_train(1,
                                          [_reply(1, q[0], 10, 1.0), _reply(2, q[1], 30, 1.0), _reply(3, bad, 5, 1.0)])
     np.testing.assert_allclose(arrays["w.weight"].numpy(), x0 - 0.5 * (10 * q[0] + 30 * q[1]) / 40)
@@ -469,7 +470,7 @@ def test_protocol_decay_reaches_next_round_config():
     losses = [(2.0, 2.0), (1.8, 2.0), (3.0, 3.0)]
     lrs = []
     for t, (l1, l2) in enumerate(losses, start=1):
-        msgs = list(s.configure_train(t, x, ConfigRecord({}), grid))
+        msgs = list(s.configure_train(t, x, own_loop_config(), grid))
         lrs.append(msgs[0].content["config"]["client-lr"])
         # (q differs per round, as an honest client's does: the same bytes again would be rejected as a replay)
         x, metrics = s.aggregate_train(t, [_reply(1, g * t, 10, l1), _reply(2, g * t, 30, l2)])
@@ -537,7 +538,7 @@ def _round_content(name, **hp):
     """The RecordDict a client receives in round 1 of ``name`` (built by the real strategy)."""
     spec = METHODS[name]
     strategy = spec.build(spec.default_hparams().replace(**hp), client_lr=0.05, batch_size=6)
-    return spec, strategy.prepare_round(1, ArrayRecord(_tiny_model().state_dict()), ConfigRecord(), num_sampled=1)
+    return spec, strategy.prepare_round(1, ArrayRecord(_tiny_model().state_dict()), own_loop_config(), num_sampled=1)
 
 
 def _optimizer_from(spec, content, model):
@@ -632,7 +633,7 @@ def test_optimizer_misuse_raises_clear_errors():
 # ------------------------------------------------------------------------------------------ server state = data
 def _drive(strategy, arrays, rounds, grid):
     for t in rounds:
-        replies = grid.send_and_receive(list(strategy.configure_train(t, arrays, ConfigRecord({}), grid)))
+        replies = grid.send_and_receive(list(strategy.configure_train(t, arrays, own_loop_config(), grid)))
         new, _ = strategy.aggregate_train(t, replies)
         arrays = new if new is not None else arrays
     return arrays

@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord
 
 import flower_strategies.methods.mimelite as ml
 from app_common.task import TASK_SPECS, build_model
@@ -18,6 +18,7 @@ from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import METHODS, build_strategy
 from flower_strategies.core.strategy import RoundInputs
 from flower_strategies.methods.baselines import FedAvg
+from flower_strategies.core.loop import own_loop_config
 from tests.helpers import NodesGrid, record, reply
 from tests.reference import fedda_ref as ref
 
@@ -149,7 +150,7 @@ def test_protocol_with_mocked_replies(base):
     grid = NodesGrid([1, 2, 3])
     s = ml.MimeLite(ml.MimeLiteHParams(base=base, beta1=0.5, beta2=0.5), client_lr=0.1, seed=0)
     w = np.array([[1.0, -1.0]], dtype=np.float32)
-    msgs = list(s.configure_train(1, record({"w": w}), ConfigRecord(), grid))
+    msgs = list(s.configure_train(1, record({"w": w}), own_loop_config(), grid))
     c = msgs[0].content
     assert set(c.array_records) == {"arrays"} | records
     cfg = c.config_records["config"]
@@ -170,7 +171,7 @@ def test_protocol_with_mocked_replies(base):
         np.testing.assert_allclose(s.server_state[ml.MOMENTUM]["w"], 0.5 * g_bar)
     if base != "sgdm":
         np.testing.assert_allclose(s.server_state[ml.SECOND_MOMENT]["w"], (0.5 if base == "adam" else 1.0) * g_bar**2)
-    msgs = list(s.configure_train(2, arrays, ConfigRecord(), grid))
+    msgs = list(s.configure_train(2, arrays, own_loop_config(), grid))
     for rec in records:
         got = msgs[0].content.array_records[rec]["w"].numpy()
         assert got.dtype == np.float32
@@ -186,7 +187,7 @@ def _round_content(base: str):
     """Round 2's train content of a MimeLite strategy whose (non-zero) statistics come from one real round."""
     s = _strategy(base, beta1=0.7, beta2=0.9, eps=0.05)
     run_sim(s, rounds=1)
-    return s.prepare_round(2, ArrayRecord(model_at().state_dict()), ConfigRecord(), num_sampled=1)
+    return s.prepare_round(2, ArrayRecord(model_at().state_dict()), own_loop_config(), num_sampled=1)
 
 
 def _data():

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 import flower_strategies as fs
 from flower_strategies.core import records as R
 from flower_strategies.core.client import ClientRound, batch_indices, full_gradient_from
 from flower_strategies.methods.localupdate import ThetaHParams, parse_theta
+from flower_strategies.core.loop import own_loop_config
 
 NAMES = sorted(fs.METHODS)
 N, SEED, KEY = 24, 3, 1
@@ -41,7 +42,7 @@ def _round(name: str) -> RecordDict:
         steps = len(parse_theta(hp.theta, hp.theta_steps))
     strategy = spec.build(client_lr=0.05, local_steps=steps, batch_size=8, num_rounds=10,
                           trainable_keys=[n for n, _ in model.named_parameters()])
-    return strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), num_sampled=1)
+    return strategy.prepare_round(1, ArrayRecord(model.state_dict()), own_loop_config(), num_sampled=1)
 
 
 def _plain_loop(name: str, content: RecordDict, stop_after: int | None = None):

@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import ArrayRecord, Context, RecordDict
 from flwr.client import NumPyClient
 from flwr.client import ClientApp as LegacyClientApp
 from flwr.server.compat import start_grid
 
 import flower_strategies as fs
 from flower_strategies.core.policy import RunFailed
+from flower_strategies.core.loop import own_loop_config
 from simulations.engine.inprocess import LoopbackGrid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +107,7 @@ def _message(method: str, model: torch.nn.Module, num_rounds: int = 3, server_ro
     """The train message content the method's strategy sends for ``model``."""
     strategy = fs.get_method(method).build(**settings)
     strategy.num_rounds = num_rounds
-    return strategy.prepare_round(server_round, ArrayRecord(model.state_dict()), ConfigRecord(), 1)
+    return strategy.prepare_round(server_round, ArrayRecord(model.state_dict()), own_loop_config(), 1)
 
 
 def test_server_only_methods_keep_the_apps_own_momentum_sgd(tmp_path):

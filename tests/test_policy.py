@@ -17,6 +17,7 @@ from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError, StrategyConfig
 from flower_strategies.core.registry import parse_run_config
 from flower_strategies.core.rejections import Kind, Rejection
+from flower_strategies.core.loop import own_loop_config
 from simulations.engine.inprocess import LoopbackGrid
 
 INIT = {"w": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)}
@@ -201,7 +202,7 @@ def test_legacy_end_of_run_check_needs_num_rounds():
     for num_rounds, fails in ((None, False), (2, True)):
         legacy = LegacyStrategy(fedavg(max_idle_rounds=0), INIT, num_rounds=num_rounds)
         for rnd in (1, 2):
-            legacy.inner.prepare_round(rnd, R.to_record(INIT), ConfigRecord(), 0)
+            legacy.inner.prepare_round(rnd, R.to_record(INIT), own_loop_config(), 0)
             legacy.aggregate_fit(rnd, [], [])  # no reply at all: nothing updated, but no client error either
             if rnd == 2 and fails:
                 with pytest.raises(policy.RunFailed, match=r"no round of the run updated the model \(2 rounds\)"):

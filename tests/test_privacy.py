@@ -14,6 +14,7 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideFixedClipping,
     DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
+    Strategy,
 )
 from scipy.stats import norm
 
@@ -21,6 +22,7 @@ from client_app.app import app as client_app
 from flower_strategies.core import dpmods, privacy
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError
+from flower_strategies.core.loop import own_loop_config
 from flower_strategies.core.policy import RunFailed
 from flower_strategies.core.registry import METHODS
 from flower_strategies.core.validation import RecordSpec
@@ -73,7 +75,7 @@ def expected_cell(name, component):
     model_only = [s.name for s in strategy.uplink_specs()] == [R.MODEL] and not strategy.downlink(1)
     if component == "local-dp":  # local DP of a model-only reply: the server's math is post-processing
         return "equal" if model_only else "refused"
-    return "equal" if model_only and getattr(strategy, "averages_models", False) else "refused"
+    return "equal" if model_only and strategy.averages_models else "refused"
 
 
 @pytest.mark.parametrize("name", every_method())
@@ -89,10 +91,11 @@ def test_flower_privacy_layer_composes_or_is_refused(name):
                 final_arrays(run, mod=mod)
             if wrap is not None:  # refused at round 1's prepare_round: no round ever ran
                 assert isinstance(info.value, ConfigError) and strategy.history == []
-            # how it was seen (core/privacy.py, no call-stack inspection): a server-side wrapper ran fedadapt's
-            # summary() from its own start(); a client-side one put 'clipping_norm' into the round's config; the
-            # mod refused the multi-record message itself, or rewrote a one-record reply (its CRC no longer matched)
-            seen = {"server": "summary\\(\\) was called outside", "client": "config carries 'clipping_norm'",
+            # how it was seen (core/privacy.py, from the round's config only): a server-side wrapper's start()
+            # handed down a config without fedadapt's own-loop mark; a client-side one put 'clipping_norm' into it;
+            # the mod refused the multi-record message itself, or rewrote a one-record reply (its CRC no longer
+            # matched)
+            seen = {"server": "config lacks 'fedadapt-own-loop'", "client": "config carries 'clipping_norm'",
                     "local": "Flower's DP mods handle model-only messages|a ClientApp mod rewrote the reply's record"}
             assert info.match(seen[component.split("-")[0]]), (component, str(info.value))
             continue
@@ -103,9 +106,10 @@ def test_flower_privacy_layer_composes_or_is_refused(name):
             np.testing.assert_allclose(got[key], baseline[key], rtol=0, atol=1e-10, err_msg=f"{component}:{key}")
 
 
-def test_flower_dp_is_recognised_through_public_signals_only():
-    """No call-stack inspection: the client-side wrappers' config key is Flower's own constant; the strategy's own
-    drivers (start, the app's loops) do not count as a wrapper, a summary() outside them does."""
+def test_flower_dp_is_recognised_from_the_rounds_config_only():
+    """No call-stack inspection and no state: the client-side wrappers' config key is Flower's own constant, a round
+    whose config lacks fedadapt's own-loop mark runs in another loop (a server-side wrapper's); what ran before
+    (summary(), an earlier round, an earlier run) does not count."""
     import inspect
 
     try:  # where Flower keeps it: flwr 1.42 / older 1.2x
@@ -115,25 +119,73 @@ def test_flower_dp_is_recognised_through_public_signals_only():
 
     assert privacy.CLIPPING_NORM_KEY == KEY_CLIPPING_NORM
     assert "_getframe" not in inspect.getsource(privacy) and "f_back" not in inspect.getsource(privacy)
-    strategy = build("fedadam")
-    assert privacy.flower_dp_wrapper(strategy, {}) is None
-    with strategy.driven():
-        strategy.summary()
-    assert not strategy.started_by_another
-    final_arrays(strategy, rounds=1)  # FedAdaptStrategy.start: its own driver
-    assert not strategy.started_by_another and strategy.num_updates == 1
-    assert "clipping_norm" in privacy.flower_dp_wrapper(strategy, {"clipping_norm": 1.0})
-    strategy.summary()  # as a wrapper's start() calls it
-    assert strategy.started_by_another
+    assert privacy.flower_dp_wrapper(own_loop_config()) is None
+    assert "lacks 'fedadapt-own-loop'" in privacy.flower_dp_wrapper(ConfigRecord())
+    assert "clipping_norm" in privacy.flower_dp_wrapper(own_loop_config({"clipping_norm": 1.0}))
+    strategy = build("fedadam", fraction_train=1.0)
     with pytest.raises(ConfigError, match="DifferentialPrivacyServerSide.*native user-level DP"):
-        privacy.refuse_flower_dp(strategy, {})
-    fedavg = build("fedavg")
-    fedavg.summary()
-    privacy.refuse_flower_dp(fedavg, {"clipping_norm": 1.0})  # composes: nothing to refuse
-    other = build("fedadam", fraction_train=1.0)  # a wrapper the user vouches for runs inside driven()
-    with other.driven():
-        final_arrays(DifferentialPrivacyServerSideFixedClipping(other, 0.0, BIG, NODES), rounds=1)
-    assert other.num_updates == 1 and not other.started_by_another
+        privacy.refuse_flower_dp(strategy, ConfigRecord())
+    privacy.refuse_flower_dp(build("fedavg"), {"clipping_norm": 1.0})  # composes: nothing to refuse
+
+    # the reported bug: summary() (a user's log line) and then the strategy's own start() — no wrapper, no refusal
+    strategy.summary()
+    final_arrays(strategy, rounds=1)
+    assert strategy.num_updates == 1
+    # after a refused wrapper run, the same strategy object runs again under its own start()
+    wrapped = build("fedadam", fraction_train=1.0)
+    with pytest.raises(ConfigError, match="lacks 'fedadapt-own-loop'"):
+        final_arrays(DifferentialPrivacyServerSideFixedClipping(wrapped, 0.0, BIG, NODES), rounds=1)
+    assert wrapped.history == []
+    final_arrays(wrapped, rounds=1)
+    assert wrapped.num_updates == 1
+    # the mark is the loop's, not the clients': the train messages carry the same config either way
+    msgs = list(build("fedadam").configure_train(1, synthetic_initial_arrays(), own_loop_config({"x": 1}),
+                                                 NodesGrid(range(1, NODES + 1))))
+    assert R.OWN_LOOP not in msgs[0].content[R.CONFIG] and msgs[0].content[R.CONFIG]["x"] == 1
+
+
+class Logging(Strategy):
+    """A user's own wrapper that is not a DP wrapper: it logs each round and hands everything on unchanged."""
+
+    def __init__(self, inner):
+        self.inner, self.rounds = inner, []
+
+    def summary(self):
+        self.inner.summary()
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.rounds.append(server_round)
+        return self.inner.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        return self.inner.aggregate_train(server_round, replies)
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round, replies):
+        return self.inner.aggregate_evaluate(server_round, replies)
+
+
+def test_a_users_own_wrapper_runs_with_the_own_loop_mark():
+    """A wrapper of the user's own that is not a DP wrapper, started by Flower's Strategy.start with the marked train
+    config: it runs fedadam and gives the unwrapped run's model exactly; without the mark it is refused as a DP
+    wrapper would be (Flower's API shows the wrapped strategy nothing that tells them apart)."""
+    inner = build("fedadam", fraction_train=1.0)
+    wrapper = Logging(inner)
+    grid = LoopbackGrid(client_app, NODES, SYNTH_RC)
+    res = wrapper.start(grid=grid, initial_arrays=synthetic_initial_arrays(), num_rounds=2,
+                        train_config=own_loop_config())
+    assert wrapper.rounds == [1, 2] and inner.num_updates == 2
+    baseline = final_arrays(build("fedadam", fraction_train=1.0))
+    got = R.to_numpy(res.arrays)
+    for key in baseline:
+        assert np.array_equal(got[key], baseline[key]), key
+    unmarked = Logging(build("fedadam", fraction_train=1.0))
+    with pytest.raises(ConfigError, match="wrapper of your own that is not a DP wrapper: start it with "
+                                          "train_config=own_loop_config"):
+        unmarked.start(grid=LoopbackGrid(client_app, NODES, SYNTH_RC), initial_arrays=synthetic_initial_arrays(),
+                       num_rounds=1)
 
 
 def test_client_half_guards_its_reply_against_dp_mods():
@@ -179,7 +231,7 @@ def mocked_round(strategy, server_round, arrays, seed):
     values for statistic records, above the value sent where the record is a running max); returns the new
     arrays."""
     grid = NodesGrid(range(1, NODES + 1))
-    msgs = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+    msgs = list(strategy.configure_train(server_round, arrays, own_loop_config(), grid))
     current = R.to_numpy(arrays)
     rng = np.random.default_rng(seed)
     replies = []
@@ -249,22 +301,25 @@ def test_native_dp_settings_refuse_weighted_or_robust_aggregation():
     with pytest.raises(ConfigError, match="aggregator = mean"):
         build("fedavg", dp_clip=1.0, aggregator="median")
     s = build("fedavg", dp_clip=1.0)
-    assert s.weighting == "uniform" and s.settings.setting("update_norm_ratio") == 0.0  # the clip bounds every reply
+    assert s.weighting == "uniform" and s.settings.update_norm_ratio == 0.0  # the clip bounds every reply
     with pytest.raises(ConfigError, match="max-merges"):
         privacy.check_specs("m", (RecordSpec("v", "max", "params"),))
 
 
 def test_native_dp_decides_only_the_keys_left_to_it_and_an_explicit_conflict_names_both_keys():
     """No silent override: weighting left "default" and update-norm-ratio left unset take DP_PROFILE's values (the
-    settings object keeps what the user gave); an explicit conflicting value is a ConfigError naming both keys."""
+    attributes are the values the run uses; the settings object names the keys a profile decided); an explicit
+    conflicting value is a ConfigError naming both keys."""
     from flower_strategies.core.hparams import DP_PROFILE, StrategyConfig
 
     dp = StrategyConfig(dp_clip=1.0)
-    assert (dp.weighting, dp.update_norm_ratio) == ("default", None)  # what the user gave, unchanged
-    assert {k: dp.setting(k) for k in DP_PROFILE} == {"weighting": "uniform", "update_norm_ratio": 0.0}
+    assert {k: getattr(dp, k) for k in DP_PROFILE} == {"weighting": "uniform", "update_norm_ratio": 0.0}
+    assert set(DP_PROFILE) <= dp.decided_by_profile
     plain = dp.replace(dp_clip=0.0)  # DP off again: the non-DP defaults, nothing left behind
-    assert (plain.setting("weighting"), plain.setting("update_norm_ratio")) == ("default", 100.0)
-    assert StrategyConfig(dp_clip=1.0, weighting="uniform", update_norm_ratio=0.0).setting("update_norm_ratio") == 0
+    assert (plain.weighting, plain.update_norm_ratio) == ("default", 100.0)
+    given = StrategyConfig(dp_clip=1.0, weighting="uniform", update_norm_ratio=0.0)
+    assert given.update_norm_ratio == 0 and not set(DP_PROFILE) & given.decided_by_profile
+    assert given.replace(dp_clip=0.0).weighting == "uniform"  # given, so it stays
     for key, value in (("weighting", "examples"), ("update_norm_ratio", 50.0), ("update_norm_ratio", 100.0)):
         with pytest.raises(ConfigError, match=f"dp-clip = 1.0 conflicts with {key.replace('_', '-')} = {value}"):
             StrategyConfig(dp_clip=1.0, **{key: value})

@@ -20,6 +20,7 @@ import flower_strategies as fs
 from flower_strategies.compat.legacy import TRAIN_CONTRACT, LegacyStrategy, train_result
 from flower_strategies.core.client import RoundLoader, TensorPartition
 from flower_strategies.core.strategy import ClientHalfMissing
+from flower_strategies.core.loop import own_loop_config
 from simulations.engine.inprocess import LoopbackGrid
 from tests.helpers import error_reply, metadata, set_task_identity
 
@@ -45,7 +46,7 @@ class Flat(torch.nn.Module):
 def _content(method: str, model: torch.nn.Module, server_round: int = 1, num_rounds: int = 3, **settings):
     strategy = fs.get_method(method).build(**settings)
     strategy.num_rounds = num_rounds
-    return strategy.prepare_round(server_round, ArrayRecord(model.state_dict()), ConfigRecord(), 1)
+    return strategy.prepare_round(server_round, ArrayRecord(model.state_dict()), own_loop_config(), 1)
 
 
 def _quickstart_loop(net, trainloader, epochs, lr, optimizer=None):
@@ -83,7 +84,7 @@ def test_quickstart_train_dividing_by_len_trainloader_works_for_every_method(met
     assert reply["metrics"]["num-steps"] == len(rnd.loader) and math.isfinite(reply["metrics"]["train-loss"])
     strategy = fs.get_method(method).build(batch_size=8, local_epochs=2)
     strategy.num_rounds = 3
-    strategy.prepare_round(1, ArrayRecord(Flat().state_dict()), ConfigRecord(), 1)
+    strategy.prepare_round(1, ArrayRecord(Flat().state_dict()), own_loop_config(), 1)
     set_task_identity()
     arrays, metrics = strategy.aggregate_train(1, [Message(content=reply, metadata=metadata(1))])
     assert metrics["replies-used"] == 1 and metrics["train-loss"] == pytest.approx(loss)
@@ -159,7 +160,7 @@ def test_legacy_client_accepts_the_quickstart_dict_and_the_server_snippet_runs(m
     from flwr.common import parameters_to_ndarrays
 
     params = legacy.initialize_parameters(None)
-    cfg = legacy.inner.prepare_round(1, ArrayRecord(Flat().state_dict()), ConfigRecord(), 1)
+    cfg = legacy.inner.prepare_round(1, ArrayRecord(Flat().state_dict()), own_loop_config(), 1)
     from flower_strategies.compat.legacy import LAYOUT, pack
 
     arrays, layout = pack({n: fs.core.records.to_numpy(r) for n, r in cfg.array_records.items()})

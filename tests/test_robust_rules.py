@@ -12,6 +12,7 @@ from flower_strategies.core.robust import bucket_means, centered_clip, fltrust_a
     record_aggregate
 from flower_strategies.core.screen import ReplyScreen, ScreenPolicy
 from flower_strategies.core.validation import RecordSpec
+from flower_strategies.core.loop import own_loop_config
 from tests.helpers import reply
 
 CURRENT = {"w": np.zeros(2, np.float64), "n": np.array(3, np.int64)}
@@ -94,15 +95,15 @@ def test_screen_fltrust_gate_rejects_only_and_trust_weights_cover_client_half_re
 
 
 def test_fltrust_without_a_root_set_is_a_config_error_before_anything_is_sent():
-    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.app import ArrayRecord
 
     from flower_strategies.methods.baselines import FedAvg
 
     strategy = FedAvg(aggregator="fltrust")
     with pytest.raises(ConfigError, match="needs the server's own update on a trusted root set: set root-set-size"):
-        strategy.prepare_round(1, ArrayRecord([np.zeros(2, np.float32)]), ConfigRecord(), 5)
+        strategy.prepare_round(1, ArrayRecord([np.zeros(2, np.float32)]), own_loop_config(), 5)
     strategy = FedAvg(aggregator="fltrust")
     strategy.root_update = lambda content: {R.MODEL: {"0": np.ones(2, np.float32)}}
-    strategy.prepare_round(1, ArrayRecord([np.zeros(2, np.float32)]), ConfigRecord(), 5)
+    strategy.prepare_round(1, ArrayRecord([np.zeros(2, np.float32)]), own_loop_config(), 5)
     assert strategy.root is not None
     np.testing.assert_array_equal(strategy.root[R.MODEL]["0"], [1.0, 1.0])

@@ -16,11 +16,11 @@ from flower_strategies.core.rounds import (
 def test_open_take_close_builds_the_history():
     book = RoundBook()
     opened = book.open(3, sampled=4, bytes_down=400)
-    rlog = book.take(3)
-    assert rlog is opened and (rlog.server_round, rlog.sampled, rlog.bytes_down) == (3, 4, 400)
-    assert book.take(4) == RoundLog(4)  # taken once: a later take starts a fresh log
-    book.close(rlog, {"train-loss": 0.5})
-    assert book.history == [rlog] and rlog.train_metrics == {"train-loss": 0.5} and rlog.seconds >= 0.0
+    round_log = book.pop_open_log(3)
+    assert round_log is opened and (round_log.server_round, round_log.sampled, round_log.bytes_down) == (3, 4, 400)
+    assert book.pop_open_log(4) == RoundLog(4)  # popped once: a later pop starts a fresh log
+    book.close(round_log, {"train-loss": 0.5})
+    assert book.history == [round_log] and round_log.train_metrics == {"train-loss": 0.5} and round_log.seconds >= 0.0
 
 
 
@@ -31,7 +31,7 @@ def test_lowest_train_loss_reads_each_round_once_and_follows_a_restored_history(
     assert book.lowest_train_loss() is None
     losses = [None, 2.0, float("nan"), 0.0, 1.5, float("inf"), -1.0, 1.7, 0.9, 3.0]
     for r, loss in enumerate(losses, start=1):
-        book.close(book.take(r), {} if loss is None else {"train-loss": loss})
+        book.close(book.pop_open_log(r), {} if loss is None else {"train-loss": loss})
         finite = [v for v in losses[:r] if v is not None and np.isfinite(v) and v > 0]
         assert book.lowest_train_loss() == (min(finite) if finite else None)
     restored = RoundBook()
@@ -63,9 +63,9 @@ def test_nonfinite_state_names_the_culprit():
 def test_state_dict_round_trip():
     book = RoundBook()
     book.commit(1, {"w": np.zeros(1)}, {})
-    rlog = book.take(1)
-    rlog.rejections.append(Rejection(3, Kind.CLIENT_ERROR, "client error: boom"))
-    book.close(rlog, {"train-loss": 1.0})
+    round_log = book.pop_open_log(1)
+    round_log.rejections.append(Rejection(3, Kind.CLIENT_ERROR, "client error: boom"))
+    book.close(round_log, {"train-loss": 1.0})
     state = book.state_dict()
     assert set(state) == {"num_updates", "history"}
     assert state["history"][0]["rejections"] == [{"node": 3, "kind": "client-error", "detail": "client error: boom"}]
@@ -96,3 +96,25 @@ def test_weighted_mean():
     pairs = [(2.0, 1.0), (5.0, 3.0)]
     assert weighted_mean(pairs, "uniform") == 3.5 and weighted_mean(pairs, "examples") == 4.25
     assert np.isnan(weighted_mean([], "examples"))
+
+
+def test_a_rounds_report_is_its_closed_log_with_an_adapters_notes_joined_at_close():
+    """Readers take RoundBook.report(round); an adapter's findings (SecAgg+'s) join the round's log when it closes,
+    for that round only, and nothing edits the history afterwards."""
+    from flower_strategies.core.rejections import Kind, Rejection
+
+    book = RoundBook()
+    book.open(1, sampled=3)
+    assert book.report(1) is None  # not closed yet
+    found = Rejection(None, Kind.SECURE_AGGREGATE, "secure aggregate of 3 replies rejected: x")
+    book.note(1, rejections=[found], replies_rejected=3, round_metrics={"secagg-used": 3.0})
+    book.note(7, round_metrics={"stale": 1.0})  # another round's note: dropped
+    log = book.pop_open_log(1)
+    log.round_metrics = {"server-lr": 0.5}
+    book.close(log, {"train-loss": 0.5})
+    report = book.report(1)
+    assert report is log and report.rejections == [found] and report.replies_rejected == 3
+    assert report.round_metrics == {"server-lr": 0.5, "secagg-used": 3.0}
+    book.open(2)
+    book.close(book.pop_open_log(2), {})
+    assert book.report(1) is None and book.report(2).rejections == [] and book.report(2).round_metrics == {}

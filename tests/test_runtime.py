@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from simulations.launch import APP_DIR, RunConfigError, build_run_config, launch_sim
-from simulations.launch.flwr_cli import parse_run_config
+from simulations.launch.flwr_cli import parse_run_config_arg
 from simulations.launch.modes import federation_config
 from tests.helpers import our_processes
 
@@ -131,13 +131,13 @@ def test_stop_signals_stop_every_started_process_group(tmp_path, sig):
 # ------------------------------------------------------------------------------------------ run-config keys
 def test_min_node_keys_are_added_only_when_the_user_did_not_set_them():
     defaults = {"min-available-nodes": 4, "min-train-nodes": 2}
-    cfg = parse_run_config(build_run_config("min-train-nodes=3 method='fedadam' fedadam.server-lr=1e-08", APP_DIR,
+    cfg = parse_run_config_arg(build_run_config("min-train-nodes=3 method='fedadam' fedadam.server-lr=1e-08", APP_DIR,
                                             defaults))
     assert cfg == {"min-available-nodes": 4, "min-train-nodes": 3, "method": "fedadam", "fedadam.server-lr": 1e-08}
     both = build_run_config("min-available-nodes=5 min-train-nodes=5", APP_DIR, defaults)
     assert both.count("min-available-nodes") == 1 and both.count("min-train-nodes") == 1
-    assert parse_run_config(both) == {"min-available-nodes": 5, "min-train-nodes": 5}
-    assert parse_run_config(build_run_config(None, APP_DIR, defaults)) == defaults
+    assert parse_run_config_arg(both) == {"min-available-nodes": 5, "min-train-nodes": 5}
+    assert parse_run_config_arg(build_run_config(None, APP_DIR, defaults)) == defaults
     # another app gets only the keys it declares (the PyTorch example declares none of these)
     assert build_run_config(None, APP_DIR / "examples" / "pytorch_app", defaults) == ""
 
@@ -145,7 +145,7 @@ def test_min_node_keys_are_added_only_when_the_user_did_not_set_them():
 def test_a_toml_run_config_file_is_merged_too(tmp_path):
     f = tmp_path / "cfg.toml"
     f.write_text('method = "fedprox"\nmin-train-nodes = 1\n[fedprox]\nmu = 0.1\n')
-    cfg = parse_run_config(build_run_config(str(f), APP_DIR, {"min-available-nodes": 2, "min-train-nodes": 2}))
+    cfg = parse_run_config_arg(build_run_config(str(f), APP_DIR, {"min-available-nodes": 2, "min-train-nodes": 2}))
     assert cfg == {"min-available-nodes": 2, "method": "fedprox", "min-train-nodes": 1, "fedprox.mu": 0.1}
 
 

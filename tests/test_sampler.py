@@ -74,15 +74,15 @@ def test_repeated_draws_reuse_the_order_and_follow_a_new_one():
     assert a.ordered(nodes[:10]) == sorted(nodes[:10], key=lambda n: -order[n])
 
 
-def test_settle_orders_replies_drops_stand_ins_and_marks_silent():
+def test_receive_orders_replies_drops_stand_ins_and_marks_silent():
     s = NodeSampler()
     s.order_nodes({3: 0, 1: 1, 2: 2})
     s.expect([1, 2, 3, 4])
     lost = Message(error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason="expired"), metadata=metadata(2))
-    got = s.settle(1, [reply(1, {}), lost, reply(3, {}), reply(9, {})])
+    got = s.receive(1, [reply(1, {}), lost, reply(3, {}), reply(9, {})])
     assert [m.metadata.src_node_id for m in got] == [3, 1, 9]  # node order, unknown nodes last
     assert set(s.silent_since) == {2, 4}  # the stand-in's node and the node that sent nothing
-    assert s.settle(2, []) == [] and set(s.silent_since) == {2, 4}  # nothing awaited any more
+    assert s.receive(2, []) == [] and set(s.silent_since) == {2, 4}  # nothing awaited any more
 
 
 def test_live_nodes_skips_silent_until_a_new_heartbeat():

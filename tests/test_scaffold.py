@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 import flower_strategies  # noqa: F401
 import flower_strategies.methods.scaffold  # noqa: F401  (registers scaffold)
@@ -21,6 +21,7 @@ from flower_strategies.core.strategy import RoundInputs
 from flower_strategies.methods.scaffold import (
     CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, Scaffold, ScaffoldHParams, ScaffoldOptimizer,
 )
+from flower_strategies.core.loop import own_loop_config
 from tests.helpers import (
     SYNTH_DIM, SYNTH_NODES, SYNTH_RC, SYNTH_X0, assert_same_round, mlp_task, named_randn, plain_loop_round,
     recorded_run,
@@ -176,7 +177,7 @@ def _reply(node, model, dc, n=10, steps=5):
 def test_protocol_mocked_replies():
     s = Scaffold(ScaffoldHParams(), client_lr=0.1, fraction_train=0.5)
     x = np.array([1.0, 1.0])
-    msgs = list(s.configure_train(1, ArrayRecord({"w": Array(x)}), ConfigRecord(), FakeGrid(8)))
+    msgs = list(s.configure_train(1, ArrayRecord({"w": Array(x)}), own_loop_config(), FakeGrid(8)))
     assert len(msgs) == 4 and s.nodes_seen == 8
     c0 = msgs[0].content
     assert set(c0.array_records) == {"arrays", SERVER_CONTROL}
@@ -188,14 +189,14 @@ def test_protocol_mocked_replies():
     np.testing.assert_allclose(arrays["w"].numpy(), [0.5, 0.5])
     np.testing.assert_allclose(s.server_state[SERVER_CONTROL]["w"], [0.5, 0.5])  # (Δc_1 + Δc_2)/8
     assert metrics["num-clients-total"] == 8
-    msgs = list(s.configure_train(2, arrays, ConfigRecord(), FakeGrid(8)))
+    msgs = list(s.configure_train(2, arrays, own_loop_config(), FakeGrid(8)))
     np.testing.assert_allclose(msgs[0].content[SERVER_CONTROL]["w"].numpy(), [0.5, 0.5])
     assert s.history[0].bytes_down == 4 * 2 * x.nbytes  # 2× download per message (x, c)
     # 2× upload per valid reply (y_i, Δc_i); the rejected reply carried only its model
     assert s.history[0].bytes_up == 2 * 2 * x.nbytes + x.nbytes
     # an explicit num-clients wins over the node count
     s2 = Scaffold(ScaffoldHParams(num_clients=100), client_lr=0.1)
-    list(s2.configure_train(1, ArrayRecord({"w": Array(x)}), ConfigRecord(), FakeGrid(3)))
+    list(s2.configure_train(1, ArrayRecord({"w": Array(x)}), own_loop_config(), FakeGrid(3)))
     _, metrics2 = s2.aggregate_train(1, [_reply(1, [0.0, 1.0], [1.0, 2.0]), _reply(2, [1.0, 0.0], [3.0, 2.0])])
     assert metrics2["num-clients-total"] == 100
 

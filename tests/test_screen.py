@@ -53,24 +53,27 @@ def test_defence_profiles_resolve_unset_keys_and_an_explicit_key_wins():
     from flower_strategies.methods.baselines import FedAvg
 
     off = StrategyConfig()
-    assert off.defence == "off" and off.max_weight_ratio is None  # unset: the profile decides
+    assert off.defence == "off" and off.max_weight_ratio == 0.0  # unset: the profile decided
+    assert off.decided_by_profile == {"max_weight_ratio", "update_clip_ratio", "update_cosine_floor", "aggregator",
+                                      "update_norm_ratio"}
     assert ScreenPolicy.from_settings(off, "examples") == ScreenPolicy()  # off = the paper algorithms
     assert ScreenPolicy() == ScreenPolicy(max_weight_ratio=0.0, update_clip_ratio=0.0, update_cosine_floor=-1.0,
                                           aggregator="mean")
     robust = off.replace(defence="robust")
-    assert {k: robust.setting(k) for k in DEFENCES["robust"]} == {
+    assert {k: getattr(robust, k) for k in DEFENCES["robust"]} == {
         "max_weight_ratio": 1.5, "update_clip_ratio": 3.0, "update_cosine_floor": -1.0, "aggregator": "fltrust-gate"}
-    assert robust.replace(max_weight_ratio=0.0).setting("max_weight_ratio") == 0.0  # an explicit key wins
-    assert off.replace(update_clip_ratio=2).setting("update_clip_ratio") == 2.0
+    assert robust.replace(max_weight_ratio=0.0).max_weight_ratio == 0.0  # an explicit key wins
+    assert off.replace(update_clip_ratio=2).update_clip_ratio == 2.0
+    assert off.replace(update_clip_ratio=2).replace(defence="robust").update_clip_ratio == 2.0  # and stays given
     fed, _, _ = parse_run_config({"defence": "robust", "max-weight-ratio": "", "update-clip-ratio": 2.0})
-    assert (fed.setting("max_weight_ratio"), fed.setting("update_clip_ratio")) == (1.5, 2.0)
+    assert (fed.max_weight_ratio, fed.update_clip_ratio) == (1.5, 2.0)
     from server_app.provenance import resolved_config
 
     ran = resolved_config(fed, "fedavg", FedAvg.make_hparams())  # summary.json: the values the run ran with
     assert (ran["defence"], ran["max-weight-ratio"], ran["update-clip-ratio"], ran["aggregator"]) == (
         "robust", 1.5, 2.0, "fltrust-gate")
-    assert FedAvg(defence="robust").settings.setting("aggregator") == "fltrust-gate"
-    assert FedAvg().settings.setting("max_weight_ratio") == 0.0
+    assert FedAvg(defence="robust").settings.aggregator == "fltrust-gate"
+    assert FedAvg().settings.max_weight_ratio == 0.0
     with pytest.raises(Exception, match="defence = 'strong' is not valid; choose one of: off, robust"):
         parse_run_config({"defence": "strong"})
 
@@ -288,7 +291,7 @@ def test_direction_screen_is_refused_with_native_dp():
         StrategyConfig(dp_clip=1.0, update_cosine_floor=0.0)
     with pytest.raises(ConfigError, match="defence = off"):
         StrategyConfig(dp_clip=1.0, defence="robust")
-    assert StrategyConfig(dp_clip=1.0).setting("update_cosine_floor") == -1.0
+    assert StrategyConfig(dp_clip=1.0).update_cosine_floor == -1.0
 
 
 # ------------------------------------------------------------------------------------------ Krum size, sample bounds

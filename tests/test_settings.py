@@ -7,12 +7,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord
 
 import flower_strategies as fs
 from flower_strategies.core import records as R
 from flower_strategies.core.hparams import ConfigError, StrategyConfig
 from flower_strategies.core.registry import build_strategy, strategy_from_run_config
+from flower_strategies.core.loop import own_loop_config
 from tests.helpers import record
 
 
@@ -98,7 +98,7 @@ def test_downlink_is_cast_to_the_model_dtypes_in_the_base():
         def downlink(self, server_round):
             return {"m": {"w": np.ones(3, np.float64)}, "meta": {"count": np.array([2.0], np.float64)}}
 
-    content = Extra().prepare_round(1, record({"w": np.zeros(3, np.float32)}), ConfigRecord(), num_sampled=1)
+    content = Extra().prepare_round(1, record({"w": np.zeros(3, np.float32)}), own_loop_config(), num_sampled=1)
     assert R.to_numpy(content["m"])["w"].dtype == np.float32  # a model key: the model's dtype
     assert R.to_numpy(content["meta"])["count"].dtype == np.float64  # not a model key: as given
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 import flower_strategies as fs
@@ -16,6 +16,7 @@ from flower_strategies.core import records as R
 from flower_strategies.core.client import ClientRound, check_bound
 from flower_strategies.core.hparams import ConfigError
 from flower_strategies.core.registry import parse_run_config, strategy_from_run_config
+from flower_strategies.core.loop import own_loop_config
 
 #: A user's app run-config: its own keys beside fedadapt's.
 APP = {"num-server-rounds": 3, "learning-rate": 0.05, "local-epochs": 1, "batch-size": 32, "output": "m.pt",
@@ -106,7 +107,7 @@ def _round(method: str) -> tuple[ClientRound, Tiny]:
     torch.manual_seed(0)
     model = Tiny()
     strategy = fs.METHODS[method].build()
-    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), 1)
+    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), own_loop_config(), 1)
     return ClientRound(content, state=RecordDict()), model
 
 

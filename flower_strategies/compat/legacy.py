@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from ..core import records as R
 from ..core.client import ClientRound, TensorPartition, mean_loss, num_examples_of, train_reply
 from ..core.ops import NamedArrays
+from ..core.loop import own_loop_config
 from ..core.policy import RunFailed, check_strategy
 from ..core.rounds import mean_reply_metrics
 from ..core.strategy import FedAdaptStrategy
@@ -94,7 +95,7 @@ def _scalars(record: ConfigRecord | MetricRecord) -> dict[str, Scalar]:
 
 
 # ------------------------------------------------------------------------------------------ client
-def _number(value: Any) -> float | None:
+def _real_number(value: Any) -> float | None:
     """``value`` as a float when it is a real number (not a bool) or a one-element tensor/array, else ``None``."""
     if isinstance(value, bool):
         return None
@@ -114,14 +115,14 @@ def train_result(result: Any) -> tuple[float | None, dict[str, float]]:
     a ``TypeError`` naming the contract."""
     if result is None:
         return None, {}
-    loss = _number(result)
+    loss = _real_number(result)
     if loss is not None:
         return loss, {}
     if isinstance(result, Mapping):
         for k, v in result.items():
-            if not isinstance(k, str) or _number(v) is None:
+            if not isinstance(k, str) or _real_number(v) is None:
                 raise TypeError(f"{TRAIN_CONTRACT}; got a dict whose {k!r} entry is a {type(v).__name__}")
-        values = {k: float(_number(v)) for k, v in result.items()}  # type: ignore[arg-type]
+        values = {k: float(_real_number(v)) for k, v in result.items()}  # type: ignore[arg-type]
         key = next((k for k in LOSS_KEYS if k in values), None)
         return (None if key is None else values.pop(key)), values
     raise TypeError(f"{TRAIN_CONTRACT}; got {type(result).__name__}")
@@ -263,7 +264,8 @@ class LegacyStrategy(LegacyBase):
         proxies = client_manager.all()
         by_node = {_node_id(p): p for p in proxies.values()}
         picked = s.sampler.pick(list(by_node), cfg.fraction_train, cfg.min_train_nodes)
-        content = s.prepare_round(server_round, R.to_record(self._arrays(parameters)), ConfigRecord(), len(picked))
+        content = s.prepare_round(server_round, R.to_record(self._arrays(parameters)), own_loop_config(),
+                                  len(picked))
         arrays, layout = pack({name: R.to_numpy(rec) for name, rec in content.array_records.items()})
         config: dict[str, Scalar] = _scalars(content.config_records[R.CONFIG])
         config[LAYOUT] = layout

@@ -50,7 +50,7 @@ CLIPPED = "secagg-clipped"
 #: fixed-point mean of them loses its relative precision (stochastic rounding makes entries of a few levels or
 #: negative), and the adaptive denominator built from it breaks: measured on digits-mlp, 3 nodes, 2 rounds, these
 #: methods fall to 0.09–0.58 in round 2 where the plain run reaches 0.53–0.81 (docs/privacy.md section 4).
-SECOND_MOMENTS = frozenset({"v", "v-hat"})
+SECOND_MOMENT_RECORDS = frozenset({"v", "v-hat"})
 #: What a refused method or setting should use instead.
 INSTEAD = ("run it with secure-aggregation = off (and, for privacy against whoever sees the released model, "
            "fedadapt's native DP: dp-clip / dp-noise-multiplier, docs/privacy.md)")
@@ -69,7 +69,7 @@ def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
     if bad:
         return (f"{name} aggregates the uplink record(s) {', '.join(bad)} by another rule than the example-weighted "
                 f"mean, the only aggregate SecAgg+ computes (n copies of a mean are not a sum); {INSTEAD}")
-    moments = [f"'{r.name}'" for r in strategy.uplink_specs() if r.name in SECOND_MOMENTS]
+    moments = [f"'{r.name}'" for r in strategy.uplink_specs() if r.name in SECOND_MOMENT_RECORDS]
     if moments:
         return (f"{name} sends the second-moment record(s) {', '.join(moments)}, whose entries lie below SecAgg+'s "
                 f"fixed-point resolution (clipping-range / quantization-range): their secure mean loses its relative "
@@ -80,10 +80,10 @@ def secagg_refusal(strategy: FedAdaptStrategy) -> str | None:
     if s.defence != "off":
         return (f"defence = {s.defence} screens, clips and weighs the individual replies, which SecAgg+ hides from "
                 f"the server (every reply it sees is the same average); set defence = off, or {INSTEAD}")
-    needs_replies = {"aggregator": s.setting("aggregator") != "mean",
-                     "update-clip-ratio": s.setting("update_clip_ratio") > 0,
+    needs_replies = {"aggregator": s.aggregator != "mean",
+                     "update-clip-ratio": s.update_clip_ratio > 0,
                      "max-update-norm": s.max_update_norm > 0,
-                     "update-cosine-floor": s.setting("update_cosine_floor") > -1}
+                     "update-cosine-floor": s.update_cosine_floor > -1}
     named = [key for key, on in needs_replies.items() if on]
     if named:
         return (f"{', '.join(named)} need(s) the individual replies, which SecAgg+ hides from the server (every reply "
@@ -104,8 +104,8 @@ def check_secagg(strategy: FedAdaptStrategy) -> None:
     if reason is not None:
         raise ConfigError(f"secure-aggregation = secaggplus: {reason} (docs/privacy.md section 4)")
     s = strategy.settings
-    off = [k for k, v in (("update-norm-ratio", s.setting("update_norm_ratio")),
-                          ("max-weight-ratio", s.setting("max_weight_ratio"))) if v > 0]
+    off = [k for k, v in (("update-norm-ratio", s.update_norm_ratio),
+                          ("max-weight-ratio", s.max_weight_ratio)) if v > 0]
     if off:
         log(INFO, "secure-aggregation: %s switched off (no effect on replies that are all the same average)",
             " and ".join(off))
@@ -141,7 +141,7 @@ class SecAggStrategy(LegacyStrategy):
                  **kwargs: Any) -> None:
         #: The plain path's median-relative bound, kept for the aggregate's norm check (check_secagg switches the
         #: per-reply screen off: every reply the server sees is the same average).
-        self.norm_ratio = float(strategy.settings.setting("update_norm_ratio"))
+        self.norm_ratio = float(strategy.settings.update_norm_ratio)
         check_secagg(strategy)
         super().__init__(strategy, initial_arrays, *args, **kwargs)
         self.clipping_range, self.quantization_range, self.max_weight = clipping_range, quantization_range, max_weight
@@ -167,6 +167,13 @@ class SecAggStrategy(LegacyStrategy):
                 "; ".join(sorted({str(f) for f in failures}))[:300] or "no masked vector", used)
         self._norm = None
         reason = self.check_aggregate(results) if results else None
+        counters = {CLIPPED: float(clipped), "secagg-sampled": float(self.sampled), "secagg-used": float(used),
+                    "secagg-dropped": float(dropped)}
+        # this adapter's findings join the round's log when the wrapped strategy closes it (its round report)
+        rejected = [] if reason is None else [
+            Rejection(None, Kind.SECURE_AGGREGATE, f"secure aggregate of {used} replies rejected: {reason}")]
+        self.inner.rounds.note(server_round, rejections=rejected, replies_rejected=len(rejected) and used,
+                               round_metrics=counters)
         if reason is not None:
             log(WARNING, "secure-aggregation: round %d: the decoded aggregate is rejected: %s", server_round, reason)
             out, metrics = super().aggregate_fit(server_round, [], [])  # no update
@@ -177,19 +184,11 @@ class SecAggStrategy(LegacyStrategy):
                     res.parameters = averaged
             # a dropout is missing, not rejected (Flower lists a failure per protocol stage it missed)
             out, metrics = super().aggregate_fit(server_round, results, [])
-        counters = {CLIPPED: float(clipped), "secagg-sampled": float(self.sampled), "secagg-used": float(used),
-                    "secagg-dropped": float(dropped)}
-        history = self.inner.history
-        if history and history[-1].server_round == server_round:
-            rlog = history[-1]
-            if reason is not None:
-                rlog.replies_rejected = used
-                rlog.rejections.append(Rejection(None, Kind.SECURE_AGGREGATE,
-                                                 f"secure aggregate of {used} replies rejected: {reason}"))
-                metrics["replies-rejected"] = used
-            elif rlog.updated and self._norm is not None:
-                self.update_norms.append(self._norm)
-            rlog.round_metrics.update(counters)
+        report = self.inner.rounds.report(server_round)
+        if reason is not None:
+            metrics["replies-rejected"] = used
+        elif report is not None and report.updated and self._norm is not None:
+            self.update_norms.append(self._norm)
         metrics.update(counters)
         if clipped:
             log(WARNING, "secure-aggregation: round %d: %d reply value(s) beyond ±clipping-range were clipped by "
@@ -259,8 +258,7 @@ class SecAggStrategy(LegacyStrategy):
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """As :meth:`LegacyStrategy.evaluate`; a round in which the workflow halted (too few clients answered one of
         its stages, so ``aggregate_fit`` never ran) first counts as a round whose every reply failed."""
-        history = self.inner.history
-        if server_round > 0 and not (history and history[-1].server_round == server_round):
+        if server_round > 0 and self.inner.rounds.report(server_round) is None:
             reason = "the SecAgg+ protocol halted (too few clients answered one of its stages; see the log)"
             log(WARNING, "secure-aggregation: round %d: %s", server_round, reason)
             super().aggregate_fit(server_round, [], [RuntimeError(reason)])

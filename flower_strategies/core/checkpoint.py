@@ -105,7 +105,7 @@ def encode(
     cls = type(strategy)
     meta = {
         "format": FORMAT, "version": VERSION, "round": int(server_round), "num_rounds": int(num_rounds),
-        "method": getattr(strategy, "method", ""), "strategy_class": f"{cls.__module__}.{cls.__qualname__}",
+        "method": strategy.method, "strategy_class": f"{cls.__module__}.{cls.__qualname__}",
         "run_config": dict(run_config), "metrics_rows": [dict(r) for r in metrics_rows], "app": dict(app or {}),
         "arrays": keys, "strategy_state": state,
     }

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import records as R
-from .hparams import ConfigError
+from .params import ConfigError
 
 #: What a refused combination says to do instead.
 FIX = ("use fedadapt's native user-level DP instead: dp-clip = C > 0 and dp-noise-multiplier = z in the run config "

@@ -1,28 +1,26 @@
-"""Hyper-parameter dataclasses and their run-config parsing/validation.
+"""The run-wide settings every strategy takes (:class:`StrategyConfig`, plain kebab-case run-config keys) and the
+``defence`` / native-DP profiles that resolve the keys left unset.
 
-Every method has a frozen ``<Name>HParams`` dataclass (paper defaults).  Fields map to run-config keys
-``"<method>.<field-with-dashes>"`` (e.g. ``FedAdamHParams.server_lr`` ↔ ``fedadam.server-lr``); shared
-settings live in :class:`FederationConfig` under plain kebab-case keys (``num-server-rounds``).
-
-Validation is declarative: ``param(default, lo=…, hi=…, choices=…, help=…)``.  Errors name the key, the
-bad value and the valid choices/range, and are raised before the first round.
+The hyper-parameter declaration itself (``HParams``, ``param``, ``ConfigError``) is :mod:`.params`, which the
+client half uses too; it is re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
-import math
-import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
+from .params import ConfigError, HParams, client_lr_decay_param, param, to_key, toml_value
 from .robust import AGGREGATORS
 
+__all__ = ["DEFENCES", "DP_PROFILE", "ConfigError", "HParams", "StrategyConfig", "client_lr_decay_param", "param",
+           "to_key", "toml_value"]  # the declaration (.params) re-exported where callers always found it
+
 #: What each ``defence`` profile sets (field: value).  A key given explicitly (not ``None``; ``""`` in a run-config)
-#: overrides its profile's value (:meth:`StrategyConfig.setting`).  ``"off"`` is every method's paper algorithm.
+#: overrides its profile's value (resolved when :class:`StrategyConfig` is built).  ``"off"`` is every method's
+#: paper algorithm.
 DEFENCES: dict[str, dict[str, Any]] = {
     "off": {"max_weight_ratio": 0.0, "update_clip_ratio": 0.0, "update_cosine_floor": -1.0, "aggregator": "mean"},
     "robust": {"max_weight_ratio": 1.5, "update_clip_ratio": 3.0, "update_cosine_floor": -1.0,
@@ -34,229 +32,12 @@ DEFENCE_CHOICES = tuple(DEFENCES)
 #: "default"``, ``update-norm-ratio`` unset): bounded, unweighted contributions, no median-relative rejection (the
 #: clip bounds every reply).  A conflicting explicit value is a :class:`ConfigError` naming both keys.
 DP_PROFILE: dict[str, Any] = {"weighting": "uniform", "update_norm_ratio": 0.0}
-#: ``update-norm-ratio`` left unset without native DP (``StrategyConfig.setting``).
+#: ``update-norm-ratio`` left unset without native DP.
 UPDATE_NORM_RATIO = 100.0
-
-T = TypeVar("T", bound="HParams")
-
-
-class ConfigError(ValueError):
-    """A run-config value is unknown, of the wrong type or out of range."""
-
-
-def param(
-    default: Any,
-    *,
-    lo: float | None = None,
-    hi: float | None = None,
-    lo_open: bool = False,
-    choices: tuple[Any, ...] | None = None,
-    client: bool = False,
-    help: str = "",  # noqa: A002 - mirrors argparse
-) -> Any:
-    """Declare a hyper-parameter with its validation rule and one-line documentation.
-
-    ``client=True`` marks a hyper-parameter of the method's local optimizer: the server sends it in every
-    round's ConfigRecord under the same key as in the run-config (``"<method>.<field-with-dashes>"``), and
-    the optimizer takes it as a keyword argument of the same (snake_case) name and keeps it in its
-    ``param_groups``.  This one declaration is the only place the flag is written.
-    """
-    return field(
-        default=default,
-        metadata={"lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices, "help": help, "client": client},
-    )
-
-
-def client_lr_decay_param(default: float, note: str) -> Any:
-    """Declare a method's ``client_lr_decay`` field (the only way to write it): the strategy base then sends the
-    client learning rate ``client_lr·decay^(round−1)`` (:meth:`FedAdaptStrategy.client_lr_at`,
-    :func:`.ops.decayed_lr`).  ``note``: the method's reference value, appended to the help text."""
-    return param(default, lo=0.0, lo_open=True, hi=1.0, help=f"client lr × this after every round ({note})")
-
-
-def to_key(name: str) -> str:
-    return name.replace("_", "-")
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-_CLIENT_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    """``typing.get_type_hints(cls)``, once per class (it re-evaluates every annotation string on each call, and
-    every local optimizer and hyper-parameter object of every client round needs it)."""
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
-
-
-_KEYS: dict[tuple[type, str | None], dict[str, dataclasses.Field]] = {}
-
-
-def _keys(cls: type, prefix: str | None) -> dict[str, dataclasses.Field]:
-    """``{run-config key: field}`` of a hyper-parameter class, once per class and prefix (a dataclass's fields are
-    fixed; every run-config parse and every registered method's defaults read them)."""
-    keys = _KEYS.get((cls, prefix))
-    if keys is None:
-        pre = f"{prefix}." if prefix else ""
-        keys = _KEYS[cls, prefix] = {pre + to_key(f.name): f for f in dataclasses.fields(cls)}
-    return keys
-
-
-def _client_fields(cls: type) -> tuple[str, ...]:
-    names = _CLIENT_FIELDS.get(cls)
-    if names is None:
-        names = _CLIENT_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("client"))
-    return names
-
-
-@dataclass(frozen=True)
-class HParams:
-    """Base class: frozen, validated on construction, buildable from a run-config."""
-
-    def __post_init__(self) -> None:
-        hints = _hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            _check(type(self).__name__ + "." + f.name, value, hints[f.name], f.metadata)
-
-    @classmethod
-    def keys(cls, prefix: str | None) -> dict[str, dataclasses.Field]:
-        return dict(_keys(cls, prefix))
-
-    @classmethod
-    def defaults(cls, prefix: str | None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Run-config defaults (``None`` is written as ``""``: TOML has no null); ``overrides`` by field name."""
-        over = overrides or {}
-        vals = {k: over.get(f.name, f.default) for k, f in _keys(cls, prefix).items()}
-        return {k: ("" if v is None else v) for k, v in vals.items()}
-
-    @classmethod
-    def from_run_config(
-        cls: type[T], config: Mapping[str, Any], prefix: str | None, overrides: Mapping[str, Any] | None = None
-    ) -> T:
-        """Build from the keys of ``config`` that belong to this dataclass (others are ignored); fields absent
-        from ``config`` take ``overrides`` (an alias's defaults, by field name), then the declared default."""
-        hints = _hints(cls)
-        kwargs: dict[str, Any] = dict(overrides or {})
-        for key, f in _keys(cls, prefix).items():
-            if key in config:
-                kwargs[f.name] = _coerce(key, config[key], hints[f.name], f.metadata)
-        try:
-            return cls(**kwargs)
-        except ConfigError as err:  # re-raise with the run-config key instead of the field name
-            raise ConfigError(_rename(str(err), cls, prefix)) from None
-
-    @classmethod
-    def client_fields(cls) -> tuple[str, ...]:
-        """Names of the fields declared with ``client=True`` (the local optimizer's hyper-parameters)."""
-        return _client_fields(cls)
-
-    def client_values(self) -> dict[str, Any]:
-        """``{field: value}`` of the client fields (the optimizer's keyword arguments)."""
-        return {name: getattr(self, name) for name in self.client_fields()}
-
-    def to_wire(self, prefix: str) -> dict[str, Any]:
-        """The client fields as ConfigRecord entries ``"<prefix>.<field-with-dashes>"`` (``None`` is not sent)."""
-        return {f"{prefix}.{to_key(k)}": v for k, v in self.client_values().items() if v is not None}
-
-    @classmethod
-    def client_kwargs_from_wire(cls, config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-        """Inverse of :meth:`to_wire`: the optimizer's keyword arguments found in a round's ConfigRecord."""
-        hints = _hints(cls)
-        fields = cls.__dataclass_fields__
-        out: dict[str, Any] = {}
-        for name in cls.client_fields():
-            key = f"{prefix}.{to_key(name)}"
-            if key in config:
-                out[name] = _coerce(key, config[key], hints[name], fields[name].metadata)
-        return out
-
-    def replace(self: T, **changes: Any) -> T:
-        """A copy with ``changes`` applied (validated); unknown names raise :class:`ConfigError`.  Without changes,
-        ``self`` (frozen, and validated when it was built)."""
-        if not changes:
-            return self
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise ConfigError(f"{type(self).__name__} has no field(s) {unknown}; fields: {', '.join(sorted(names))}")
-        return dataclasses.replace(self, **changes)
-
-
-def _rename(msg: str, cls: type, prefix: str | None) -> str:
-    for f in dataclasses.fields(cls):
-        msg = msg.replace(f"{cls.__name__}.{f.name}", (f"{prefix}." if prefix else "") + to_key(f.name))
-    return msg
-
-
-def toml_value(value: Any) -> str:
-    """``value`` as a TOML literal: the project's one TOML writer (run-config tables; ``--run-config`` strings,
-    simulations/launch/flwr_cli.py)."""
-    import json
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-@functools.cache
-def _optional(tp: Any) -> bool:
-    return type(None) in typing.get_args(tp)
-
-
-@functools.cache
-def _base_type(tp: Any) -> type:
-    if tp in (int, float, bool, str):
-        return tp
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if len(args) == 1 and args[0] in (int, float, bool, str):
-        return args[0]
-    raise TypeError(f"unsupported hyper-parameter type {tp!r}")
-
-
-def _coerce(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
-    base = _base_type(tp)
-    if value is None or (_optional(tp) and value == ""):  # run-configs cannot hold None: "" means "not set"
-        value = None
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if base is bool and isinstance(value, str) and value.lower() in ("true", "false"):
-        value = value.lower() == "true"
-    _check(key, value, tp, meta)
-    return value
-
-
-def _check(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
-    base = _base_type(tp)
-    if value is None:
-        if _optional(tp):
-            return
-        raise ConfigError(f"{name} must be {base.__name__}, got None")
-    ok_type = isinstance(value, base) and not (base is not bool and isinstance(value, bool))
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        ok_type = True
-    if not ok_type:
-        raise ConfigError(f"{name} must be {base.__name__}, got {type(value).__name__} {value!r}")
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"{name} = {value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
-    if base in (int, float):
-        if base is float and not math.isfinite(value):
-            raise ConfigError(f"{name} must be finite, got {value!r}")
-        lo, hi = meta.get("lo"), meta.get("hi")
-        if lo is not None and (value < lo or (meta.get("lo_open") and value == lo)):
-            op = ">" if meta.get("lo_open") else ">="
-            upper = f" and <= {hi}" if hi is not None else ""
-            raise ConfigError(f"{name} = {value!r} is out of range; must be {op} {lo}{upper}")
-        if hi is not None and value > hi:
-            raise ConfigError(f"{name} = {value!r} is out of range; must be <= {hi}")
-
+#: The keys a profile may decide, and the value that leaves each unset (``""`` in a run-config for ``None``):
+#: :class:`StrategyConfig` resolves them on construction.
+UNSET: dict[str, Any] = {"weighting": "default", "update_norm_ratio": None, "max_weight_ratio": None,
+                         "update_clip_ratio": None, "update_cosine_floor": None, "aggregator": None}
 
 # --------------------------------------------------------------------------------------------------
 # Settings every strategy takes (plain kebab-case run-config keys)
@@ -313,15 +94,15 @@ class StrategyConfig(HParams):
     )
     fraction_evaluate: float = param(0.0, lo=0.0, hi=1.0, help="fraction of nodes asked for client-side evaluation")
     weighting: str = param(
-        "default", choices=("default", "examples", "uniform"),
+        "default", choices=("default", "examples", "uniform"), profile=True,
         help="client weights of means; default = the method's paper (uniform with native DP, dp-clip > 0)",
     )
     max_update_norm: float = param(
         0.0, lo=0.0,
         help="reject replies whose update norm exceeds this absolute bound (0 = off)",
     )
-    update_norm_ratio: float | None = param(
-        None, lo=0.0,
+    update_norm_ratio: float = param(
+        None, lo=0.0, profile=True,
         help="reject replies whose update norm exceeds this multiple of the round's median (0 = off; honest "
              "training stays far below 100); empty = 100, or 0 with native DP (dp-clip > 0: the clip bounds every "
              "reply)",
@@ -334,25 +115,25 @@ class StrategyConfig(HParams):
              "update-clip-ratio 3, max-weight-ratio 1.5; docs/robustness.md). The four keys below override it when "
              "set",
     )
-    max_weight_ratio: float | None = param(
-        None, lo=0.0,
+    max_weight_ratio: float = param(
+        None, lo=0.0, profile=True,
         help="clip each reply's num-examples weight (and, in epochs mode, its num-steps) at this multiple of the "
              "round's median; empty = the defence profile's (off: 0 = exact n_k weighting; robust: 1.5)",
     )
-    update_clip_ratio: float | None = param(
-        None, lo=0.0,
+    update_clip_ratio: float = param(
+        None, lo=0.0, profile=True,
         help="scale each reply's update (and every other uplink record) back onto this multiple of the round's "
              "median norm of that record (needs ≥ 3 replies; 0 = off); empty = the defence profile's (off: 0; "
              "robust: 3)",
     )
-    update_cosine_floor: float | None = param(
-        None, lo=-1.0, hi=1.0,
+    update_cosine_floor: float = param(
+        None, lo=-1.0, hi=1.0, profile=True,
         help="reject a reply whose model update has a cosine below this with the round's robust centre (the mean of "
              "the updates, each scaled down onto the round's median norm; needs ≥ 3 replies; -1 = off); empty = the "
              "defence profile's (-1 in both)",
     )
-    aggregator: str | None = param(
-        None, choices=AGGREGATORS,
+    aggregator: str = param(
+        None, choices=AGGREGATORS, profile=True,
         help="mean = the method's own rule; median / trimmed-mean = coordinate-wise robust aggregation of every "
              "mean-rule record (O(N·model) memory); centered-clip / bucketing = centered clipping around the last "
              "round's update, of the replies / of means of random pairs; krum / multi-krum = use only the "
@@ -393,30 +174,42 @@ class StrategyConfig(HParams):
     )
     dp_delta: float = param(1e-5, lo=0.0, hi=1.0, lo_open=True, help="δ of the ε reported per round (native DP)")
 
-    def setting(self, name: str) -> Any:
-        """The value field ``name`` runs with: its own, or, for a key left for a profile to decide, the profile's
-        value: with native DP (``dp-clip > 0``) :data:`DP_PROFILE`'s (``weighting = "default"``, ``update-norm-ratio``
-        unset), else the ``defence`` profile's (:data:`DEFENCES`; ``update-norm-ratio``: :data:`UPDATE_NORM_RATIO`).
-        ``weighting = "default"`` without DP stays ``"default"``: the method's own (``FedAdaptStrategy.weighting``)."""
-        value = getattr(self, name)
-        unset = value is None or (name == "weighting" and value == "default")
-        if unset and self.dp_clip > 0 and name in DP_PROFILE:
+    def _profile_value(self, name: str) -> Any:
+        """What a key left unset runs with: with native DP (``dp-clip > 0``) :data:`DP_PROFILE`'s (``weighting``,
+        ``update-norm-ratio``), else the ``defence`` profile's (:data:`DEFENCES`; ``update-norm-ratio``:
+        :data:`UPDATE_NORM_RATIO`).  ``weighting`` without DP stays ``"default"``: the method's own, which only the
+        strategy knows (``FedAdaptStrategy.weighting``)."""
+        if self.dp_clip > 0 and name in DP_PROFILE:
             return DP_PROFILE[name]
-        if value is None and name in DEFENCES[self.defence]:
+        if name in DEFENCES[self.defence]:
             return DEFENCES[self.defence][name]
-        if value is None and name == "update_norm_ratio":
-            return UPDATE_NORM_RATIO
-        return value
+        return UPDATE_NORM_RATIO if name == "update_norm_ratio" else UNSET[name]
+
+    def replace(self, **changes: Any) -> StrategyConfig:
+        """A validated copy with ``changes``; a key a profile decided stays unset, so that the copy's profiles
+        decide it again (``replace(defence="robust")`` changes ``aggregator`` unless it was given)."""
+        if not changes:
+            return self
+        return super().replace(**{**{name: UNSET[name] for name in self.decided_by_profile}, **changes})
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # Settings resolved once: a key left unset (UNSET) takes its profile's value here, so that every reader
+        # reads the attribute (``settings.aggregator``) and gets the value the run uses.
+        decided = [name for name, unset in UNSET.items() if getattr(self, name) == unset
+                   and self._profile_value(name) != unset]
+        for name in decided:
+            object.__setattr__(self, name, self._profile_value(name))
+        #: The keys a profile decided (left unset): :meth:`replace` leaves them to the copy's profiles.
+        self.decided_by_profile: frozenset[str]
+        object.__setattr__(self, "decided_by_profile", frozenset(decided))
         if self.dp_clip > 0:  # native DP (core/privacy.py): bounded, unweighted contributions
             conflicts = [f"{key} = {value}" for key, value, ok in (
                 ("weighting", self.weighting, self.weighting != "examples"),
                 ("update-norm-ratio", self.update_norm_ratio, not self.update_norm_ratio),
-                ("aggregator", self.setting("aggregator"), self.setting("aggregator") == "mean"),
-                ("update-clip-ratio", self.setting("update_clip_ratio"), self.setting("update_clip_ratio") <= 0),
-                ("update-cosine-floor", self.setting("update_cosine_floor"), self.setting("update_cosine_floor") <= -1),
+                ("aggregator", self.aggregator, self.aggregator == "mean"),
+                ("update-clip-ratio", self.update_clip_ratio, self.update_clip_ratio <= 0),
+                ("update-cosine-floor", self.update_cosine_floor, self.update_cosine_floor <= -1),
             ) if not ok]
             if conflicts:
                 raise ConfigError(f"dp-clip = {self.dp_clip} conflicts with {', '.join(conflicts)}: native DP needs "

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from .hparams import ConfigError, HParams, param
+from .params import ConfigError, HParams, param
 
 Named = dict[str, Tensor]
 NamedRecords = Mapping[str, Mapping[str, Tensor]]
@@ -318,8 +318,9 @@ def has_client_half(optimizer: type[LocalOptimizer], client_values: Mapping[str,
     return optimizer is not SGDOptimizer or any(bool(v) for v in client_values.values())
 
 
-#: The local optimizers a round's ``local-optimizer`` may name, by class name: :class:`SGDOptimizer` and every
-#: registered method's (:func:`~flower_strategies.core.registry.register` adds it with :func:`add_local_optimizer`).
+#: The local optimizers a round's ``local-optimizer`` may name, by class name: :class:`SGDOptimizer`, every built-in
+#: method's (:mod:`flower_strategies.optimizers`, the client half) and every registered method's
+#: (:func:`~flower_strategies.core.registry.register` adds it with :func:`add_local_optimizer`).
 LOCAL_OPTIMIZERS: dict[str, type[LocalOptimizer]] = {SGDOptimizer.__name__: SGDOptimizer}
 
 

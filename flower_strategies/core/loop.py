@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
 from logging import INFO
 from typing import Any, Protocol
 
@@ -22,16 +21,15 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from . import records as R
 from .policy import Checked, check_strategy
 
 
 class Looped(Checked, Protocol):
     """What the loop drives (:class:`~.strategy.FedAdaptStrategy`): Flower's four strategy steps, plus the run's
-    length, its settings summary and :meth:`~.strategy.FedAdaptStrategy.driven`."""
+    length and its settings summary."""
 
     num_rounds: int | None
-
-    def driven(self) -> AbstractContextManager[None]: ...
 
     def summary(self) -> None: ...
 
@@ -45,6 +43,15 @@ class Looped(Checked, Protocol):
                            grid: Grid) -> Iterable[Message]: ...
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None: ...
+
+
+def own_loop_config(config: Mapping[str, Any] | None = None) -> ConfigRecord:
+    """A copy of ``config`` marked as handed to ``configure_train`` by a fedadapt round loop (:data:`.records.
+    OWN_LOOP`): every round of :func:`run_rounds` and of the legacy adapter carries the mark, a round run by Flower's
+    ``Strategy.start`` of a wrapper does not (:func:`.privacy.flower_dp_wrapper`).  A wrapper of your own that is not a
+    DP wrapper passes ``train_config=own_loop_config()`` to its ``start()``; a loop of your own hands
+    ``configure_train`` ``own_loop_config(config)``."""
+    return ConfigRecord({**(config or {}), R.OWN_LOOP: True})
 
 
 def exchange(grid: Grid, messages: Iterable[Message], timeout: float, interval: float = 0.0) -> list[Message]:
@@ -97,8 +104,7 @@ def run_rounds(
         raise ValueError(f"start_round must be >= 1, got {start_round}")
     strategy.num_rounds = int(num_rounds)
     log(INFO, "Starting %s strategy at round %d of %d", type(strategy).__name__, start_round, num_rounds)
-    with strategy.driven():  # fedadapt's own driver (core/privacy.py: summary() outside it means a wrapper)
-        strategy.summary()
+    strategy.summary()
     result = Result()
     t_start = time.time()
     if evaluate_fn and start_round == 1:
@@ -109,7 +115,7 @@ def run_rounds(
     for current_round in range(start_round, num_rounds + 1):
         log(INFO, "")
         log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
-        config = ConfigRecord({**(train_config or {}), **(round_config(current_round) if round_config else {})})
+        config = own_loop_config({**(train_config or {}), **(round_config(current_round) if round_config else {})})
         replies = exchange(grid, strategy.configure_train(current_round, arrays, config, grid), timeout, poll_interval)
         if on_train_replies is not None:
             on_train_replies(current_round, replies)

@@ -133,7 +133,7 @@ def _finite(flat: np.ndarray) -> bool:
     return bool(np.isfinite(flat.min()) and np.isfinite(flat.max()))
 
 
-def owned(arr: np.ndarray | None, like: np.ndarray) -> bool:
+def writable_like(arr: np.ndarray | None, like: np.ndarray) -> bool:
     """Whether ``arr`` can take an in-place result for ``like``: a writable contiguous array of its shape and dtype."""
     return (arr is not None and isinstance(arr, np.ndarray) and arr.flags.writeable and arr.flags.c_contiguous
             and arr.shape == np.shape(like) and arr.dtype == dtype_of(like))

@@ -115,19 +115,20 @@ def check_progress(history: Sequence[RoundLog], max_idle_rounds: int, *, final: 
                         f"{last.server_round}: {what_happened(last)}")
 
 
-def what_happened(rlog: RoundLog) -> str:
-    """Why round ``rlog`` updated nothing, in words: its rejections with their first reasons, the sampled nodes
+def what_happened(round_log: RoundLog) -> str:
+    """Why round ``round_log`` updated nothing, in words: its rejections with their first reasons, the sampled nodes
     that sent no reply, and replies that were used without an update."""
     parts = []
-    if rlog.replies_rejected:
-        parts.append(f"{rlog.replies_rejected} replies rejected ({'; '.join(map(str, rlog.rejections[:QUOTED]))})")
-    missing = rlog.sampled - rlog.replies_used - rlog.replies_rejected
+    rejected, used, sampled = round_log.replies_rejected, round_log.replies_used, round_log.sampled
+    if rejected:
+        parts.append(f"{rejected} replies rejected ({'; '.join(map(str, round_log.rejections[:QUOTED]))})")
+    missing = sampled - used - rejected
     if missing > 0:
-        parts.append(f"{missing} of {rlog.sampled} sampled nodes sent no reply (lost, or too slow for round-timeout)")
-    if rlog.replies_used:
-        parts.append(f"{rlog.replies_used} valid replies but no model update (fewer than min-replies, or the server "
+        parts.append(f"{missing} of {sampled} sampled nodes sent no reply (lost, or too slow for round-timeout)")
+    if used:
+        parts.append(f"{used} valid replies but no model update (fewer than min-replies, or the server "
                      f"update was not finite; see the round's warnings)")
-    return "; ".join(parts) or f"no reply arrived ({rlog.sampled} nodes sampled)"
+    return "; ".join(parts) or f"no reply arrived ({sampled} nodes sampled)"
 
 
 def check_strategy(strategy: Checked, *, final: bool = False) -> None:

@@ -67,14 +67,13 @@ _SERVER_WRAPPERS = "DifferentialPrivacyServerSide{Fixed,Adaptive}Clipping"
 
 class Wrapped(Protocol):
     """What the rules for Flower's DP wrappers read of a strategy (:class:`~.strategy.FedAdaptStrategy`): its method,
-    uplink and downlink, and whether another strategy's ``start()`` runs it.  A strategy whose new model is the mean
-    of the replies also says so (``averages_models``, read where present)."""
+    uplink and downlink, and whether its new model is the mean of the replies (``averages_models``)."""
 
     @property
     def method(self) -> str: ...
 
     @property
-    def started_by_another(self) -> bool: ...
+    def averages_models(self) -> bool: ...
 
     def uplink_specs(self) -> Sequence[RecordSpec]: ...
 
@@ -87,21 +86,23 @@ def composes_with_flower_dp(strategy: Wrapped) -> bool:
     plain server step), so that clipping each reply and noising the output is the DP-FedAvg mechanism."""
     specs = strategy.uplink_specs()
     model_only = len(specs) == 1 and specs[0].name == R.MODEL and specs[0].keys == "model"
-    return model_only and bool(getattr(strategy, "averages_models", False)) and not strategy.downlink(1)
+    return model_only and strategy.averages_models and not strategy.downlink(1)
 
 
-def flower_dp_wrapper(strategy: Wrapped, config: Mapping[str, Any]) -> str | None:
-    """Which of Flower's DP wrappers drives ``strategy`` this round, from what it can observe through Flower's public
-    API: a client-side clipping wrapper puts :data:`CLIPPING_NORM_KEY` into the ``config`` it hands the wrapped
-    strategy's ``configure_train``; a server-side wrapper's ``start()`` (Flower's ``Strategy.start``) calls the wrapped
-    strategy's ``summary()``, and fedadapt's own drivers call it only under :meth:`~.strategy.FedAdaptStrategy.driven`
-    (``strategy.started_by_another``).  ``None`` when neither is seen."""
+def flower_dp_wrapper(config: Mapping[str, Any]) -> str | None:
+    """Which of Flower's DP wrappers may drive this round, from the ``config`` the round hands ``configure_train``
+    (nothing else, nothing kept between rounds): a client-side clipping wrapper puts :data:`CLIPPING_NORM_KEY` into
+    it; a server-side wrapper hands on the config its ``start()`` (Flower's ``Strategy.start``) got, without the mark
+    fedadapt's own loops set (:data:`.records.OWN_LOOP`, :func:`.loop.own_loop_config`).  Flower's public API shows
+    the wrapped strategy nothing that tells a server-side DP wrapper from any other wrapper, so a round without the
+    mark counts as one.  ``None``: a fedadapt loop runs the round."""
     if CLIPPING_NORM_KEY in config:
         return f"{CLIENT_WRAPPERS} (the round's config carries '{CLIPPING_NORM_KEY}')"
-    if strategy.started_by_another:
-        return (f"{_SERVER_WRAPPERS} (another strategy's start() ran this one: its summary() was called outside "
-                f"fedadapt's own start(); a strategy wrapper does that — one that is not a DP wrapper runs inside "
-                f"`with strategy.driven(): wrapper.start(...)`)")
+    if not config.get(R.OWN_LOOP, False):
+        return (f"{_SERVER_WRAPPERS} (the round's config lacks '{R.OWN_LOOP}', the mark of fedadapt's own loops: "
+                f"another loop runs this strategy, such as Flower's Strategy.start of a wrapper. A wrapper of your "
+                f"own that is not a DP wrapper: start it with train_config=own_loop_config() "
+                f"(flower_strategies.core.loop); a loop of your own: hand configure_train own_loop_config(config))")
     return None
 
 
@@ -111,7 +112,7 @@ def refuse_flower_dp(strategy: Wrapped, config: Mapping[str, Any]) -> None:
     not be right for it."""
     if composes_with_flower_dp(strategy):
         return
-    wrapper = flower_dp_wrapper(strategy, config)
+    wrapper = flower_dp_wrapper(config)
     if wrapper is None:
         return
     raise ConfigError(
@@ -119,10 +120,6 @@ def refuse_flower_dp(strategy: Wrapped, config: Mapping[str, Any]) -> None:
         f"ArrayRecord of a reply as if it were the model and adds noise to the new model, but "
         f"'{strategy.method}' sends {[s.name for s in strategy.uplink_specs()]} and keeps server state built from "
         f"the replies (only FedAvg/FedProx with server-opt sgd and server-lr 1 compose). Fix: {FIX}")
-
-
-
-
 
 
 def rewritten_reply_reason(content: Any, info: Mapping[str, Any]) -> Rejection | None:

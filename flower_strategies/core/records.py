@@ -26,7 +26,7 @@ from logging import INFO
 from typing import Any, TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, MetricRecord, RecordDict
 from flwr.common import log
 
 MODEL = "arrays"
@@ -60,11 +60,26 @@ LOCAL_OPTIMIZER = "local-optimizer"
 LOSS_BEFORE = "loss-before"
 FULL_GRADIENT = "full-gradient"
 
+#: Train-config key set by fedadapt's own round loops on the config they hand ``configure_train``
+#: (:func:`.loop.own_loop_config`); not sent to clients.  A round whose config lacks it runs in another loop, e.g.
+#: Flower's ``Strategy.start`` of a wrapper such as a DP wrapper (:func:`.privacy.flower_dp_wrapper`).
+OWN_LOOP = "fedadapt-own-loop"
+
 # Reply ConfigRecord naming the method whose client half produced the reply (``{"method": name}``).
 REPLY_INFO = "fedadapt"
 
 # Prefix of client persistent state in ``Context.state``.
 STATE_PREFIX = "fedadapt."
+
+
+def train_content(model: ArrayRecord, extras: Mapping[str, Mapping[str, np.ndarray]], config: ConfigRecord,
+                  ) -> RecordDict:
+    """A train message's content: the model (:data:`MODEL`), the named downlink extras, the round's
+    ConfigRecord (:data:`CONFIG`).  An extra named like one of the two is a ValueError."""
+    clash = set(extras) & {MODEL, CONFIG}
+    if clash:
+        raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
+    return RecordDict({MODEL: model, **{k: to_record(v) for k, v in extras.items()}, CONFIG: config})
 
 
 def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -415,8 +430,51 @@ def _array_nbytes(arr: Array) -> int:
     return len(arr.data) if isinstance(arr.data, bytes) else 0
 
 
+# ------------------------------------------------------------------ a message's id
+# Flower's Metadata has no public setter for ``message_id``: the SuperLink and Flower's own grids write the private
+# field ``__dict__["_message_id"]``, and the in-process grids (simulations/engine/grid.py) do what they do.  Public
+# twin: Metadata's constructor run again on the same object with every other field as it is.  The import probe
+# (:func:`_message_id_path`) checks that the private write gives exactly what the twin gives; if not, the twin.
+
+
+def _write_message_id(metadata: Metadata, message_id: str) -> None:
+    """Private: the field Flower's own grids write."""
+    metadata.__dict__["_message_id"] = message_id
+
+
+def _construct_message_id(metadata: Metadata, message_id: str) -> None:
+    """Public twin of :func:`_write_message_id`: the constructor again, every other field kept."""
+    md = metadata
+    Metadata.__init__(md, run_id=md.run_id, message_id=message_id, src_node_id=md.src_node_id,
+                      dst_node_id=md.dst_node_id, reply_to_message_id=md.reply_to_message_id, group_id=md.group_id,
+                      created_at=md.created_at, ttl=md.ttl, message_type=md.message_type, src_task_id=md.src_task_id,
+                      dst_task_id=md.dst_task_id)
+
+
+def _message_id_path() -> tuple[bool, str | None]:
+    """``(private write matches, why not)``: the write and the twin give the same fields and ``message_id`` on a
+    sample Metadata of this Flower (never raises)."""
+    try:
+        ours, theirs = (Metadata(run_id=3, message_id="", src_node_id=0, dst_node_id=5, reply_to_message_id="",
+                                 group_id="g", created_at=1.5, ttl=60.0, message_type="train") for _ in range(2))
+        _write_message_id(ours, "m-1")
+        _construct_message_id(theirs, "m-1")
+        if ours.message_id == "m-1" and vars(ours) == vars(theirs):
+            return True, None
+        return False, "writing Metadata's '_message_id' does not give what its constructor gives"
+    except Exception as err:  # noqa: BLE001  # a different layout or signature means: take the other path
+        return False, f"{type(err).__name__}: {err}"
+
+
+def set_message_id(message: Message, message_id: str) -> None:
+    """Give ``message`` the id a SuperLink gives a pushed message (its replies then name it in
+    ``reply_to_message_id``): the private write where the import probe found it matches, else the public twin."""
+    (_write_message_id if MESSAGE_ID_WRITE else _construct_message_id)(message.metadata, message_id)
+
+
 FAST_PATH_FAILURE = _fast_path_matches()
 FAST = FAST_PATH_FAILURE is None
+MESSAGE_ID_WRITE, MESSAGE_ID_WRITE_FAILURE = _message_id_path()
 if not FAST:
     log(INFO, "fedadapt: Flower's record internals differ from flwr 1.42's (%s); using the public Array/record API",
         FAST_PATH_FAILURE)

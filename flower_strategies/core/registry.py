@@ -267,3 +267,81 @@ def config_lines(method: str) -> str:
     lines = [f"# fedadapt: {spec.name} ({spec.summary})", f'method = "{spec.name}"']
     lines += [f"{k} = {toml_value(v)}" for k, v in spec.defaults().items()]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the built-in methods
+# Registered here, where METHODS is defined, so that it is complete whoever reads it and however fedadapt was
+# imported (the method modules import nothing of this module; a plug-in method calls register() itself).
+from ..methods import (  # noqa: E402
+    baselines, fedcm, fedda, fedlada, fedlamb, fedlocal, localupdate, mimelite, scaffold,
+)
+
+# baselines.py
+_BASELINES_REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021"
+register(baselines.FedAvg, paper="McMahan et al., AISTATS 2017", summary="local SGD + (weighted) model averaging")
+register(baselines.FedAvgM, paper="Hsu et al., 2019", summary="FedAvg + server heavy-ball momentum")
+register(baselines.FedAdagrad, paper=_BASELINES_REDDI, summary="local SGD + server AdaGrad")
+register(baselines.FedAdam, paper=_BASELINES_REDDI, summary="local SGD + server Adam")
+register(baselines.FedYogi, paper=_BASELINES_REDDI, summary="local SGD + server Yogi")
+register(baselines.FedProx, paper="Li et al., MLSys 2020", summary="local SGD with proximal term + FedAvg")
+# fedlocal.py
+_FEDLOCAL_PAPER = (
+    "Wang, Xu, Garrett, Charles, Liu, Joshi: Local Adaptivity in Federated Learning: Convergence and Consistency, 2021"
+)
+register(
+    fedlocal.FedLocal, paper=_FEDLOCAL_PAPER,
+    summary="restarted local SGD/SGDM/AdaGrad/Adam/Yogi + none/local/joint correction + FedOpt server",
+)
+register(
+    fedlocal.FedLocalSync, paper=_FEDLOCAL_PAPER,
+    summary="FedLocal with server-averaged client optimizer states (paper's comparison; extra communication)",
+)
+# fedda.py
+_FEDDA_PAPER = "Jin et al., Accelerated Federated Learning with Decoupled Adaptive Optimization, ICML 2022"
+register(fedda.FedDA, paper=_FEDDA_PAPER,
+         summary="local SGD + decoupled global momentum; server SGDM/Adam/AdaGrad (fedda.variant)")
+register(fedda.FedDASGDM, paper=_FEDDA_PAPER, summary="FedDA with server SGDM (Algorithm 1)")
+register(fedda.FedDAAdam, paper=_FEDDA_PAPER, summary="FedDA with server Adam on the recovered gradient (Algorithm 2)")
+register(fedda.FedDAAdagrad, paper=_FEDDA_PAPER,
+         summary="FedDA with server AdaGrad on the recovered gradient (Algorithm 2)")
+# fedlada.py
+_FEDLADA_PAPER = (
+    "Sun et al., Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear Speedup, 2023"
+)
+register(fedlada.FedLADA, paper=_FEDLADA_PAPER, summary="local AMSGrad amended by the global offset g_a + averaged v̂")
+register(fedlada.FedLADA, name="localadam", amend_weight=1.0, paper=_FEDLADA_PAPER,
+         summary="FedLADA with α = 1: local AMSGrad + model/v̂ averaging")
+# fedcm.py
+register(
+    fedcm.FedCM,
+    paper="Xu et al., FedCM: Federated Learning with Client-level Momentum, 2021 (baseline of paper 002)",
+    summary="local SGD on α·g + (1−α)·Δ_t (broadcast global update) + model averaging",
+)
+# scaffold.py
+register(
+    scaffold.Scaffold,
+    paper="Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020",
+    summary="SGD corrected by control variates (option II, persistent c_i) + model averaging",
+)
+# localupdate.py
+_LOCALUPDATE_PAPER = "Charles & Konečný, On the Outsized Importance of Learning Rates in Local Update Methods, 2020"
+register(localupdate.LocalUpdate, paper=_LOCALUPDATE_PAPER,
+         summary="clients upload Θ-weighted sums of local gradients; server step η (or FedOpt) on their mean")
+register(localupdate.LocalUpdateDecay, paper=_LOCALUPDATE_PAPER,
+         summary="LocalUpdate + decay of client/server lr on training-loss plateaus (window, patience, cooldown)")
+# fedlamb.py
+_FEDLAMB_PAPER = "Karimi, Li, Li: FED-LAMB: Layer-wise and Dimension-wise Locally Adaptive Optimization (2021)"
+register(fedlamb.FedLAMB, paper=_FEDLAMB_PAPER,
+         summary="local AMSGrad + LAMB trust ratio; model averaging + max-merged v̂")
+register(fedlamb.FedAMS, paper="Chen et al. 2020, as used in " + _FEDLAMB_PAPER,
+         summary="local AMSGrad; model averaging + max-merged v̂")
+register(fedlamb.AdpFed, paper="Reddi et al. 2021, as written in " + _FEDLAMB_PAPER,
+         summary="FedAdam with paper 004's settings (v₀ = 0, β2 = 0.999)")
+# mimelite.py
+register(
+    mimelite.MimeLite,
+    paper="Karimireddy et al., Mime: Mimicking Centralized Stochastic Algorithms in Federated Learning, ICLR 2021",
+    summary=(
+        "local steps with frozen server optimizer statistics; server averages models, updates stats with full gradients"
+    ),
+)

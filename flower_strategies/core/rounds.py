@@ -64,7 +64,8 @@ class RoundInputs:
     server_round: int
     current: NamedArrays
     #: The round's aggregated uplink records: fresh buffers owned by this round, which ``server_update`` may reuse
-    #: (e.g. :func:`.ops.pseudo_gradient` writes ``D̄`` into the mean model's arrays).
+    #: (e.g. SCAFFOLD writes ``c + Σ Δc_i / N`` into the round's ``Σ Δc_i`` arrays, FedLADA's per-client offset
+    #: divides the ``delta-per-step`` record's arrays in place).
     aggregates: Mapping[str, NamedArrays]
     #: Metrics of each valid reply (``num-examples``, ``num-steps``, ``train-loss-before``, …, ``node-id``).
     reply_metrics: tuple[Mapping[str, Any], ...]
@@ -92,7 +93,7 @@ def weighted_mean(values: Sequence[tuple[float, float]], weighting: str) -> floa
     return float(sum(v * n for v, n in values) / total)
 
 
-def _finite(value: object) -> bool:
+def _finite_number(value: object) -> bool:
     """Whether ``value`` is a finite int/float (not a bool)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
@@ -107,7 +108,7 @@ def robust_mean(values: Sequence[tuple[Any, float]], weighting: str = "examples"
     with left out: non-numbers and NaN/Inf, and with 3 or more values any value above ``METRIC_OUTLIER_RATIO`` ×
     max(1, the lower median of the values' magnitudes); ``None`` when nothing is left.  With nothing left out it
     equals :func:`weighted_mean` bit for bit."""
-    pairs = [(float(v), float(n)) for v, n in values if _finite(v)]
+    pairs = [(float(v), float(n)) for v, n in values if _finite_number(v)]
     if len(pairs) >= 3:
         scale = max(1.0, lower_median([abs(v) for v, _ in pairs]))
         pairs = [(v, n) for v, n in pairs if abs(v) <= METRIC_OUTLIER_RATIO * scale]
@@ -125,12 +126,12 @@ def mean_reply_metrics(reply_metrics: Sequence[Mapping[str, Any]]) -> dict[str, 
     One reply cannot poison a metric (:func:`robust_mean`): NaN/Inf values are left out, and with 3 or more values
     so is any value above ``METRIC_OUTLIER_RATIO`` × max(1, the lower median of the values' magnitudes) (e.g. a
     train-loss of 1e300).  A reply without a finite positive ``num-examples`` is left out altogether."""
-    usable = [m for m in reply_metrics if _finite(m.get(R.NUM_EXAMPLES)) and float(m[R.NUM_EXAMPLES]) > 0]
+    usable = [m for m in reply_metrics if _finite_number(m.get(R.NUM_EXAMPLES)) and float(m[R.NUM_EXAMPLES]) > 0]
     values: dict[str, list[tuple[float, float]]] = {}
     for m in usable:
         n = float(m[R.NUM_EXAMPLES])
         for key, value in m.items():
-            if key not in NOT_AVERAGED and _finite(value):
+            if key not in NOT_AVERAGED and _finite_number(value):
                 values.setdefault(key, []).append((float(value), n))
     out: dict[str, float] = {}
     for key, pairs in values.items():
@@ -154,15 +155,15 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
       ``train-loss`` of an earlier round (:meth:`RoundBook.lowest_train_loss`; ``None``: no earlier round has one).
 
     ``round_mean``: the round's metric means (:func:`mean_reply_metrics`: non-finite values and outliers left out)."""
-    bad = [m for m in reply_metrics if R.TRAIN_LOSS in m and not _finite(m[R.TRAIN_LOSS])]
+    bad = [m for m in reply_metrics if R.TRAIN_LOSS in m and not _finite_number(m[R.TRAIN_LOSS])]
     if bad:
         return f"{len(bad)} of {len(reply_metrics)} clients reported a non-finite train loss"
-    if not _finite(round_mean.get(R.TRAIN_LOSS)):
+    if not _finite_number(round_mean.get(R.TRAIN_LOSS)):
         return None
     mean = float(round_mean[R.TRAIN_LOSS])
     if lowest is None:
         for key in (R.TRAIN_LOSS_BEFORE, FIRST_BATCH_LOSS):
-            start = float(round_mean[key]) if _finite(round_mean.get(key)) else 0.0
+            start = float(round_mean[key]) if _finite_number(round_mean.get(key)) else 0.0
             if start > 0 and mean > LOSS_RISE_RATIO * start:
                 return (f"the clients' mean train loss {mean:.4g} is {mean / start:.3g} × the loss they started "
                         f"from ({key} {start:.4g}): local training made the initial model worse")
@@ -170,6 +171,23 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
         return (f"the clients' mean train loss {mean:.4g} is {mean / lowest:.3g} × the lowest of the earlier "
                 f"rounds ({lowest:.4g})")
     return None
+
+
+def warn_divergence(server_round: int, why: str | None, nonfinite: Sequence[Rejection], client_lr: float,
+                    server_lr: Any, method: str) -> None:
+    """A warning naming the learning rates when the clients' training loss explodes (``why``: :func:`loss_alarm`)
+    or replies were rejected for NaN/Inf values (``nonfinite``: the round's :attr:`.rejections.Kind.NONFINITE`
+    rejections): a run that goes on would otherwise "complete" at chance.  ``server_lr``: the method's
+    ``server_lr`` hyper-parameter, when it has one."""
+    if why is None and nonfinite:
+        why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
+    if why is None:
+        return
+    lrs = f"client lr {client_lr:g} (run-config client-lr, or your app's name for it)"
+    if isinstance(server_lr, (int, float)):
+        lrs += f", server lr {server_lr:g} ({method}.server-lr)"
+    log(WARNING, "Round %d: training is diverging: %s. The learning rate is likely too high: %s; try it ÷10 "
+        "(docs/plugin.md: client-lr factors)", server_round, why, lrs)
 
 
 def nonfinite_state(state: Mapping[str, Any]) -> str | None:
@@ -187,14 +205,17 @@ def nonfinite_state(state: Mapping[str, Any]) -> str | None:
 class RoundBook:
     """Round accounting across a run: the open round's :class:`RoundLog`, the history and the update counter.
 
-    ``open`` (when the round's train messages are built) → ``take`` (when its replies arrive) → ``commit`` (finite
-    check of the server update) → ``close`` (the log joins :attr:`history`)."""
+    ``open`` (when the round's train messages are built) → ``pop_open_log`` (when its replies arrive) → ``commit``
+    (finite check of the server update) → ``close`` (the log joins :attr:`history`).  Whoever reads a round's
+    outcome reads its :meth:`report`; an adapter around the strategy adds its own findings with :meth:`note`
+    before the round closes, never by editing the history."""
 
     def __init__(self) -> None:
         self.history: list[RoundLog] = []
         #: Server updates committed so far (the server optimizer's step counter).
         self.num_updates = 0
         self._open: RoundLog | None = None
+        self._notes: list[tuple[int, list[Rejection], int, dict[str, float]]] = []
         self._t0 = 0.0
         #: (rounds of :attr:`history` read, the lowest mean train loss among them) for :meth:`lowest_train_loss`.
         self._lowest: tuple[int, float | None] = (0, None)
@@ -205,11 +226,11 @@ class RoundBook:
         self._open = RoundLog(server_round, sampled=sampled, bytes_down=bytes_down)
         return self._open
 
-    def take(self, server_round: int) -> RoundLog:
+    def pop_open_log(self, server_round: int) -> RoundLog:
         """The open round's log (a fresh one when no round was opened, e.g. replies without a configure step)."""
-        rlog = self._open or RoundLog(server_round)
+        round_log = self._open or RoundLog(server_round)
         self._open = None
-        return rlog
+        return round_log
 
     def commit(self, server_round: int, new: NamedArrays, state: Mapping[str, Any]) -> bool:
         """Whether the server update's ``new`` arrays and ``state`` are all finite (then it counts as an update);
@@ -228,15 +249,33 @@ class RoundBook:
         read, low = self._lowest if self._lowest[0] <= len(self.history) else (0, None)
         for h in self.history[read:]:
             value = h.train_metrics.get(R.TRAIN_LOSS)
-            if _finite(value) and 0 < float(cast(float, value)) < (math.inf if low is None else low):
+            if _finite_number(value) and 0 < float(cast(float, value)) < (math.inf if low is None else low):
                 low = float(cast(float, value))
         self._lowest = (len(self.history), low)
         return low
 
-    def close(self, rlog: RoundLog, train_metrics: dict[str, float]) -> None:
-        rlog.train_metrics = train_metrics
-        rlog.seconds = time.monotonic() - self._t0
-        self.history.append(rlog)
+    def note(self, server_round: int, *, rejections: Sequence[Rejection] = (), replies_rejected: int = 0,
+             round_metrics: Mapping[str, float] | None = None) -> None:
+        """An adapter's findings about ``server_round`` (e.g. SecAgg+: the decoded aggregate of ``replies_rejected``
+        replies rejected, its counters), joined to the round's log when it closes."""
+        self._notes.append((server_round, list(rejections), replies_rejected, dict(round_metrics or {})))
+
+    def close(self, round_log: RoundLog, train_metrics: dict[str, float]) -> None:
+        round_log.train_metrics = train_metrics
+        round_log.seconds = time.monotonic() - self._t0
+        for server_round, rejections, rejected, round_metrics in self._notes:
+            if server_round == round_log.server_round:
+                round_log.rejections += rejections
+                round_log.replies_rejected += rejected
+                round_log.round_metrics.update(round_metrics)
+        self._notes.clear()
+        self.history.append(round_log)
+
+    def report(self, server_round: int) -> RoundLog | None:
+        """The closed log of ``server_round`` (its report: replies, bytes, rejections, round metrics), or ``None``
+        when that round has not closed (yet)."""
+        last = self.history[-1] if self.history else None
+        return last if last is not None and last.server_round == server_round else None
 
     def state_dict(self) -> dict[str, Any]:
         history = [{**dataclasses.asdict(h), "rejections": [r.to_state() for r in h.rejections]} for h in self.history]

@@ -122,7 +122,7 @@ class NodeSampler:
         """The nodes a round's messages went to (a node among them without a reply becomes silent)."""
         self._awaiting = list(nodes)
 
-    def settle(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+    def receive(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """The replies in :attr:`node_order` (float sums depend on the fold order), less the SuperLink's stand-ins
         for nodes that never answered (they count as missing); the awaited nodes without a real reply are marked
         silent (:meth:`live_nodes`)."""

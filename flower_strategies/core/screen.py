@@ -87,7 +87,7 @@ class ScreenPolicy:
     def from_settings(cls, settings: Any, weighting: str) -> ScreenPolicy:
         """The policy of a :class:`~flower_strategies.core.hparams.StrategyConfig` (``weighting`` resolved)."""
         names = [f.name for f in dataclasses.fields(cls) if f.name != "weighting"]
-        return cls(weighting=weighting, **{name: settings.setting(name) for name in names})
+        return cls(weighting=weighting, **{name: getattr(settings, name) for name in names})
 
     def rule(self, spec: RecordSpec) -> str:
         """The aggregation rule of ``spec`` under this policy."""

@@ -35,10 +35,9 @@ import numpy as np
 
 from .ops import NamedArrays, dtype_of
 
-SERVER_OPTIMIZERS = ("sgd", "sgdm", "adagrad", "adam", "yogi")
-BIAS_CORRECTIONS = ("none", "adam", "flower")
+from ..optimizers.baselines import BIAS_CORRECTIONS, SERVER_OPTIMIZERS  # the names hyper-parameters validate
 
-ServerState = dict[str, NamedArrays]
+OptimizerState = dict[str, NamedArrays]
 
 
 @dataclass(frozen=True)
@@ -69,9 +68,9 @@ class ServerOptimizer:
     def v0(self) -> float:
         return self.tau**2 if self.initial_v is None else float(self.initial_v)
 
-    def init(self, params: Mapping[str, np.ndarray]) -> ServerState:
+    def init(self, params: Mapping[str, np.ndarray]) -> OptimizerState:
         """Zero momentum (``m_t``) and ``v_t = v₀`` for every key of ``params``, in each parameter's dtype."""
-        state: ServerState = {}
+        state: OptimizerState = {}
         if self.kind == "sgd":
             return state
         state["m_t"] = {k: np.zeros(np.shape(p), dtype=dtype_of(p)) for k, p in params.items()}
@@ -89,17 +88,17 @@ class ServerOptimizer:
         self,
         params: Mapping[str, np.ndarray],
         pseudo_grad: Mapping[str, np.ndarray],
-        state: ServerState,
+        state: OptimizerState,
         *,
         step: int,
         server_round: int,
-    ) -> tuple[NamedArrays, ServerState]:
+    ) -> tuple[NamedArrays, OptimizerState]:
         """Return ``(new_params, new_state)`` in new arrays (inputs untouched; the strategy base commits them only
         when every value is finite)."""
         lr_s = float(self.effective_lr(step, server_round))
         b1, b2, tau = self.beta1, self.beta2, self.tau
         new_params: NamedArrays = {}
-        new_state: ServerState = {name: {} for name in state}
+        new_state: OptimizerState = {name: {} for name in state}
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for k, x in params.items():
                 d = np.asarray(pseudo_grad[k], dtype_of(x))

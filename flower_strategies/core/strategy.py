@@ -1,30 +1,18 @@
 """The shared Message-API strategy every fedadapt method subclasses.
 
-A method writes only its math, through five hooks (none of them touches Flower messages):
-
-* :meth:`~FedAdaptStrategy.uplink_specs` — the records every train reply must carry and their aggregation rule;
-* :meth:`~FedAdaptStrategy.init_server_state` — the server state before round 1 (``{name: arrays or scalar}``);
-* :meth:`~FedAdaptStrategy.downlink` — named extra arrays sent with the model (read from the server state);
-* :meth:`~FedAdaptStrategy.client_config` — per-round client values beyond the declared client hyper-parameters;
-* :meth:`~FedAdaptStrategy.server_update` — ``(RoundInputs, state) → (arrays, state, round metrics)``.
-
-The base wires four parts around them, each usable and tested on its own:
-
-* :class:`.sampler.NodeSampler` — live nodes (heartbeats), the seeded draw, node order, silent nodes;
-* :class:`.binding.ReplyBinder` — each reply bound to its round: stale, oversized and replayed replies rejected;
-* :class:`.screen.ReplyScreen` — client half, reply validation, weight clipping, norm screening, robust selection,
-  then one aggregation of the kept replies (:func:`.aggregation.aggregate`);
-* :class:`.rounds.RoundBook` — round logs and history, the finite check before a commit, the update counter.
-
-Memory and the in-place update contract: see :meth:`~FedAdaptStrategy.server_update`.  Everything a resumed run
-needs is in :meth:`~FedAdaptStrategy.state_dict` (data only: arrays, numbers, strings).
-"""
+A method writes only its math, through the hooks of :attr:`FedAdaptStrategy.method_hooks` (none of them touches
+Flower messages; the main one, :meth:`~FedAdaptStrategy.server_update`, maps ``(RoundInputs, state)`` to ``(arrays,
+state, round metrics)``), and declares :attr:`FedAdaptStrategy.method_contract` (docs/extending.md).  The base wires
+four parts around them, each usable and tested on its own: :class:`.sampler.NodeSampler` (live nodes, the seeded
+draw, node order, silent nodes), :class:`.binding.ReplyBinder` (each reply bound to its round: stale, oversized and
+replayed replies rejected), :class:`.screen.ReplyScreen` (client half, reply validation, weight clipping, norm
+screening, robust selection, then one aggregation of the kept replies) and :class:`.rounds.RoundBook` (round logs
+and history, the finite check before a commit, the update counter).  A resumed run needs only
+:meth:`~FedAdaptStrategy.state_dict` (data: arrays, numbers, strings)."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from logging import ERROR, INFO, WARNING
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -37,63 +25,62 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from . import records as R
 from .binding import ReplyBinder
+from .evaluation import aggregate_evaluation, evaluate_messages
 from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer, has_client_half
 from .loop import run_rounds
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers
 from .policy import RunFailed
 from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
-from .rejections import Kind, Rejection
-from .robust import TRUST_RULES, VECTOR_RULES, TooFewReplies, byzantine_count, check_replies
-from .rootset import RootUpdate, root_records
+from .rejections import Kind
+from .references import centre_reference, check_sample_size, root_reference
+from .rootset import RootUpdate
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
-                     weighted_mean)
+                     warn_divergence, weighted_mean)
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
+from .strategy_settings import SETTINGS, point_to_settings, strategy_settings
 from .validation import RecordSpec
 
 __all__ = ["ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState",
            "cast_like", "weighted_mean"]
-
-#: The settings a strategy takes as keyword arguments (``FedAvg(client_lr=0.1)``) and reads as ``self.settings.x``;
-#: ``method`` is the class's registry name and ``weighting`` resolves ``"default"`` to the method's own (see
-#: :attr:`FedAdaptStrategy.weighting`).
-SETTINGS = frozenset(f.name for f in dataclasses.fields(StrategyConfig)) - {"method", "num_server_rounds"}
-
 
 class FedAdaptStrategy(Strategy):
     """Base class of all fedadapt strategies (Message API, ``flwr.serverapp.strategy``).
 
     ``FedLADA(FedLADA.make_hparams(amend_weight=0.05), client_lr=0.01, fraction_train=0.5, seed=0)``
 
-    Parameters
-    ----------
-    hparams
-        The method's frozen hyper-parameter dataclass (paper defaults when omitted).
-    settings
-        The run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig` or an app's extension of it,
-        documented as the run-config keys), kept as :attr:`settings` and read there (``self.settings.client_lr``;
-        a key left unset for a profile to decide, e.g. ``aggregator``, through :meth:`.StrategyConfig.setting`).
-        A change is an explicit, validated copy: ``s.settings = s.settings.replace(max_update_norm=5.0)``.
-    overrides
-        Settings fields by name, applied to ``settings`` (default ``StrategyConfig()``) in one validated replace.
-    trainable_keys
-        Keys of the global arrays that are trainable parameters.  Server optimizers act only on these (and only if
-        floating point); other floating arrays (e.g. BatchNorm statistics) are averaged and integer arrays keep the
-        server's value.  ``None`` = every floating-point array.  (A property of the model, not a run-config key.)
-    min_evaluate_nodes
-        Minimum nodes of client-side evaluation (``fraction_evaluate`` > 0; Flower's own default 1).
-    num_rounds
-        Total rounds (round-dependent schedules; ``None`` = unknown): set by :meth:`start` or ``num-server-rounds``.
-    method
-        Registry name sent to clients (default: the class's); aliases pass their own name.
+    * ``hparams``: the method's frozen hyper-parameter dataclass (paper defaults when omitted);
+    * ``settings``: the run-wide settings (:class:`~flower_strategies.core.hparams.StrategyConfig` or an app's
+      extension of it), kept as :attr:`settings` and read there (``self.settings.client_lr``, and a key a profile
+      decided the same way: resolved once); a change is an explicit, validated copy
+      (``s.settings = s.settings.replace(max_update_norm=5.0)``); ``**overrides``: settings fields by name, applied
+      to ``settings`` (default ``StrategyConfig()``) in one validated replace;
+    * ``trainable_keys``: the keys of the trainable parameters (a property of the model, not a run-config key).
+      Server optimizers act only on these (if floating point); other floating arrays (e.g. BatchNorm statistics)
+      are averaged, integer arrays keep the server's value.  ``None`` = every floating-point array;
+    * ``min_evaluate_nodes``: the fewest nodes of client-side evaluation (Flower's own default 1);
+    * ``num_rounds``: total rounds (``None`` = unknown), set by :meth:`start` or ``num-server-rounds``;
+    * ``method``: the registry name sent to clients (default: the class's); an alias passes its own.
     """
 
+    #: The method contract: what a method class declares besides its hooks, each declared (and documented) here
+    #: and read as an attribute wherever it is needed, never probed; docs/extending.md lists the same names.
+    method_contract: ClassVar[tuple[str, ...]] = (
+        "method", "hparams_class", "local_optimizer", "default_weighting", "needs_train_loss_before",
+        "accepts_zero_client_lr", "hparam_defaults", "averages_models")
+    #: The hooks a method writes (its math; none of them touches Flower messages).
+    method_hooks: ClassVar[tuple[str, ...]] = (
+        "uplink_specs", "init_server_state", "downlink", "client_config", "client_lr_at", "server_update")
     #: Registry name; sent to clients so that the generic ClientApp picks the matching local optimizer.
     method: ClassVar[str] = ""
+    #: The method's frozen hyper-parameter declaration (:mod:`flower_strategies.optimizers`): its fields are the
+    #: ``<method>.<key>`` run-config keys; those declared ``client=True`` are the local optimizer's.
     hparams_class: ClassVar[type[HParams]] = HParams
     #: The client half: the local optimizer the ClientApp builds for this method.
     local_optimizer: ClassVar[type[LocalOptimizer]] = SGDOptimizer
+    #: ``"examples"`` or ``"uniform"``: the client weights of the method's paper, used when ``weighting`` is left
+    #: ``"default"`` (:attr:`weighting`).
     default_weighting: ClassVar[str] = "examples"
     #: Whether :meth:`server_update` reads the clients' ``train-loss-before`` metric (the app then asks clients for it).
     needs_train_loss_before: ClassVar[bool] = False
@@ -102,10 +89,6 @@ class FedAdaptStrategy(Strategy):
     #: Hyper-parameter defaults of this class (and its registry name) that differ from :attr:`hparams_class`'s
     #: declaration, by field name: an alias class's (``FedAdam``: ``{"server_opt": "adam", "server_lr": 0.01}``).
     hparam_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
-    #: Set when :meth:`summary` runs outside :meth:`driven`: another strategy's ``start()`` (a wrapper's, e.g. one
-    #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
-    started_by_another: bool = False
-    _driving: int = 0
     _root_update: RootUpdate | None = None
 
     @property
@@ -147,34 +130,25 @@ class FedAdaptStrategy(Strategy):
                             f"{type(fn).__name__}")
         self._root_update = fn
 
+    @property
+    def averages_models(self) -> bool:
+        """Whether the new model is the (weighted) mean of the replies' models and nothing else is uploaded or kept
+        (FedAvg / FedProx with the plain server step): only then do Flower's DP wrappers compose with it."""
+        return False
+
     @classmethod
     def make_hparams(cls, **changes: Any) -> HParams:
-        """This class's hyper-parameters: the declaration's defaults, then :attr:`hparam_defaults`, then
-        ``changes``."""
+        """This class's hyper-parameters: the declaration's defaults, then :attr:`hparam_defaults`, then ``changes``."""
         return cls.hparams_class(**{**cls.hparam_defaults, **changes})
 
-    def __init__(
-        self,
-        hparams: HParams | None = None,
-        *,
-        settings: StrategyConfig | None = None,
-        trainable_keys: Iterable[str] | None = None,
-        min_evaluate_nodes: int = 1,
-        num_rounds: int | None = None,
-        method: str | None = None,
-        **overrides: Any,
-    ) -> None:
+    def __init__(self, hparams: HParams | None = None, *, settings: StrategyConfig | None = None,
+                 trainable_keys: Iterable[str] | None = None, min_evaluate_nodes: int = 1,
+                 num_rounds: int | None = None, method: str | None = None, **overrides: Any) -> None:
         self.hparams = hparams if hparams is not None else self.make_hparams()
         if not isinstance(self.hparams, self.hparams_class):
             raise TypeError(f"{type(self).__name__} needs {self.hparams_class.__name__}, got {self.hparams!r}")
-        unknown = sorted(set(overrides) - SETTINGS)
-        if unknown:
-            raise TypeError(f"{type(self).__name__}() got unknown setting(s) {unknown}; "
-                            f"settings: {', '.join(sorted(SETTINGS))}")
-        if "weighting" in overrides and overrides["weighting"] is None:
-            overrides["weighting"] = "default"
-        base = settings if settings is not None else StrategyConfig(method=method or self.method or "fedavg")
-        self.settings: StrategyConfig = base.replace(**overrides) if overrides else base
+        self.settings: StrategyConfig = strategy_settings(type(self).__name__, settings,
+                                                          method or self.method or "fedavg", overrides)
         if method is not None:
             self.method = method  # type: ignore[misc]  # an alias's registry name
         if self.settings.client_lr == 0 and not self.accepts_zero_client_lr:
@@ -194,10 +168,9 @@ class FedAdaptStrategy(Strategy):
 
     @property
     def weighting(self) -> str:
-        """``"examples"`` or ``"uniform"``: the settings' ``weighting`` (:meth:`.StrategyConfig.setting`: native DP's
-        when left ``"default"``), else (``"default"``) the method's own, :attr:`default_weighting`."""
-        weighting = self.settings.setting("weighting")
-        return self.default_weighting if weighting == "default" else weighting
+        """``"examples"`` or ``"uniform"``: the settings' ``weighting`` (already native DP's when DP is on), else
+        (``"default"``) the method's own, :attr:`default_weighting`."""
+        return self.default_weighting if self.settings.weighting == "default" else self.settings.weighting
 
     # the parts' state, under the names callers use
     nodes_seen = property(lambda self: self.sampler.nodes_seen)
@@ -245,19 +218,14 @@ class FedAdaptStrategy(Strategy):
     merge_buffers = staticmethod(merge_buffers)
 
     def round_config(self, server_round: int) -> dict[str, Any]:
-        """The round's ConfigRecord entries: plan + declared client hyper-parameters + :meth:`client_config`."""
-        s = self.settings
-        cfg: dict[str, Any] = {R.METHOD: self.method, R.CLIENT_LR: self.client_lr_at(server_round),
-                               R.LOCAL_EPOCHS: s.local_epochs, R.LOCAL_STEPS: s.local_steps, R.BATCH_SIZE: s.batch_size}
-        # what the client half must know (core/client/wire.py), so that a client imports no server-side module
-        cfg.update({R.CLIENT_HALF: self.needs_client_half, R.LOCAL_OPTIMIZER: self.local_optimizer.__name__,
-                    R.LOSS_BEFORE: self.needs_train_loss_before,
-                    R.FULL_GRADIENT: self.local_optimizer.needs_full_gradient})
-        if s.loss_before_max_examples > 0:
-            cfg[R.LOSS_BEFORE_MAX] = s.loss_before_max_examples
-        cfg.update(self.hparams.to_wire(self.method))
-        cfg.update(self.client_config(server_round))
-        return cfg
+        """The round's ConfigRecord entries: the plan, what the client half must know (core/client/wire.py: so that
+        a client imports no server-side module), the declared client hyper-parameters, :meth:`client_config`."""
+        s, opt, before_max = self.settings, self.local_optimizer, self.settings.loss_before_max_examples
+        return {R.METHOD: self.method, R.CLIENT_LR: self.client_lr_at(server_round), R.LOCAL_EPOCHS: s.local_epochs,
+                R.LOCAL_STEPS: s.local_steps, R.BATCH_SIZE: s.batch_size, R.CLIENT_HALF: self.needs_client_half,
+                R.LOCAL_OPTIMIZER: opt.__name__, R.LOSS_BEFORE: self.needs_train_loss_before,
+                R.FULL_GRADIENT: opt.needs_full_gradient, **({R.LOSS_BEFORE_MAX: before_max} if before_max > 0 else {}),
+                **self.hparams.to_wire(self.method), **self.client_config(server_round)}
 
     def log_settings(self) -> list[str]:
         return [f"{k} = {v}" for k, v in vars(self.hparams).items()]
@@ -280,8 +248,6 @@ class FedAdaptStrategy(Strategy):
 
     # ------------------------------------------------------------------ Strategy API
     def summary(self) -> None:
-        if not self._driving:  # Flower's Strategy.start of a wrapper calls the wrapped strategy's summary()
-            self.started_by_another = True
         s = self.settings
         log(INFO, "\t├──> %s (%s) settings:", type(self).__name__, self.method)
         for line in self.log_settings():
@@ -295,22 +261,11 @@ class FedAdaptStrategy(Strategy):
         """Flower's ``Strategy.start`` (same arguments, same loop), run by fedadapt's one round loop
         (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and raised)."""
         try:
-            with self.driven():
-                return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
-                                  train_config=train_config, evaluate_config=evaluate_config)
+            return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
+                              train_config=train_config, evaluate_config=evaluate_config)
         except RunFailed as err:
             log(ERROR, "fedadapt: run FAILED: %s", err)
             raise
-
-    @contextmanager
-    def driven(self) -> Iterator[None]:
-        """fedadapt's own drivers (:meth:`start`, the app's round loops) run the strategy inside this: a
-        :meth:`summary` outside it came from another strategy's ``start()`` (:attr:`started_by_another`)."""
-        self._driving += 1
-        try:
-            yield
-        finally:
-            self._driving -= 1
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -322,122 +277,70 @@ class FedAdaptStrategy(Strategy):
 
     def prepare_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                       num_sampled: int) -> RecordDict:
-        """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord
-        (transport-agnostic; the legacy adapter uses it too)."""
+        """The train content of this round: model + downlink extras (in the model's dtypes) + round ConfigRecord; then
+        what robust aggregators compare the replies with (:mod:`.references`).  ``config``: what the loop hands down,
+        marked by fedadapt's own loops (:func:`.loop.own_loop_config`; :func:`.privacy.refuse_flower_dp`)."""
         refuse_flower_dp(self, config)  # Flower's DP wrappers compose only with model averaging (core/privacy.py)
-        self.check_sample_size(num_sampled)
-        rlog = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
+        check_sample_size(self.settings.aggregator, self.settings.byzantine_fraction, num_sampled, not self.history)
+        round_log = self.rounds.open(server_round, num_sampled)  # the round's clock starts here
         self.current = R.views(arrays)  # read-only, zero-copy: the server math never writes into x_t
         if self.server_state is None:
             self.server_state = self.init_server_state(self.current)
-        cfg = ConfigRecord(dict(config))
+        cfg = ConfigRecord({k: v for k, v in config.items() if k != R.OWN_LOOP})  # the loop's mark stays here
         cfg[R.SERVER_ROUND] = server_round
         cfg.update(self.round_config(server_round))  # ConfigRecord validates each value as on item assignment
         extras = {name: cast_like(v, self.current) for name, v in self.downlink(server_round).items()}
-        clash = set(extras) & {R.MODEL, R.CONFIG}
-        if clash:
-            raise ValueError(f"downlink record names clash with reserved names: {sorted(clash)}")
-        content = RecordDict({R.MODEL: arrays, **{k: R.to_record(v) for k, v in extras.items()}, R.CONFIG: cfg})
+        content = R.train_content(arrays, extras, cfg)
         self.sent = extras
-        rlog.bytes_down = R.arrays_nbytes(content) * num_sampled
-        self.robust_references(content)
+        round_log.bytes_down = R.arrays_nbytes(content) * num_sampled
+        self.root = root_reference(self.settings.aggregator, self.root_update, content, self.uplink_specs(),
+                                   self.current, self.trainable(self.current))
+        self.centre, self._previous = centre_reference(self.settings.aggregator, self.current, self._previous)
         return content
 
-    def robust_references(self, content: RecordDict) -> None:
-        """What a robust aggregator compares the round's replies with: FLTrust's root-set model (:attr:`root`, from
-        :attr:`root_update` on the round's train ``content``), centered clipping's centre (:attr:`centre`, the last
-        round's model update).  Nothing under the other aggregators."""
-        assert self.current is not None
-        aggregator = self.settings.setting("aggregator")
-        if aggregator in TRUST_RULES:
-            if self.root_update is None:
-                raise ConfigError(
-                    f"aggregator {aggregator} (defence = robust) needs the server's own update on a trusted root set: "
-                    f"set root-set-size > 0 (the fedadapt ServerApp), or give the strategy a root_update callable "
-                    f"(docs/robustness.md); or choose another aggregator")
-            self.root = root_records(self.root_update(content), self.uplink_specs(), self.current,
-                                     self.trainable(self.current))
-        if aggregator in VECTOR_RULES:
-            previous = self._previous
-            self.centre = None if previous is None else {
-                k: np.asarray(v, np.float64) - previous[k] for k, v in self.current.items()
-                if is_float(np.asarray(v)) and k in previous}
-            self._previous = {k: np.array(v, np.float64) for k, v in self.current.items() if is_float(np.asarray(v))}
-
-    def check_sample_size(self, num_sampled: int) -> None:
-        """A robust ``aggregator`` whose sample is too small for its ``byzantine-fraction`` (:func:`.robust.
-        min_replies`) would refuse every round: before the run's first round that is a :class:`ConfigError` naming
-        the fix (nothing has been sent); later (nodes lost) a warning, and the round's replies are refused with the
-        reason as they arrive."""
-        aggregator, fraction = self.settings.setting("aggregator"), self.settings.byzantine_fraction
-        if aggregator == "mean" or num_sampled <= 0:
-            return
-        try:
-            check_replies(aggregator, byzantine_count(fraction, num_sampled), num_sampled, fraction)
-        except TooFewReplies as err:
-            if not self.history:
-                raise ConfigError(f"{err} (with {num_sampled} sampled nodes every round would be refused)") from None
-            log(WARNING, "%s (%d nodes sampled this round)", err, num_sampled)
-
-    def reply_screen(self) -> ReplyScreen:
-        """This round's :class:`.ReplyScreen` (the current model, uplink specs, trainable keys and settings)."""
+    def reply_screen(self, aggregate: bool = True) -> ReplyScreen:
+        """This round's :class:`.ReplyScreen` (``aggregate=False``: the kept replies are left for native DP)."""
         assert self.current is not None
         policy = ScreenPolicy.from_settings(self.settings, self.weighting)
         return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current), policy, self.method,
                            self.needs_client_half, root=self.root, centre=self.centre, seed=self.settings.seed,
-                           aggregate=not PrivacyPolicy.from_settings(self.settings).enabled, sent=self.sent)
+                           aggregate=aggregate, sent=self.sent)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        rlog = self.rounds.take(server_round)
-        replies = self.sampler.settle(server_round, replies)  # in node order, less the never-answered
-        rlog.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
-        screen = self.reply_screen()
+        round_log = self.rounds.pop_open_log(server_round)
+        replies = self.sampler.receive(server_round, replies)  # in node order, less the never-answered
+        round_log.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
+        privacy = PrivacyPolicy.from_settings(self.settings)  # once a round
+        screen = self.reply_screen(aggregate=not privacy.enabled)
         screened = self.binder.run(server_round, replies, screen, self.settings.max_reply_bytes)
-        privacy = PrivacyPolicy.from_settings(self.settings)
         dp_metrics: dict[str, float] = {}
         if privacy.enabled and screened.kept:  # native DP: clipped, noised aggregates
             screened.aggregates, dp_metrics = privacy.privatize(
-                self.method, screen.specs, [parsed for _, parsed in screened.kept], screen.current, rlog.sampled,
-                max(self.sampler.population, rlog.sampled), released_rounds(self.history))
-        rlog.rejections += screened.rejections
-        rlog.replies_rejected += len(screened.rejections)
+                self.method, screen.specs, [parsed for _, parsed in screened.kept], screen.current, round_log.sampled,
+                max(self.sampler.population, round_log.sampled), released_rounds(self.history))
+        round_log.rejections += screened.rejections
+        round_log.replies_rejected += len(screened.rejections)
         reply_metrics, clipped = screened.reply_metrics()
-        rlog.replies_used = len(reply_metrics)
-        metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": rlog.replies_used,
-                                       "replies-rejected": rlog.replies_rejected, "weights-clipped": clipped,
+        round_log.replies_used = len(reply_metrics)
+        metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": round_log.replies_used,
+                                       "replies-rejected": round_log.replies_rejected, "weights-clipped": clipped,
                                        "updates-clipped": screened.updates_clipped}
-        self._warn_divergence(server_round, reply_metrics, metrics_out,
-                              [r for r in screened.rejections if r.kind is Kind.NONFINITE])
+        warn_divergence(server_round, loss_alarm(reply_metrics, metrics_out, self.rounds.lowest_train_loss()),
+                        [r for r in screened.rejections if r.kind is Kind.NONFINITE], self.client_lr_at(server_round),
+                        getattr(self.hparams, "server_lr", None), self.method)
         new_arrays: ArrayRecord | None = None
-        if rlog.replies_used < self.settings.min_replies:
+        if round_log.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
-                server_round, rlog.replies_used, self.settings.min_replies)
+                server_round, round_log.replies_used, self.settings.min_replies)
         else:
             new_arrays, round_metrics = self._update(server_round, screened.aggregates, reply_metrics)
-            rlog.round_metrics = {**round_metrics, **(dp_metrics if new_arrays is not None else {})}
-            metrics_out.update(rlog.round_metrics)
-            rlog.updated = new_arrays is not None
-        self.rounds.close(rlog, metrics_out)
+            round_log.round_metrics = {**round_metrics, **(dp_metrics if new_arrays is not None else {})}
+            metrics_out.update(round_log.round_metrics)
+            round_log.updated = new_arrays is not None
+        self.rounds.close(round_log, metrics_out)
         return new_arrays, MetricRecord(metrics_out)
-
-    def _warn_divergence(self, server_round: int, reply_metrics: list[dict[str, Any]], means: Mapping[str, Any],
-                         nonfinite: list[Rejection]) -> None:
-        """A warning naming the learning rates when the clients' training loss explodes (:func:`.rounds.loss_alarm`)
-        or replies were rejected for NaN/Inf values (``nonfinite``: the round's :attr:`.rejections.Kind.NONFINITE`
-        rejections): a run that goes on would otherwise "complete" at chance."""
-        why = loss_alarm(reply_metrics, means, self.rounds.lowest_train_loss())
-        if why is None and nonfinite:
-            why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
-        if why is None:
-            return
-        lrs = f"client lr {self.client_lr_at(server_round):g} (run-config client-lr, or your app's name for it)"
-        server_lr = getattr(self.hparams, "server_lr", None)
-        if isinstance(server_lr, (int, float)):
-            lrs += f", server lr {server_lr:g} ({self.method}.server-lr)"
-        log(WARNING, "Round %d: training is diverging: %s. The learning rate is likely too high: %s; try it ÷10 "
-            "(docs/plugin.md: client-lr factors)", server_round, why, lrs)
 
     def _update(
         self, server_round: int, aggregates: dict[str, NamedArrays], reply_metrics: list[dict[str, Any]]
@@ -475,75 +378,13 @@ class FedAdaptStrategy(Strategy):
         if self.settings.fraction_evaluate <= 0.0:
             return []
         node_ids = self.sample(grid, self.settings.fraction_evaluate, self.min_evaluate_nodes)
-        content = RecordDict({R.MODEL: arrays, R.CONFIG: ConfigRecord({**config, R.SERVER_ROUND: server_round})})
-        return [Message(content, n, MessageType.EVALUATE) for n in node_ids]
+        return evaluate_messages(server_round, arrays, config, node_ids)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Example-weighted means of the clients' evaluation metrics (each reply's ``"metrics"`` MetricRecord, or its
-        only MetricRecord, with ``num-examples`` > 0).  Logs, as Flower's own strategies do, how many replies came
-        back and failed (the failures' reasons, grouped), and warns when no reply carried usable metrics."""
-        replies = list(replies)
-        failed = [m for m in replies if m.has_error()]
-        log(INFO, "aggregate_evaluate: Received %d results and %d failures", len(replies) - len(failed), len(failed))
-        for line in failure_summary(failed):
-            log(INFO, "\t> %s", line)
-        usable: list[dict[str, Any]] = []
-        for m in replies:
-            rec = None if m.has_error() else evaluate_metrics(m.content)
-            n = None if rec is None else rec.get(R.NUM_EXAMPLES)
-            if rec is not None and isinstance(n, (int, float)) and n > 0:
-                usable.append(dict(rec))
-        if replies and not usable:
-            if len(failed) == len(replies):
-                why = f"all {len(failed)} client evaluations failed ({failure_summary(failed)[0]})"
-            else:
-                why = (f"{len(replies) - len(failed)} client evaluation reply(ies) carried no usable metrics: "
-                       f"@app.evaluate() must reply with a MetricRecord under "
-                       f"'{R.METRICS}' holding '{R.NUM_EXAMPLES}' > 0, e.g. RecordDict({{'{R.METRICS}': "
-                       f"MetricRecord({{'eval_acc': acc, '{R.NUM_EXAMPLES}': n}})}})")
-            log(WARNING, "Round %d: no client-side evaluate metrics: %s", server_round, why)
-        return MetricRecord({**mean_reply_metrics(usable)}) if usable else None
+        """Example-weighted means of the clients' evaluation metrics (:func:`.evaluation.aggregate_evaluation`)."""
+        return aggregate_evaluation(server_round, replies)
 
 
-class _InSettings:
-    """A run setting's name on a strategy (``strategy.client_lr``): reading or assigning it raises an AttributeError
-    that says where the setting lives (``strategy.settings``) and how to change it (``settings.replace``)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def _error(self, owner: type) -> AttributeError:
-        return AttributeError(f"{owner.__name__} keeps its run settings in .settings: read strategy.settings."
-                              f"{self.name}; change it with strategy.settings = strategy.settings.replace("
-                              f"{self.name}=...) (validated)")
-
-    def __get__(self, obj: Any, owner: type) -> Any:
-        raise self._error(owner)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        raise self._error(type(obj))
-
-
-for _name in SETTINGS - {"weighting"}:  # ``weighting`` is a real property (the method's default resolved)
-    setattr(FedAdaptStrategy, _name, _InSettings(_name))
-
-
-def evaluate_metrics(content: RecordDict) -> MetricRecord | None:
-    """An evaluate reply's metrics: its ``"metrics"`` MetricRecord, else its only MetricRecord, else ``None``."""
-    rec = R.get(content, R.METRICS, MetricRecord)
-    if rec is not None:
-        return rec
-    found = [r for _, r in R.of_type(content, MetricRecord)]
-    return found[0] if len(found) == 1 else None
-
-
-def failure_summary(failed: Iterable[Message], width: int = 300) -> list[str]:
-    """One line per distinct error reason of ``failed`` replies: how many, from which nodes, the reason (its first
-    ``width`` characters)."""
-    by_reason: dict[str, list[int]] = {}
-    for m in failed:
-        reason = " ".join(str(m.error.reason).split())
-        by_reason.setdefault(reason[:width] + ("…" if len(reason) > width else ""), []).append(m.metadata.src_node_id)
-    return [f"{len(nodes)} failure{'s' if len(nodes) > 1 else ''} from node{'s' if len(nodes) > 1 else ''} "
-            f"{', '.join(map(str, nodes[:8]))}{', …' if len(nodes) > 8 else ''}: {reason}"
-            for reason, nodes in by_reason.items()]
+# A setting's name on a strategy is an AttributeError pointing to .settings; ``weighting`` is a real property (the
+# method's default resolved).
+point_to_settings(FedAdaptStrategy, SETTINGS - {"weighting"})

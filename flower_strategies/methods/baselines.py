@@ -29,39 +29,29 @@ picks the server optimizer, ``mu > 0`` is FedProx.  The classes ``FedAvg``, ``Fe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..core.hparams import param
-from ..core.local import SGDHParams, SGDOptimizer
+from ..core.local import SGDOptimizer
 from ..core.ops import NamedArrays, pseudo_gradient
-from ..core.registry import register
-from ..core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, ServerOptimizer
+from ..core.server_opt import ServerOptimizer
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
+from ..optimizers.baselines import (
+    FedOptHParams,
+)
+
+#: This module's names and its client half's (:mod:`flower_strategies.optimizers.baselines`, re-exported).
+__all__ = [
+    "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedOptHParams", "FedProx", "FedYogi",
+    "fedopt_server_optimizer",
+]
 
 
-@dataclass(frozen=True)
-class FedOptHParams(SGDHParams):
-    """FedOpt: local SGD (client fields ``weight_decay``, ``mu``) + a server optimizer on ``D̄``."""
-
-    server_opt: str = param(
-        "sgd", choices=SERVER_OPTIMIZERS,
-        help="server optimizer: sgd (FedAvg) | sgdm (FedAvgM) | adagrad | adam | yogi",
+def fedopt_server_optimizer(h: FedOptHParams) -> ServerOptimizer:
+    """The server optimizer the hyper-parameters ``h`` configure (the strategy's ``opt``)."""
+    return ServerOptimizer(
+        h.server_opt, lr=h.server_lr, beta1=h.beta1, beta2=h.beta2, tau=h.tau,
+        initial_v=h.initial_v, bias_correction=h.bias_correction,
     )
-    server_lr: float = param(1.0, lo=0.0, help="server learning rate η (1 with sgd = model averaging)")
-    beta1: float = param(0.9, lo=0.0, hi=1.0, help="server momentum β1 (heavy-ball β for sgdm; m₀ = 0)")
-    beta2: float = param(0.99, lo=0.0, hi=1.0, help="second-moment decay β2 (adam, yogi)")
-    tau: float = param(1e-3, lo=0.0, help="adaptivity τ (added to √v)")
-    initial_v: float | None = param(None, lo=0.0, help="v₀; empty = τ² (Reddi et al.); 0 = Flower's built-ins")
-    bias_correction: str = param(
-        "none", choices=BIAS_CORRECTIONS, help="none | adam (Keras) | flower (Flower 1.42 FedAdam)",
-    )
-
-    def server_optimizer(self) -> ServerOptimizer:
-        return ServerOptimizer(
-            self.server_opt, lr=self.server_lr, beta1=self.beta1, beta2=self.beta2, tau=self.tau,
-            initial_v=self.initial_v, bias_correction=self.bias_correction,
-        )
 
 
 class FedOpt(FedAdaptStrategy):
@@ -74,7 +64,7 @@ class FedOpt(FedAdaptStrategy):
 
     def __init__(self, hparams: FedOptHParams | None = None, **kwargs: Any) -> None:
         super().__init__(hparams, **kwargs)
-        self.opt = self.hparams.server_optimizer()
+        self.opt = fedopt_server_optimizer(self.hparams)
 
     @property
     def averages_models(self) -> bool:
@@ -136,12 +126,3 @@ class FedProx(FedOpt):
 
     method: ClassVar[str] = "fedprox"
     hparam_defaults = {"mu": 0.01}
-
-
-_REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021"
-register(FedAvg, paper="McMahan et al., AISTATS 2017", summary="local SGD + (weighted) model averaging")
-register(FedAvgM, paper="Hsu et al., 2019", summary="FedAvg + server heavy-ball momentum")
-register(FedAdagrad, paper=_REDDI, summary="local SGD + server AdaGrad")
-register(FedAdam, paper=_REDDI, summary="local SGD + server Adam")
-register(FedYogi, paper=_REDDI, summary="local SGD + server Yogi")
-register(FedProx, paper="Li et al., MLSys 2020", summary="local SGD with proximal term + FedAvg")

@@ -34,43 +34,24 @@ Conventions and deviations
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..core import records as R
-from ..core.hparams import HParams, param
-from ..core.local import LocalOptimizer, Named
 from ..core.ops import NamedArrays, averaging_step, state_like
-from ..core.registry import register
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..core.validation import RecordSpec
+from ..optimizers.mimelite import (
+    BASES, FULL_GRADIENT, MOMENTUM, MimeLiteHParams, MimeLiteOptimizer, SECOND_MOMENT, STATISTICS,
+    mimelite_direction,
+)
 
-MOMENTUM = "momentum"
-SECOND_MOMENT = "second-moment"
-FULL_GRADIENT = "full-gradient"
-
-#: The server statistics ``s`` of each base optimizer (downlink records = server-state entries).
-STATISTICS: dict[str, tuple[str, ...]] = {
-    "sgdm": (MOMENTUM,), "adam": (MOMENTUM, SECOND_MOMENT), "adagrad": (SECOND_MOMENT,),
-}
-BASES = tuple(STATISTICS)
-
-
-# ------------------------------------------------------------------------------------------ pure math
-def mimelite_direction(base: str, g: Any, m: Any, v: Any, *, beta1: float, beta2: float, eps: float) -> Any:
-    """Base-optimizer direction ``d(g)`` with frozen statistics (works on numpy arrays and torch tensors)."""
-    if base == "sgdm":
-        return (1.0 - beta1) * g + beta1 * m
-    if base == "adam":
-        sq = (1.0 - beta2) * g * g + beta2 * v
-        return ((1.0 - beta1) * g + beta1 * m) / (sq**0.5 + eps)
-    if base == "adagrad":
-        return g / ((v + g * g) ** 0.5 + eps)
-    raise ValueError(f"unknown MimeLite base optimizer {base!r}; valid: {', '.join(BASES)}")
+#: This module's names and its client half's (:mod:`flower_strategies.optimizers.mimelite`, re-exported).
+__all__ = [
+    "BASES", "FULL_GRADIENT", "MOMENTUM", "MimeLite", "MimeLiteHParams", "MimeLiteOptimizer", "SECOND_MOMENT",
+    "STATISTICS", "mimelite_direction", "update_statistics",
+]
 
 
 def update_statistics(
@@ -87,47 +68,6 @@ def update_statistics(
             out[SECOND_MOMENT] = {k: v[k] * beta2 + g[k] * (1.0 - beta2) * g[k] if base == "adam"  # else adagrad
                                   else v[k] + g[k] * g[k] for k in v}
     return out
-
-
-# ------------------------------------------------------------------------------------------ hyper-parameters
-@dataclass(frozen=True)
-class MimeLiteHParams(HParams):
-    """MimeLite (Karimireddy et al. 2021) with a SGDM / Adam / AdaGrad base optimizer."""
-
-    base: str = param("sgdm", choices=BASES, client=True, help="base optimizer whose statistics the server keeps")
-    beta1: float = param(0.9, lo=0.0, hi=0.999, client=True, help="momentum β1 (sgdm, adam)")
-    beta2: float = param(0.99, lo=0.0, hi=1.0, client=True, help="second-moment decay β2 (adam)")
-    eps: float = param(1e-3, lo=0.0, client=True, help="ε outside the square root (adam, adagrad)")
-    server_lr: float = param(1.0, lo=0.0, lo_open=True, help="server learning rate η_g on the averaged model delta")
-
-
-# ------------------------------------------------------------------------------------------ client
-class MimeLiteOptimizer(LocalOptimizer):
-    """Local steps with the broadcast (frozen) server statistics; uploads the full-batch gradient at ``x_t``."""
-
-    hparams_class = MimeLiteHParams
-    needs_full_gradient: ClassVar[bool] = True
-
-    def downlink_records(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(r for group in self.param_groups for r in STATISTICS[group["base"]]))
-
-    def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        assert self.full_gradient is not None  # the base requires it (needs_full_gradient)
-        if name not in self.full_gradient:
-            raise ValueError(f"{type(self).__name__}: full_gradient has no entry for parameter {name!r}")
-        for key, record in (("m", MOMENTUM), ("v", SECOND_MOMENT)):
-            if record in STATISTICS[group["base"]]:
-                s = self.received(record, name, p)
-                state[key] = torch.zeros_like(p) if s is None else s
-
-    def update_param(self, name: str, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        d = mimelite_direction(group["base"], grad, state.get("m"), state.get("v"),
-                               beta1=group["beta1"], beta2=group["beta2"], eps=group["eps"])
-        p.add_(d, alpha=-group["lr"])
-
-    def uplink_arrays(self) -> dict[str, Named]:
-        assert self.full_gradient is not None
-        return {FULL_GRADIENT: {name: self.full_gradient[name] for name, _, _ in self.named_params()}}
 
 
 # ------------------------------------------------------------------------------------------ server
@@ -158,12 +98,3 @@ class MimeLite(FedAdaptStrategy):
         new_params, _ = averaging_step(inputs.current, mean, inputs.trainable, hp.server_lr)
         new_state = update_statistics(hp.base, state, inputs.aggregates[FULL_GRADIENT], beta1=hp.beta1, beta2=hp.beta2)
         return self.merge_buffers(new_params, inputs.current, mean), new_state, {}
-
-
-register(
-    MimeLite,
-    paper="Karimireddy et al., Mime: Mimicking Centralized Stochastic Algorithms in Federated Learning, ICLR 2021",
-    summary=(
-        "local steps with frozen server optimizer statistics; server averages models, updates stats with full gradients"
-    ),
-)

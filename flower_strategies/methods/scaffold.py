@@ -35,77 +35,21 @@ Conventions and deviations
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..core import records as R
-from ..core.hparams import HParams, client_lr_decay_param, param
-from ..core.local import LocalOptimizer
-from ..core.ops import NamedArrays, averaging_step, owned, state_like
-from ..core.registry import register
+from ..core.ops import NamedArrays, averaging_step, state_like, writable_like
 from ..core.strategy import FedAdaptStrategy, RecordSpec, RoundInputs, ServerState
+from ..optimizers.scaffold import (
+    CLIENT_CONTROL, CONTROL_DELTA, SERVER_CONTROL, ScaffoldHParams, ScaffoldOptimizer,
+)
 
-SERVER_CONTROL = "server-control"
-CONTROL_DELTA = "control-delta"
-CLIENT_CONTROL = "client-control"
-
-
-@dataclass(frozen=True)
-class ScaffoldHParams(HParams):
-    """SCAFFOLD option II."""
-
-    weight_decay: float = param(
-        1e-3, lo=0.0, client=True, help="coupled L2 weight decay λ added to g (paper 002: 1e-3)",
-    )
-    server_lr: float = param(1.0, lo=0.0, help="server learning rate η_g (1 = model averaging)")
-    num_clients: int | None = param(
-        None, lo=1, help="N_total in c ← c + ΣΔc_i/N_total; empty = the most nodes seen connected",
-    )
-    client_lr_decay: float = client_lr_decay_param(1.0, "paper 002 setup: 0.998")
-
-
-class ScaffoldOptimizer(LocalOptimizer):
-    """Client of SCAFFOLD option II: corrected SGD steps and the c_i⁺ update (persistent c_i)."""
-
-    hparams_class = ScaffoldHParams
-
-    def downlink_records(self) -> tuple[str, ...]:
-        return (SERVER_CONTROL,)
-
-    def init_state(self, name: str, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        state["c"] = self.received(SERVER_CONTROL, name, p)
-        if state["c"] is None:
-            raise ValueError(
-                f"ScaffoldOptimizer: downlink record '{SERVER_CONTROL}' has no entry for parameter '{name}'"
-            )
-        ci = self.saved(CLIENT_CONTROL, name, p)
-        state["ci"] = torch.zeros_like(p) if ci is None else ci      # c_i = 0 before the first participation
-
-    def update_param(self, name: str, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        d = grad.sub(state["ci"]).add_(state["c"])                   # g − c_i + c
-        if group["weight_decay"]:
-            d.add_(p, alpha=group["weight_decay"])                   # + λ·y
-        p.add_(d, alpha=-group["lr"])                                # y ← y − η_l·d
-
-    def _updated_control(self) -> dict[str, Tensor]:
-        """``c_i⁺ = c_i − c + (x_t − y)/(K·η_l)`` with K = the steps taken (``c_i`` when ``K·η_l = 0``)."""
-        out: dict[str, Tensor] = {}
-        for name, p, group in self.named_params():
-            st = self.state[p]
-            scale = self.steps_taken * group["lr"]
-            out[name] = st["ci"] - st["c"] + (st["round_start"] - p.detach()) / scale if scale > 0 else st["ci"].clone()
-        return out
-
-    def uplink_arrays(self) -> dict[str, dict[str, Tensor]]:
-        c_plus = self._updated_control()
-        return {CONTROL_DELTA: {name: c_plus[name] - self.state[p]["ci"] for name, p, _ in self.named_params()}}
-
-    def persistent_arrays(self) -> dict[str, dict[str, Tensor]]:
-        return {CLIENT_CONTROL: self._updated_control()}
+#: This module's names and its client half's (:mod:`flower_strategies.optimizers.scaffold`, re-exported).
+__all__ = [
+    "CLIENT_CONTROL", "CONTROL_DELTA", "SERVER_CONTROL", "Scaffold", "ScaffoldHParams", "ScaffoldOptimizer",
+]
 
 
 class Scaffold(FedAdaptStrategy):
@@ -135,13 +79,6 @@ class Scaffold(FedAdaptStrategy):
         control = {}
         for k in inputs.trainable:  # c + Σ Δc_i / N, into the round's Σ Δc_i buffers
             c, d = state[SERVER_CONTROL][k], delta_sum[k]
-            out = d if owned(d, c) else None
+            out = d if writable_like(d, c) else None
             control[k] = np.add(c, np.divide(d, n_total, out=out), out=out)
         return self.merge_buffers(new, current, mean), {SERVER_CONTROL: control}, {"num-clients-total": n_total}
-
-
-register(
-    Scaffold,
-    paper="Karimireddy et al., SCAFFOLD: Stochastic Controlled Averaging for Federated Learning, ICML 2020",
-    summary="SGD corrected by control variates (option II, persistent c_i) + model averaging",
-)

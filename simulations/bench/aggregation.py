@@ -93,6 +93,7 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
     from flower_strategies.core import records as R
+    from flower_strategies.core.loop import own_loop_config
     from simulations.engine.inprocess import LoopbackGrid
 
     state, trainable = model_layout(size)
@@ -162,7 +163,7 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
             with measured:
                 fold_floor(floor_msgs, name == "view")
             return
-        msgs = grid.send_and_receive(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        msgs = grid.send_and_receive(strategy.configure_train(server_round, arrays, own_loop_config(), grid))
         gc.collect()
         with measured:
             out, metrics = strategy.aggregate_train(server_round, msgs)

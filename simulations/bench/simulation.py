@@ -136,7 +136,7 @@ def flower_exchange():
 
         def receive(self, content: RecordDict, node: int) -> dict:
             self.msg = Message(content=content, message_type="train", dst_node_id=node)
-            self.msg.metadata.__dict__["_message_id"] = "m"
+            R.set_message_id(self.msg, "m")
             return record_tensors(cast(ArrayRecord, self.msg.content["arrays"]), copy=False)
 
         def reply(self, state: dict, n: int) -> dict:

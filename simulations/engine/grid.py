@@ -17,6 +17,8 @@ from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from flower_strategies.core import records as R
+
 from .population import NodeContexts, population_store
 
 # Outside a Flower runtime, Flower >= 1.38 builds a message only once a task identity is set (``TaskIdentity``);
@@ -91,7 +93,7 @@ class LoopbackGrid(Grid):
         ids = []
         for msg in msgs:  # as the SuperLink does: replies name the message id in reply_to_message_id
             ids.append(uuid.uuid4().hex)
-            msg.metadata.__dict__["_message_id"] = ids[-1]
+            R.set_message_id(msg, ids[-1])
         ready = self.prepared_replies(msgs)
         for i, (msg, mid) in enumerate(zip(msgs, ids, strict=True)):
             ctx = self.contexts[msg.metadata.dst_node_id]

@@ -41,7 +41,7 @@ def write_secure_connections(flwr_home: Path, name: str, port: int, ca: Path, pl
 
 
 # ------------------------------------------------------------------ run-config strings
-def parse_run_config(run_config: str | None) -> dict[str, Any]:
+def parse_run_config_arg(run_config: str | None) -> dict[str, Any]:
     """The user's ``--run-config`` (``"k=v k2='s'"`` or a ``.toml`` path) as flat keys, parsed as Flower parses it."""
     from flwr.common.config import parse_config_args
 
@@ -83,7 +83,7 @@ def build_run_config(run_config: str | None, app_dir: Path, defaults: Mapping[st
     """The ``--run-config`` to submit: the user's keys plus those of ``defaults`` the user did not set and the app
     declares (never a key twice: Flower rejects duplicates as "invalid format").  Raises :class:`RunConfigError`
     naming the user's keys the app does not declare."""
-    user = parse_run_config(run_config)
+    user = parse_run_config_arg(run_config)
     known = app_config_keys(app_dir)
     unknown = [k for k in user if k not in known]
     if unknown:

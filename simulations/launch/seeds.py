@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .flwr_cli import parse_run_config
+from .flwr_cli import parse_run_config_arg
 
 FIELDS = ("seed", "status", "rounds", "final_test_accuracy", "final_test_loss", "best_test_accuracy", "run_dir")
 
@@ -151,7 +151,7 @@ def launch_inprocess(num_nodes: int, run_config: str | None, seeds: int | None =
     """The ``--engine inprocess|vectorized`` entry point: one run (``seeds`` None) or :func:`run_seeds`; exit status 0
     when every run completed.  ``grid_kwargs``: the engine's grid's (``actors``, ``address``: the vectorized engine
     on Ray)."""
-    cfg = parse_run_config(run_config)
+    cfg = parse_run_config_arg(run_config)
     if seeds is not None:
         res = run_seeds(cfg, seeds, num_nodes, engine, **grid_kwargs)
         return 0 if res["completed"] == len(res["per_seed"]) else 1

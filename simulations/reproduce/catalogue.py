@@ -212,8 +212,7 @@ def safe(label: str) -> str:
 
 
 def registered() -> Mapping[str, Any]:
-    """The method registry of this installation (importing the library registers every method it ships)."""
-    import flower_strategies  # noqa: F401
+    """The method registry of this installation (the registry registers every method the library ships)."""
     from flower_strategies.core.registry import METHODS
 
     return METHODS

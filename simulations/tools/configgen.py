@@ -21,7 +21,6 @@ END = "# END GENERATED RUN-CONFIG"
 
 
 def render() -> str:
-    import flower_strategies  # noqa: F401 - registers every method
     from app_common.config import AppConfig
     from flower_strategies.core.registry import METHODS
 
@@ -64,7 +63,6 @@ WIRE_END = "<!-- END GENERATED WIRE TABLE -->"
 def render_wire() -> str:
     """Per method: what goes down and up besides the model, read off the strategies themselves (default settings,
     after round-1 initialisation on the digits MLP)."""
-    import flower_strategies  # noqa: F401
     from app_common.task import build_model
     from flower_strategies.core import records as R
     from flower_strategies.core.registry import METHODS

@@ -34,6 +34,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from .. import records as R
+from ...optimizers import BUILT_IN  # noqa: F401 - the built-in local optimizers, registered client-side
 from ..local import LocalOptimizer, local_optimizer_named
 from ..dpmods import guard_reply
 from .data import (
