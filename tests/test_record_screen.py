@@ -17,10 +17,11 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, Message
 
 import flower_strategies  # noqa: F401 - registers the methods
 from app_common.task import TASK_SPECS, build_model, load_client_data
+from flower_strategies.core.loop import own_loop_config
 from flower_strategies.core.client import train_reply
 from flower_strategies.core.rejections import Kind
 from server_app import root
@@ -39,7 +40,7 @@ def round_one(method: str, defence: str, poison=None):
     fed, model, strategy = build(cfg)
     if defence == "robust":
         strategy.root_update = root.root_update(fed, 5)
-    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), ConfigRecord(), NODES)
+    content = strategy.prepare_round(1, ArrayRecord(model.state_dict()), own_loop_config(), NODES)
     replies = []
     for pid in range(NODES):
         x, y = load_client_data(fed.task, pid, NODES, partitioner=fed.partitioner, seed=fed.seed,

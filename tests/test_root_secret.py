@@ -15,13 +15,14 @@ import logging
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord
 from flwr.common.logger import FLOWER_LOGGER
 
 import flower_strategies  # noqa: F401 - registers the methods
 from app_common.config import AppConfig
 from app_common.task import TASK_SPECS, build_model, load_client_data
 from client_app.app import app as client_app
+from flower_strategies.core.loop import own_loop_config
 from flower_strategies.core import checkpoint as ckpt
 from flower_strategies.core import records as R
 from flower_strategies.core.client import train_reply
@@ -57,7 +58,7 @@ def rounds(cfg: dict, replica_seed, n: int = 3):
     arrays = ArrayRecord(model.state_dict())
     out = []
     for server_round in range(1, n + 1):
-        content = strategy.prepare_round(server_round, arrays, ConfigRecord(), NODES)
+        content = strategy.prepare_round(server_round, arrays, own_loop_config(), NODES)
         current = {k: v.numpy() for k, v in content[R.MODEL].items()}
         assert strategy.root is not None
         server = update(strategy.root[R.MODEL], current)

@@ -104,15 +104,17 @@ def thinned(values: Sequence[Any], at_most: int) -> tuple[Any, ...]:
 
 def plan(paper: Paper, setting: str, grid: Sequence[float] | None, param: str, thin: int = 0) -> list[Plan]:
     """The entries to sweep (registered, with something to sweep) and their values: the paper's own grid for a
-    label that has one (``[sweep] grids``), else the client lr grid (or ``grid``) × the server lr grid by ``param``;
-    ``thin``: at most that many values of each key's grid (not of ``grid`` nor of the server factors)."""
+    label that has one (``[sweep] grids``; ``grid`` replaces its client lrs), else the client lr grid (or ``grid``)
+    × the server lr grid by ``param``; ``thin``: at most that many values of each key's grid (not of ``grid`` nor of
+    the server factors)."""
     methods, plans = registered(), []
     for e in paper.entries_for(setting):
         if e.method not in methods:
             continue
         own = paper.sweep_grids.get(e.label)
         if own:
-            plans.append(Plan(e, tuple(own), tuple(thinned(v, thin) for v in own.values())))
+            values = {k: tuple(grid) if grid and k == "client-lr" else thinned(v, thin) for k, v in own.items()}
+            plans.append(Plan(e, tuple(values), tuple(values.values())))
             continue
         cg = (tuple(grid) if grid else thinned(sweep_grid(e), thin)) if param in ("client", "both") else ()
         sg = server_grid(paper, setting, e) if param in ("server", "both") else None
