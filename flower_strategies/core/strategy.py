@@ -255,12 +255,14 @@ class FedAdaptStrategy(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """Flower's ``Strategy.start`` (same arguments, same loop), run by fedadapt's one round loop
-        (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and raised)."""
+        """Flower's ``Strategy.start`` (same arguments, same loop, the same log lines: each round's aggregated
+        client evaluate metrics and central ``evaluate_fn`` MetricRecord, the final results), run by fedadapt's one
+        round loop (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and
+        raised)."""
         try:
             with self.driven():
                 return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
-                                  train_config=train_config, evaluate_config=evaluate_config)
+                                  train_config=train_config, evaluate_config=evaluate_config, flower_log=True)
         except RunFailed as err:
             log(ERROR, "fedadapt: run FAILED: %s", err)
             raise
