@@ -91,3 +91,27 @@ def test_start_logs_flowers_lines(caplog):
                  "Final results:", "\tAggregated ClientApp-side Evaluate Metrics:"):
         assert our_shape.count(line) >= 1, line
     assert {"eval_loss", "eval_acc"} <= our_keys[2] and {"central_loss"} == our_keys[3]  # round 1's evaluations
+
+
+def test_the_settings_line_says_the_apps_clients_decide(caplog):
+    """Under ``start`` (a user's ServerApp, the user's ClientApp) the summary does not show fedadapt's client
+    defaults as if they applied; fedadapt's own round loop (its ServerApp with its ClientApp) shows the values."""
+    from flower_strategies.core.loop import run_rounds
+
+    def settings_line(run) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            run(fs.FedAvg(fraction_evaluate=0.0), LoopbackGrid(_client(), NODES, {}),
+                ArrayRecord({"w": Array(np.zeros(4, np.float32))}))
+        (line,) = [r.getMessage() for r in caplog.records if "weighting" in r.getMessage()]
+        return line
+
+    apps = settings_line(lambda s, g, a: s.start(grid=g, initial_arrays=a, num_rounds=1,
+                                                   train_config=ConfigRecord({"lr": 0.5})))
+    assert apps == ("\t│\t└── client-side (the app decides): client-lr 0.5 sent as rnd.lr; rnd.loader yields "
+                    "local-epochs 5 × ⌈n / batch-size 16⌉ batches of the app's loader; the clients' num-steps and "
+                    "train-loss follow in each round's MetricRecord | weighting examples | seed 0")
+    assert "| local-epochs 5 | batch-size 16" not in apps
+    own = settings_line(lambda s, g, a: run_rounds(s, g, a, 1, 60.0, train_config=ConfigRecord({"lr": 0.5})))
+    assert own == ("\t│\t└── client-lr 0.5 | local-steps 0 | local-epochs 5 | batch-size 16 | weighting examples | "
+                   "seed 0")

@@ -104,6 +104,8 @@ class FedAdaptStrategy(Strategy):
     #: Set when :meth:`summary` runs outside :meth:`driven`: another strategy's ``start()`` (a wrapper's, e.g. one
     #: of Flower's DP wrappers) runs this one (:func:`.privacy.refuse_flower_dp`).
     started_by_another: bool = False
+    #: Set by :meth:`start`: the clients are the app's own ClientApp (:meth:`client_settings`).
+    apps_clients: bool = False
     _driving: int = 0
     #: ``aggregator = fltrust`` (``defence = "robust"``): the server's own local procedure on its trusted root set —
     #: given a round's train content (what the clients receive), the reply's records it trains from it
@@ -249,8 +251,21 @@ class FedAdaptStrategy(Strategy):
         log(INFO, "\t├──> %s (%s) settings:", type(self).__name__, self.method)
         for line in self.log_settings():
             log(INFO, "\t│\t├── %s", line)
-        log(INFO, "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
-            s.client_lr, s.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
+        log(INFO, "\t│\t└── %s | weighting %s | seed %s", self.client_settings(), self.weighting, s.seed)
+
+    def client_settings(self) -> str:
+        """The client-side settings as the summary shows them.  fedadapt's ServerApp runs fedadapt's ClientApp, which
+        trains as they say; under :meth:`start` or another strategy's (a user's ServerApp: :attr:`apps_clients`) the
+        app's own ClientApp decides its optimizer, batch size and loop: only the lr it is sent (``rnd.lr``) and the
+        batches ``rnd.loader`` yields come from here."""
+        s = self.settings
+        if not (self.apps_clients or self.started_by_another):
+            return (f"client-lr {s.client_lr} | local-steps {s.local_steps} | local-epochs {s.local_epochs} | "
+                    f"batch-size {s.batch_size}")
+        plan = (f"local-steps {s.local_steps} batches" if s.local_steps else
+                f"local-epochs {s.local_epochs} × ⌈n / batch-size {s.batch_size}⌉ batches")
+        return (f"client-side (the app decides): client-lr {s.client_lr} sent as rnd.lr; rnd.loader yields {plan} "
+                f"of the app's loader; the clients' num-steps and train-loss follow in each round's MetricRecord")
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
@@ -259,6 +274,7 @@ class FedAdaptStrategy(Strategy):
         client evaluate metrics and central ``evaluate_fn`` MetricRecord, the final results), run by fedadapt's one
         round loop (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and
         raised)."""
+        self.apps_clients = True
         try:
             with self.driven():
                 return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
