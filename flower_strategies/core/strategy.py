@@ -43,7 +43,7 @@ from .loop import run_rounds
 from .ops import NamedArrays, cast_like, decayed_lr, is_float, merge_buffers
 from .policy import RunFailed
 from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
-from .rejections import Kind, Rejection
+from .rejections import Kind, Rejection, client_error_text
 from .robust import TRUST_RULES, VECTOR_RULES, TooFewReplies, byzantine_count, check_replies
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
                      weighted_mean)
@@ -517,11 +517,11 @@ def evaluate_metrics(content: RecordDict) -> MetricRecord | None:
 
 
 def failure_summary(failed: Iterable[Message], width: int = 300) -> list[str]:
-    """One line per distinct error reason of ``failed`` replies: how many, from which nodes, the reason (its first
-    ``width`` characters)."""
+    """One line per distinct error reason of ``failed`` replies: how many, from which nodes, the reason (the user's
+    exception first, :func:`.rejections.client_error_text`; its first ``width`` characters)."""
     by_reason: dict[str, list[int]] = {}
     for m in failed:
-        reason = " ".join(str(m.error.reason).split())
+        reason = client_error_text(m.error.reason)
         by_reason.setdefault(reason[:width] + ("…" if len(reason) > width else ""), []).append(m.metadata.src_node_id)
     return [f"{len(nodes)} failure{'s' if len(nodes) > 1 else ''} from node{'s' if len(nodes) > 1 else ''} "
             f"{', '.join(map(str, nodes[:8]))}{', …' if len(nodes) > 8 else ''}: {reason}"
