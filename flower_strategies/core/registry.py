@@ -208,10 +208,11 @@ def strategy_from_run_config(
     for theirs, key in names.items():
         if key not in ours:
             raise ConfigError(f"names maps {theirs!r} to {key!r}, which is not a strategy key; "
-                              f"{did_you_mean(key, ours)}")
+                              f"{did_you_mean(key, ours)} (the strategy keys: {', '.join(sorted(ours))})")
         if theirs not in run_config:
             raise ConfigError(f"names maps {theirs!r} to {key!r}, but the run-config has no key {theirs!r}; "
-                              f"{did_you_mean(theirs, run_config)}")
+                              f"{did_you_mean(theirs, run_config)} (the run-config's keys: "
+                              f"{', '.join(sorted(run_config)) or 'none'})")
     name = str(method if method is not None else run_config.get("method", "fedavg"))
     if name not in METHODS:
         where = "" if method is not None else " (run-config key 'method')"
