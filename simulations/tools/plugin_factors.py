@@ -1,11 +1,12 @@
 """Client-lr factors of the plug-in path, measured on an app of Flower quickstart-pytorch's shape.
 
 ``examples/pytorch_app`` is that app: the quickstart's CNN (on 8×8 digits), its DataLoader of
-``{"img", "label"}`` batches, its loop (SGD with momentum 0.9, summed loss / ``len(trainloader)``), learning-rate 0.1,
-1 local epoch, batch size 32, IID slices, every node trained every round.  Each method runs through the README recipe
-(``ClientRound`` in the ClientApp, ``strategy_from_run_config`` in the ServerApp) with ``learning-rate`` = 0.1 ×
-factor, in-process (``LoopbackGrid``), against **stock FedAvg** from the same initial model: the same app before
-fedadapt (its own client returning ``{"train_loss", "num-examples"}``, Flower's ``FedAvg``, the app's SGD at lr 0.1).
+``{"img", "label"}`` batches, its loop (SGD with momentum 0.9, summed loss / ``(epochs * len(trainloader))``),
+learning-rate 0.1, 1 local epoch, batch size 32, IID slices, every node trained every round.  Each method runs
+through the README recipe (``ClientRound`` in the ClientApp, ``strategy_from_run_config`` in the ServerApp) with
+``learning-rate`` = 0.1 × factor, in-process (``LoopbackGrid``), against **stock FedAvg** from the same initial
+model: the same app before fedadapt (its own client returning ``{"train_loss", "num-examples"}``, Flower's
+``FedAvg``, the app's SGD at lr 0.1).
 
 Every shape (``--shapes``, default 5 nodes × 5 rounds and 10 × 10) runs the seeds (``--seeds``: ``torch.manual_seed``
 before the app builds its model, and the run-config ``seed``) plus ``--unseeded`` runs as the app runs them: no seed
