@@ -96,3 +96,28 @@ def test_weighted_mean():
     pairs = [(2.0, 1.0), (5.0, 3.0)]
     assert weighted_mean(pairs, "uniform") == 3.5 and weighted_mean(pairs, "examples") == 4.25
     assert np.isnan(weighted_mean([], "examples"))
+
+
+def _history(losses):
+    from flower_strategies.core import records as R
+
+    return [RoundLog(i + 1, train_metrics={R.TRAIN_LOSS: v}) for i, v in enumerate(losses)]
+
+
+@pytest.mark.parametrize("losses, fires", [
+    # measured (simulations/tools/plugin_factors.py, the quickstart shape): localadam at ×0.3, collapsed to one class
+    ([2.3198, 2.296, 2.2953, 2.2948, 2.2947], 4),
+    ([3.0, 2.999, 2.998, 2.998, 2.997], 4),              # an lr far too low: the loss barely moves
+    ([2.2911, 2.2854, 2.2797, 2.2733, 2.2651], None),    # stock FedAvg, 10 × 10, seed 0: slow but moving
+    ([2.283, 2.2918, 2.1868, 1.9645, 1.7972], None),     # localadam at ×0.1: learns
+    ([2.3, 1.2, 1.199, 1.199, 1.198], None),             # flat, but far below round 1: converged, not stalled
+    ([2.3, 2.0, 2.3, 2.3, 2.3], 5),                      # back at round 1's level and flat: stalled since round 2
+])
+def test_stall_alarm_fires_on_a_flat_loss_at_round_1s_level(losses, fires):
+    from flower_strategies.core.rounds import stall_alarm
+
+    fired = [r for r in range(1, len(losses) + 1) if stall_alarm(_history(losses[:r]))]
+    assert (fired[0] if fired else None) == fires
+    if fires:
+        assert "stayed at round 1's level" in str(stall_alarm(_history(losses[:fires])))
+    assert stall_alarm(_history([2.3, 2.3, float("nan"), 2.3])) is None  # a round without a usable loss: no verdict

@@ -35,6 +35,13 @@ LOSS_RISE_RATIO = 1.5
 #: :func:`loss_alarm`: a round's mean train loss above this multiple of the lowest mean of an earlier round.
 LOSS_GROWTH_RATIO = 10.0
 
+#: :func:`stall_alarm`: how many rounds in a row the mean train loss must stay flat.
+STALL_ROUNDS = 3
+#: :func:`stall_alarm`: "flat": those rounds' mean train losses within this fraction of round 1's loss of each other.
+STALL_TOLERANCE = 0.002
+#: :func:`stall_alarm`: "at round 1's level": less than this fraction below round 1's mean train loss.
+STALL_DROP = 0.05
+
 #: Server state: named arrays (``{key: ndarray}``) or JSON-able scalars/lists, by name.
 ServerState = dict[str, Any]
 
@@ -170,6 +177,25 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
         return (f"the clients' mean train loss {mean:.4g} is {mean / lowest:.3g} × the lowest of the earlier "
                 f"rounds ({lowest:.4g})")
     return None
+
+
+def stall_alarm(history: Sequence[RoundLog]) -> str | None:
+    """Why the run looks stalled, or ``None`` (the rule, docs/plugin.md): the last :data:`STALL_ROUNDS` rounds after
+    round 1 all have a finite mean ``train-loss``, lie within :data:`STALL_TOLERANCE` × round 1's of each other
+    (flat) and less than :data:`STALL_DROP` below round 1's (at its level).  A learning rate far too low does this,
+    and so does one that collapsed the model to predicting one class (its loss drops a little in round 2, then stays
+    at the class prior's entropy); stock FedAvg on the quickstart shape, slow as it is there, moves ≥ 0.5 % of its
+    round-1 loss over rounds 2–4 (docs/results/plugin-factors.md)."""
+    if len(history) < STALL_ROUNDS + 1:
+        return None
+    losses = [h.train_metrics.get(R.TRAIN_LOSS) for h in (history[0], *history[-STALL_ROUNDS:])]
+    if not all(_finite(v) and float(cast(float, v)) > 0 for v in losses):
+        return None
+    first, later = float(cast(float, losses[0])), [float(cast(float, v)) for v in losses[1:]]
+    if max(later) - min(later) > STALL_TOLERANCE * first or min(later) < (1.0 - STALL_DROP) * first:
+        return None
+    return (f"the clients' mean train loss has stayed at round 1's level ({first:.4g}) for the last {STALL_ROUNDS} "
+            f"rounds ({', '.join(f'{v:.4g}' for v in later)}: within {STALL_TOLERANCE:.1%} of it of each other)")
 
 
 def nonfinite_state(state: Mapping[str, Any]) -> str | None:

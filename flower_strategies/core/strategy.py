@@ -46,7 +46,7 @@ from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
 from .rejections import Kind, Rejection, client_error_text
 from .robust import TRUST_RULES, VECTOR_RULES, TooFewReplies, byzantine_count, check_replies
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
-                     weighted_mean)
+                     stall_alarm, weighted_mean)
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
 from .validation import RecordSpec
@@ -107,6 +107,7 @@ class FedAdaptStrategy(Strategy):
     #: Set by :meth:`start`: the clients are the app's own ClientApp (:meth:`client_settings`).
     apps_clients: bool = False
     _driving: int = 0
+    _stall_warned: bool = False
     #: ``aggregator = fltrust`` (``defence = "robust"``): the server's own local procedure on its trusted root set —
     #: given a round's train content (what the clients receive), the reply's records it trains from it
     #: (``{record name: named arrays}``, e.g. ``{"arrays": model}``: at least the records :meth:`uplink_specs` names
@@ -399,6 +400,7 @@ class FedAdaptStrategy(Strategy):
             metrics_out.update(rlog.round_metrics)
             rlog.updated = new_arrays is not None
         self.rounds.close(rlog, metrics_out)
+        self._warn_stall(server_round)
         return new_arrays, MetricRecord(metrics_out)
 
     def _warn_divergence(self, server_round: int, reply_metrics: list[dict[str, Any]], means: Mapping[str, Any],
@@ -411,12 +413,26 @@ class FedAdaptStrategy(Strategy):
             why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
         if why is None:
             return
+        log(WARNING, "Round %d: training is diverging: %s. The learning rate is likely too high: %s; try it ÷10 "
+            "(docs/plugin.md: client-lr factors)", server_round, why, self._lrs(server_round))
+
+    def _warn_stall(self, server_round: int) -> None:
+        """A warning naming the learning rates when the clients' train loss stays flat at round 1's level
+        (:func:`.rounds.stall_alarm`), once per run: a run that goes on would otherwise "complete" at its initial
+        accuracy, or at one predicted class."""
+        why = None if self._stall_warned else stall_alarm(self.history)
+        if why is not None:
+            self._stall_warned = True
+            log(WARNING, "Round %d: training is not progressing: %s. A learning rate far too low does this, and so "
+                "does one so high that the model collapsed to one class: %s; try it ×3 and ÷3 (docs/plugin.md: "
+                "client-lr factors)", server_round, why, self._lrs(server_round))
+
+    def _lrs(self, server_round: int) -> str:
         lrs = f"client lr {self.client_lr_at(server_round):g} (run-config client-lr, or your app's name for it)"
         server_lr = getattr(self.hparams, "server_lr", None)
         if isinstance(server_lr, (int, float)):
             lrs += f", server lr {server_lr:g} ({self.method}.server-lr)"
-        log(WARNING, "Round %d: training is diverging: %s. The learning rate is likely too high: %s; try it ÷10 "
-            "(docs/plugin.md: client-lr factors)", server_round, why, lrs)
+        return lrs
 
     def _update(
         self, server_round: int, aggregates: dict[str, NamedArrays], reply_metrics: list[dict[str, Any]]
