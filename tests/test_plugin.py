@@ -86,6 +86,31 @@ def test_every_method_runs_at_its_factor_in_the_quickstart_app_through_the_recip
         assert not diverging, (method, diverging)
 
 
+@pytest.mark.slow
+def test_every_method_at_its_published_factor_on_the_measured_short_shape():
+    """End to end, the slow tier: the quickstart-shaped app through the recipe (its ServerApp and ClientApp
+    functions, in-process) for every method at the factor docs/results/plugin-factors.md publishes (the registry's),
+    5 nodes × 5 rounds from seed 0, against stock FedAvg (Flower's FedAvg, the app's own client) from the same model:
+    each run completes and ends predicting more than one class, and a method the page reports holding in every 5 × 5
+    run ends at or above stock FedAvg − 0.05 here too (simulations/tools/plugin_factors.py, as the page)."""
+    from simulations.tools import plugin_factors as pf
+
+    page = (ROOT / "docs" / "results" / "plugin-factors.md").read_text()
+    rows = {m: (float(f), int(held), int(runs)) for m, f, held, runs in re.findall(
+        r"^\| `([a-z0-9-]+)` \| ×([\d.]+) \(×[\d.]+\) \| [\d.]+ \| (\d+)/(\d+), [\d.]+[^|]*\|", page, re.M)}
+    assert set(rows) == set(fs.METHODS)
+    assert {m: f for m, (f, _, _) in rows.items()} == {m: s.client_lr_factor for m, s in fs.METHODS.items()}
+    start = pf.Init(0, 0)
+    stock = pf.run_stock(start, 5, 5)
+    failed = []
+    for method in sorted(fs.METHODS):
+        factor, held, runs = rows[method]
+        run = pf.run_method(method, factor, start, 5, 5)
+        if run["error"] or run["classes"] < 2 or (held == runs and run["acc"] < stock["acc"] - 0.05):
+            failed.append((method, factor, run["acc"], run["classes"], run["error"]))
+    assert not failed, (stock["acc"], failed)
+
+
 def test_a_stalled_run_warns_naming_the_lr(tmp_path, caplog):
     """The quickstart app at a learning rate far too low (1e-6, 4 rounds): the clients' train loss stays flat at
     round 1's level, and round 4 warns that training is not progressing, naming the client lr; at the method's
