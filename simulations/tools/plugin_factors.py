@@ -18,7 +18,7 @@ it *diverges* when it fails or a round's mean client train loss is non-finite or
 A method's registry factor (``CLIENT_LR_FACTOR`` in ``flower_strategies/core/registry.py``) runs first; when a run
 of it stalls, diverges or does not hold, its neighbours on the grid ×0.01 / ×0.03 / … / ×10 / ×30 run too, then the
 next one beyond the best while the best is the edge of those tried (twice at most; ``--grid``: the whole grid;
-``--no-search``: none; ``--factors``: those instead).  The
+``--no-search``: none; ``--factors``: those instead; ``--only-factors``: those, not the registry's either).  The
 factor kept: no stalls and no divergence first, then holds most often, then higher mean accuracy, then the smaller
 factor.  Accuracy: the final global model on the union of the clients' held-out splits
 (the app's ``test``).  ``--json`` keeps every run (its per-round train losses too).
@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid", action="store_true", help="run the whole grid for every method")
     ap.add_argument("--factors", type=float, nargs="*", default=None, help="extra factors to try for every method")
     ap.add_argument("--no-search", action="store_true", help="the registry factor only (no neighbours)")
+    ap.add_argument("--only-factors", action="store_true", help="the --factors only (not the registry's)")
     ap.add_argument("--server-lrs", type=float, nargs="*", default=None,
                     help="also run each method that has a server lr at these server lrs, at its picked factor "
                          "(default: 0.03 and 0.1 for the server-side adaptive methods; none with --quick)")
@@ -319,10 +320,9 @@ def _sweep(args: argparse.Namespace) -> int:
     for method in methods:
         unseeded = {s.name: [Init.unseeded() for _ in range(n_unseeded)] for s in shapes}
         was = fs.get_method(method).client_lr_factor
-        first = evaluate(method, was, shapes, unseeded)
-        tried = {was: first}
-        candidates = GRID if args.grid else (() if _clean(first) or args.factors or args.no_search
-                                             else _neighbours(was))
+        tried = {} if args.only_factors else {was: evaluate(method, was, shapes, unseeded)}
+        candidates = GRID if args.grid else (() if args.only_factors or _clean(tried[was]) or args.factors
+                                             or args.no_search else _neighbours(was))
         for f in candidates + tuple(args.factors or ()):
             if f not in tried:
                 tried[f] = evaluate(method, f, shapes, unseeded)
