@@ -150,6 +150,12 @@ def test_the_factor_script_regenerates_its_table(tmp_path):
     (run,) = method["runs"]["2×3"]
     assert stock["init"] == run["init"] == "seed 0" and run["stock_acc"] == stock["acc"]
     assert len(run["losses"]) == 3 and run["classes"] > 1 and run["holds"] and not run["stalls"]
+    merged = tmp_path / "merged.md"  # the page from the runs of several commands (here one)
+    assert plugin_factors.main(["--merge", str(runs), "--out", str(merged)]) == 0
+    text = merged.read_text()
+    assert f"from the runs of `python -m simulations.tools.plugin_factors {' '.join(argv)}` (" in text
+    assert re.search(r"^\| `fedams` \| ×0\.1 \(×0\.1\) \| 0\.01 \| 1/1, 0\.\d{3} \| 0 \| holds \| "
+                     r"×0\.1: 1/1, 0\.\d{3} \|$", text, re.M), text
 
 
 def _message(method: str, model: torch.nn.Module, num_rounds: int = 3, server_round: int = 1,

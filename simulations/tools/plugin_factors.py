@@ -230,8 +230,8 @@ def evaluate(method: str, factor: float, shapes: list[Shape], unseeded: dict[str
             "acc": sum(0.0 if math.isnan(r["acc"]) else r["acc"] for r in every) / len(every)}
 
 
-def _rank(t: dict[str, Any]) -> tuple[bool, int, float, float]:
-    return (not t["stalls"] and not t["diverged"], t["holds"], round(t["acc"], 2), -t["factor"])
+def _rank(t: dict[str, Any]) -> tuple[bool, float, float, float]:
+    return (not t["stalls"] and not t["diverged"], t["holds"] / t["total"], round(t["acc"], 2), -t["factor"])
 
 
 def _neighbours(factor: float) -> tuple[float, ...]:
@@ -285,8 +285,12 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: 0.03 and 0.1 for the server-side adaptive methods; none with --quick)")
     ap.add_argument("--json", default="", help="write every run (per-round train losses too) here")
     ap.add_argument("--out", default="", help="write the markdown page here")
+    ap.add_argument("--merge", nargs="*", default=None, metavar="JSON",
+                    help="write the page from these --json files (runs of several commands) instead of running")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.merge:
+        return _merge(args)
     threads, level = torch.get_num_threads(), logging.getLogger("flwr").level
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -359,7 +363,8 @@ def _sweep(args: argparse.Namespace) -> int:
     print("\n".join(footer), flush=True)
     if args.json:
         stock_runs = [{"shape": s.name, "init": i.label, **r} for s in shapes for i, r in s.stock.items()]
-        Path(args.json).write_text(json.dumps({"stock": stock_runs, "methods": record}, default=str))
+        Path(args.json).write_text(json.dumps({"argv": args.argv, "stock": stock_runs, "methods": record},
+                                              default=str))
     if args.out:
         command = "python -m simulations.tools.plugin_factors " + " ".join(args.argv)
         page = [
@@ -380,6 +385,81 @@ def _sweep(args: argparse.Namespace) -> int:
             *lines, *footer,
         ]
         Path(args.out).write_text("\n".join(page) + "\n")
+    return 0
+
+
+def _pooled(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several evaluations of one method and factor (from several commands) as one."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for e in evals:
+        for shape, rs in e["runs"].items():
+            runs.setdefault(shape, []).extend(rs)
+    every = [r for rs in runs.values() for r in rs]
+    return {"factor": evals[0]["factor"], "runs": runs, "holds": sum(r["holds"] for r in every),
+            "total": len(every), "stalls": sum(r["stalls"] for r in every),
+            "diverged": sum(r["diverged"] for r in every),
+            "acc": sum(0.0 if math.isnan(r["acc"]) else r["acc"] for r in every) / len(every)}
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """The page from ``--json`` files: every method's evaluations pooled by factor, the factor kept by the sweep's
+    rule (no stalls and no divergence first, then the larger share of runs that hold, …), server-lr runs beside."""
+    stock: list[dict[str, Any]] = []
+    evals: dict[str, dict[float, list[dict[str, Any]]]] = {}
+    server: dict[str, list[dict[str, Any]]] = {}
+    commands = []
+    for path in args.merge:
+        data = json.loads(Path(path).read_text())
+        commands.append(f"`python -m simulations.tools.plugin_factors {' '.join(data.get('argv', []))}`")
+        stock += data["stock"]
+        for rec in data["methods"]:
+            if "server_lr" in rec:
+                server.setdefault(rec["method"], []).append(rec)
+            else:
+                evals.setdefault(rec["method"], {}).setdefault(float(rec["factor"]), []).append(rec)
+    shapes = list(dict.fromkeys(r["shape"] for r in stock))
+    lines = []
+    for shape in shapes:
+        seeded = [r["acc"] for r in stock if r["shape"] == shape and r["init"].startswith("seed")]
+        lines.append(f"stock FedAvg, {shape} (the app's own SGD-momentum at lr {APP_LR}, Flower's FedAvg), seeded "
+                     f"starts over all commands: final accuracy {sum(seeded) / len(seeded):.3f} (min "
+                     f"{min(seeded):.3f}, max {max(seeded):.3f}, {len(seeded)} runs)")
+    head = " | ".join(f"{s}: holds, mean acc" for s in shapes)
+    lines += ["", f"| method | factor (registry) | client lr | {head} | stalls | result | factors measured "
+              "(holds/runs, mean acc) |", "|---|---|---|" + "---|" * len(shapes) + "---|---|---|"]
+    chosen = {}
+    for method in sorted(evals):
+        tried = {f: _pooled(e) for f, e in evals[method].items()}
+        pick = max(tried.values(), key=_rank)
+        chosen[method] = pick["factor"]
+        was = fs.get_method(method).client_lr_factor
+        result = ("STALLS" if pick["stalls"] else "DIVERGES" if pick["diverged"] else
+                  "holds" if pick["holds"] == pick["total"] else f"holds {pick['holds']}/{pick['total']}")
+        grid = ", ".join(f"×{f:g}: {_tally(t)}" for f, t in sorted(tried.items()))
+        for rec in server.get(method, []):
+            grid += f"; at ×{rec['factor']:g}, {method}.server-lr {rec['server_lr']:g}: {_tally(rec)}"
+        cells = " | ".join(_cell(pick, s) if s in pick["runs"] else "–" for s in shapes)
+        lines.append(f"| `{method}` | ×{pick['factor']:g} (×{was:g}) | {APP_LR * pick['factor']:.3g} | {cells} | "
+                     f"{pick['stalls']} | {result} | {grid} |")
+    changed = {m: f for m, f in chosen.items() if f != fs.get_method(m).client_lr_factor}
+    page = [
+        "# Client-lr factors of the plug-in path (generated)", "",
+        f"Generated by `python -m simulations.tools.plugin_factors {' '.join(args.argv)}` from the runs of "
+        + "; ".join(commands) + f" ({platform.machine()} {platform.system()}, {os.cpu_count()} cores, CPU only, 1 "
+        "torch thread each). What it measures, the rules and how a factor is picked: the docstring of "
+        "`simulations/tools/plugin_factors.py`; what to make of it: [docs/plugin.md](../plugin.md).", "",
+        "The app: `examples/pytorch_app` (Flower quickstart-pytorch's shape: its CNN on 8×8 digits, DataLoaders of "
+        "`{\"img\", \"label\"}` batches, SGD with momentum 0.9, 1 local epoch, batch size 32, learning-rate "
+        f"{APP_LR}), IID nodes, every node every round, in-process; shapes {', '.join(shapes)} (nodes × rounds). "
+        "*factor (registry)*: the factor kept (the registry's); *client lr*: "
+        f"{APP_LR} × factor; *holds*: runs whose final accuracy is ≥ stock FedAvg's from the same initial model − "
+        "0.05, of all runs (each command's seeded starts and its unseeded ones: `torch.seed()`, fedadapt's `seed` "
+        "left at its default); *mean acc*: the final global model's accuracy on the clients' held-out splits, mean "
+        "over the runs; *stalls* / ∅: runs whose final model predicts one class; †: diverged (failed, or a "
+        "non-finite or ≥ 1.5 × stock's round-1 mean client train loss).", "",
+        *lines, "", f"factors kept that differ from the registry: {changed or 'none'}",
+    ]
+    Path(args.out or "plugin-factors.md").write_text("\n".join(page) + "\n")
     return 0
 
 
