@@ -112,16 +112,16 @@ def test_every_method_at_its_published_factor_on_the_measured_short_shape():
 
 
 def test_a_stalled_run_warns_naming_the_lr(tmp_path, caplog):
-    """The quickstart app at a learning rate far too low (1e-6, 4 rounds): the clients' train loss stays flat at
-    round 1's level, and round 4 warns that training is not progressing, naming the client lr; at the method's
+    """The quickstart app at a learning rate far too low (1e-6, 5 rounds): the clients' train loss stays flat at
+    round 1's level, and round 5 warns that training is not progressing, naming the client lr; at the method's
     factor the same run warns nothing."""
     for lr, warned in ((1e-6, True), (APP_LR * fs.get_method("fedavg").client_lr_factor, False)):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="flwr"):
-            _run_app(tmp_path, "fedavg", lr, rounds=4)
+            _run_app(tmp_path, "fedavg", lr, rounds=5)
         stalled = [r.getMessage() for r in caplog.records if "not progressing" in r.getMessage()]
         if warned:
-            assert len(stalled) == 1 and stalled[0].startswith("Round 4: training is not progressing: the clients' "
+            assert len(stalled) == 1 and stalled[0].startswith("Round 5: training is not progressing: the clients' "
                                                                "mean train loss has stayed at round 1's level"), stalled
             assert f"client lr {lr:g} (run-config client-lr, or your app's name for it)" in stalled[0]
         else:

@@ -36,7 +36,7 @@ LOSS_RISE_RATIO = 1.5
 LOSS_GROWTH_RATIO = 10.0
 
 #: :func:`stall_alarm`: how many rounds in a row the mean train loss must stay flat.
-STALL_ROUNDS = 3
+STALL_ROUNDS = 4
 #: :func:`stall_alarm`: "flat": those rounds' mean train losses within this fraction of round 1's loss of each other.
 STALL_TOLERANCE = 0.002
 #: :func:`stall_alarm`: "at round 1's level": less than this fraction below round 1's mean train loss.
@@ -184,8 +184,9 @@ def stall_alarm(history: Sequence[RoundLog]) -> str | None:
     round 1 all have a finite mean ``train-loss``, lie within :data:`STALL_TOLERANCE` × round 1's of each other
     (flat) and less than :data:`STALL_DROP` below round 1's (at its level).  A learning rate far too low does this,
     and so does one that collapsed the model to predicting one class (its loss drops a little in round 2, then stays
-    at the class prior's entropy); stock FedAvg on the quickstart shape, slow as it is there, moves ≥ 0.5 % of its
-    round-1 loss over rounds 2–4 (docs/results/plugin-factors.md)."""
+    at the class prior's entropy); stock FedAvg on the quickstart shape, slow as it is there, moves more, and so do
+    slow starts that go on to learn (SCAFFOLD's loss sits flat for 3 rounds: hence 4).  Checked on the 390 runs of
+    docs/results/plugin-factors.md: it warned 6, none of which ended within 0.05 of stock FedAvg, and no stock run."""
     if len(history) < STALL_ROUNDS + 1:
         return None
     losses = [h.train_metrics.get(R.TRAIN_LOSS) for h in (history[0], *history[-STALL_ROUNDS:])]
