@@ -19,8 +19,8 @@ A method's registry factor (``CLIENT_LR_FACTOR`` in ``flower_strategies/core/reg
 of it stalls, diverges or does not hold, its neighbours on the grid ×0.01 / ×0.03 / … / ×10 / ×30 run too, then the
 next one beyond the best while the best is the edge of those tried (twice at most; ``--grid``: the whole grid;
 ``--no-search``: none; ``--factors``: those instead; ``--only-factors``: those, not the registry's either).  The
-factor kept: no stalls and no divergence first, then holds most often, then higher mean accuracy, then the smaller
-factor.  Accuracy: the final global model on the union of the clients' held-out splits
+factor kept: no stalls and no divergence first (else the fewest), then holds most often, then higher mean accuracy,
+then the smaller factor.  Accuracy: the final global model on the union of the clients' held-out splits
 (the app's ``test``).  ``--json`` keeps every run (its per-round train losses too).
 
     python -m simulations.tools.plugin_factors [--quick] [--shapes 5x5 10x10] [--seeds 0 1 2 3] [--unseeded 1]
@@ -230,8 +230,11 @@ def evaluate(method: str, factor: float, shapes: list[Shape], unseeded: dict[str
             "acc": sum(0.0 if math.isnan(r["acc"]) else r["acc"] for r in every) / len(every)}
 
 
-def _rank(t: dict[str, Any]) -> tuple[bool, float, float, float]:
-    return (not t["stalls"] and not t["diverged"], t["holds"] / t["total"], round(t["acc"], 2), -t["factor"])
+def _rank(t: dict[str, Any]) -> tuple[bool, float, float, float, float]:
+    """No stalls and no divergence first, then the fewest of them, then the largest share of runs that hold, then
+    the higher mean accuracy, then the smaller factor."""
+    bad = (t["stalls"] + t["diverged"]) / t["total"]
+    return (not bad, -bad, t["holds"] / t["total"], round(t["acc"], 2), -t["factor"])
 
 
 def _neighbours(factor: float) -> tuple[float, ...]:
