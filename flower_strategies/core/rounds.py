@@ -185,9 +185,9 @@ def stall_alarm(history: Sequence[RoundLog]) -> str | None:
     (flat) and less than :data:`STALL_DROP` below round 1's (at its level).  A learning rate far too low does this,
     and so does one that collapsed the model to predicting one class (its loss drops a little in round 2, then stays
     at the class prior's entropy); stock FedAvg on the quickstart shape, slow as it is there, moves more, and so do
-    slow starts that go on to learn (SCAFFOLD's loss sits flat for 3 rounds: hence 4).  Checked on the 410 method
-    runs and 172 stock runs of docs/results/plugin-factors.md: it warned 7 method runs, none of which ended within 0.05
-    of stock FedAvg, and no stock run."""
+    slow starts that go on to learn (SCAFFOLD's loss sits flat for 3 rounds: hence 4).  Checked on the 470 method
+    runs and 212 stock runs of docs/results/plugin-factors.md: it warned 19 method runs, none of which ended within
+    0.05 of stock FedAvg, and no stock run."""
     if len(history) < STALL_ROUNDS + 1:
         return None
     losses = [h.train_metrics.get(R.TRAIN_LOSS) for h in (history[0], *history[-STALL_ROUNDS:])]
