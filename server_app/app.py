@@ -209,6 +209,7 @@ def build(run_config: Mapping[str, Any]) -> tuple[AppConfig, torch.nn.Module, Fe
     model = build_model(fed.task, fed.seed, fed.synthetic_dim, fed.precision)
     trainable = [name for name, _ in model.named_parameters()]
     strategy = spec.build(hp, settings=fed, trainable_keys=trainable, num_rounds=fed.num_server_rounds)
+    strategy.apps_clients = False  # fedadapt's ClientApp trains as the settings say (the summary shows them)
     assert isinstance(fed, AppConfig)
     aggregator = strategy.settings.aggregator
     if aggregator in TRUST_RULES:  # FLTrust: the server's own update on its root set (server_app.root)

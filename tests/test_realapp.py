@@ -50,7 +50,8 @@ def _content(method: str, model: torch.nn.Module, server_round: int = 1, num_rou
 
 
 def _quickstart_loop(net, trainloader, epochs, lr, optimizer=None):
-    """Flower quickstart-pytorch's train(): dict batches, momentum SGD unless given one, summed loss / len(loader)."""
+    """Flower quickstart-pytorch's train(): dict batches, momentum SGD unless given one, summed loss / (epochs *
+    len(trainloader))."""
     optimizer = optimizer or torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     running, seen = 0.0, []
     for _ in range(epochs):
@@ -61,15 +62,16 @@ def _quickstart_loop(net, trainloader, epochs, lr, optimizer=None):
             optimizer.step()
             running += loss.item()
             seen.append(loss.item())
-    return running / len(trainloader), seen
+    return running / (epochs * len(trainloader)), seen
 
 
 # ------------------------------------------------------------------ 1. rnd.loader behaves like the app's DataLoader
 @pytest.mark.parametrize("method", sorted(fs.METHODS))
 def test_quickstart_train_dividing_by_len_trainloader_works_for_every_method(method):
     """The quickstart's own loop over rnd.loader for every method: len(rnd.loader) is the number of batches the
-    round iterates (all its epochs), so the returned loss is the mean per step, the reply is accepted by the
-    method's strategy screen, and the batches are the app's dict objects."""
+    round iterates (all its epochs) until the loop's second pass, then that over the passes, so the quickstart's
+    ``running_loss / (epochs * len(trainloader))`` is the mean per step; the reply is accepted by the method's
+    strategy screen, and the batches are the app's dict objects."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(45, 2, 4, generator=gen), torch.randint(0, 4, (45,), generator=gen)
     model = Flat()
@@ -79,9 +81,11 @@ def test_quickstart_train_dividing_by_len_trainloader_works_for_every_method(met
     assert len(rnd.loader) == planned == rnd.num_steps(45)
     opt = rnd.optimizer(model) if rnd.needs_client_half else None
     loss, seen = _quickstart_loop(model, rnd.loader, 2, rnd.lr, opt)  # the app's 2 epochs: 1 pass yields all
-    assert len(seen) == len(rnd.loader) == rnd.batches_yielded and loss == pytest.approx(np.mean(seen), rel=1e-12)
+    assert len(seen) == planned == rnd.batches_yielded and len(rnd.loader) == round(planned / 2)
+    if planned % 2 == 0:  # exact when the loop's epochs divide the round's steps
+        assert loss == pytest.approx(np.mean(seen), rel=1e-12)
     reply = rnd.reply(model, opt, train_loss=loss)
-    assert reply["metrics"]["num-steps"] == len(rnd.loader) and math.isfinite(reply["metrics"]["train-loss"])
+    assert reply["metrics"]["num-steps"] == planned and math.isfinite(reply["metrics"]["train-loss"])
     strategy = fs.get_method(method).build(batch_size=8, local_epochs=2)
     strategy.num_rounds = 3
     strategy.prepare_round(1, ArrayRecord(Flat().state_dict()), own_loop_config(), 1)
@@ -105,8 +109,8 @@ def test_len_of_the_round_loader_in_full_batch_steps_and_tensor_rounds():
 
 
 def test_the_example_app_is_quickstart_shaped_and_its_train_divides_by_len(monkeypatch):
-    """examples/pytorch_app's task.py is the quickstart's (CNN, dict batches, summed loss / len(trainloader)) and
-    its train() runs unchanged on rnd.loader."""
+    """examples/pytorch_app's task.py is the quickstart's (CNN, dict batches, summed loss / (epochs *
+    len(trainloader))) and its train() runs unchanged on rnd.loader."""
     read_digits_once(monkeypatch, sys.modules["pytorchapp.task"])
     loader, _ = load_data(0, 10, 32)
     batch = next(iter(loader))
@@ -118,7 +122,23 @@ def test_the_example_app_is_quickstart_shaped_and_its_train_divides_by_len(monke
                          torch.nn.functional.cross_entropy)
     opt = rnd.optimizer(model)
     loss = quickstart_train(model, rnd.loader, 2, rnd.lr, torch.device("cpu"), optimizer=opt)
-    assert opt.steps_taken == len(rnd.loader) == 2 * len(loader) and 0 < loss < 3
+    assert opt.steps_taken == 2 * len(rnd.loader) == 2 * len(loader) and 0 < loss < 3
+
+
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_the_quickstart_divisor_reports_the_true_mean_train_loss(epochs):
+    """E local epochs through the recipe: the quickstart's ``running_loss / (epochs * len(trainloader))`` over
+    rnd.loader is the mean of the E·⌈n/B⌉ batch losses the loop computed — what the reply's train-loss carries and
+    the server's warnings read (a divisor E× too large would hide a divergence)."""
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(45, 2, 4, generator=gen), torch.randint(0, 4, (45,), generator=gen)
+    model = Flat()
+    rnd = fs.ClientRound(_content("fedavg", model, batch_size=8, local_epochs=epochs), RecordDict(),
+                         DictLoader(x, y, 8), torch.nn.functional.cross_entropy)
+    loss, seen = _quickstart_loop(model, rnd.loader, epochs, rnd.lr)
+    assert len(seen) == epochs * math.ceil(45 / 8) == rnd.batches_yielded
+    assert loss == pytest.approx(float(np.mean(seen)), rel=1e-12)
+    assert rnd.reply(model, None, train_loss=loss)["metrics"]["train-loss"] == pytest.approx(np.mean(seen), rel=1e-12)
 
 
 # ------------------------------------------------------------------ 2. the legacy train callback's contract

@@ -295,3 +295,93 @@ def test_no_call_stack_walking():
     hits = [f"{p.relative_to(ROOT)}:{i}" for p in [*SOURCES, *(ROOT / "simulations").rglob("*.py")]
             for i, line in enumerate(p.read_text().splitlines(), 1) if banned.search(line)]
     assert not hits, hits
+
+
+def _ray_reason(user_error: Exception) -> str:
+    """The error reason Flower's simulation engine sends when a ClientApp raises ``user_error`` under its Ray backend
+    (flwr/server/superlink/fleet/vce/vce_api.py: ``str(type(ex)) + ":<'" + str(ex) + "'>"``, where ``ex`` is the
+    RayTaskError of its ClientAppActor, whose ``run`` re-raises the user's exception as a ClientAppException)."""
+    import traceback
+
+    from flwr.clientapp.client_app import ClientAppException
+    from ray.exceptions import RayTaskError
+
+    try:
+        try:
+            raise user_error
+        except Exception as ex:
+            raise ClientAppException(str(ex)) from ex
+    except ClientAppException as cae:
+        ray_error = RayTaskError("ClientAppActor.run", traceback.format_exc(), cae, proctitle="ray::ClientAppActor.run",
+                                 pid=4242, ip="10.0.0.7", actor_id="7f9a3c1d2e4b5a6f7081",
+                                 actor_repr="<flwr.simulation.ray_transport.ray_actor.ClientAppActor object at "
+                                            "0x7f3a2c1d9e50>").as_instanceof_cause()
+    return str(type(ray_error)) + ":<'" + str(ray_error) + "'>"
+
+
+class _Mismatch(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error, expected", [
+    (ValueError("eval batch has 3 channels, model expects 1"),
+     "ValueError: eval batch has 3 channels, model expects 1 [via RayTaskError(ClientAppException)]"),
+    (_Mismatch("labels 0..9 expected"), "_Mismatch: labels 0..9 expected [via RayTaskError(ClientAppException)]"),
+])
+def test_a_ray_error_reason_keeps_the_users_exception_first(error, expected):
+    from flower_strategies.core.rejections import client_error_text
+
+    reason = _ray_reason(error)
+    assert len(reason) > 300 and "actor_id" in reason[:300] and str(error) not in reason[:150]  # what it was
+    assert client_error_text(reason) == expected
+    assert client_error_text("<class 'KeyError'>:<''img''>") == "KeyError: 'img'"  # deployment / no Ray
+    assert client_error_text("<class 'flwr.clientapp.client_app.ClientAppException'>:<'\nException "
+                             "ClientAppException occurred. Message: OOM'>") == "OOM [via ClientAppException]"
+    assert client_error_text("  left \n over ") == "left over"  # anything else: whitespace collapsed
+
+
+def test_failure_reasons_in_a_run_name_the_users_exception(caplog):
+    """A ClientApp whose evaluate (and, in round 2, train) raises, in-process; the replies carry the reason Flower's
+    Ray backend would send: the evaluate failure line, the train rejections and the run's failure message start with
+    the user's exception."""
+    import logging
+
+    from flwr.app import Array, ArrayRecord, MessageType, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    import flower_strategies as fs
+    from simulations.engine.inprocess import LoopbackGrid
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        if int(msg.content["config"]["server-round"]) == 2:
+            raise KeyError("img")
+        metrics = MetricRecord({"num-examples": 10})
+        return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": metrics}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg, context):
+        raise ValueError("eval batch has 3 channels, model expects 1")
+
+    def as_ray(request, reply, partition_id):
+        if not reply.has_error():
+            return reply
+        user = ValueError("eval batch has 3 channels, model expects 1") \
+            if request.metadata.message_type == MessageType.EVALUATE else KeyError("img")
+        return Message(Error(code=reply.error.code, reason=_ray_reason(user)), reply_to=request)
+
+    from flower_strategies.core.policy import RunFailed
+
+    strategy = fs.FedAvg(fraction_evaluate=1.0, max_idle_rounds=0)
+    failed = r"^round 2: every client failed; first error: node 1: client error: KeyError: 'img' \[via RayTaskError"
+    with caplog.at_level(logging.INFO, logger="flwr"), pytest.raises(RunFailed, match=failed):
+        strategy.start(grid=LoopbackGrid(app, 2, {}, intercept=as_ray),
+                       initial_arrays=ArrayRecord({"w": Array(np.zeros(4, np.float32))}), num_rounds=2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert "\t> 2 failures from nodes 1, 2: ValueError: eval batch has 3 channels, model expects 1 [via " \
+           "RayTaskError(ClientAppException)]" in lines
+    (round2,) = [h for h in strategy.history if h.server_round == 2]
+    assert [str(r) for r in round2.rejections] == [
+        f"node {n}: client error: KeyError: 'img' [via RayTaskError(ClientAppException)]" for n in (1, 2)]

@@ -118,3 +118,31 @@ def test_a_rounds_report_is_its_closed_log_with_an_adapters_notes_joined_at_clos
     book.open(2)
     book.close(book.pop_open_log(2), {})
     assert book.report(1) is None and book.report(2).rejections == [] and book.report(2).round_metrics == {}
+
+
+def _history(losses):
+    from flower_strategies.core import records as R
+
+    return [RoundLog(i + 1, train_metrics={R.TRAIN_LOSS: v}) for i, v in enumerate(losses)]
+
+
+@pytest.mark.parametrize("losses, fires", [
+    # measured (simulations/tools/plugin_factors.py, the quickstart shape): localadam at ×0.3, collapsed to one class
+    ([2.3198, 2.296, 2.2953, 2.2948, 2.2947], 5),
+    ([2.2927, 2.2963, 2.2944, 2.2933, 2.2927], 5),       # localadam at ×0.1, 5 × 5, seed 1: one class
+    ([3.0, 2.999, 2.998, 2.998, 2.997], 5),              # an lr far too low: the loss barely moves
+    ([2.2911, 2.2854, 2.2797, 2.2733, 2.2651], None),    # stock FedAvg, 10 × 10, seed 0: slow but moving
+    ([2.283, 2.2918, 2.1868, 1.9645, 1.7972], None),     # localadam at ×0.1: learns
+    # scaffold at ×3, 10 × 10, seed 1: a slow start (flat for 3 rounds) that goes on to hold against stock FedAvg
+    ([2.2899, 2.3071, 2.3067, 2.3046, 2.3013, 2.2972, 2.2914, 2.2833], None),
+    ([2.3, 1.2, 1.199, 1.199, 1.198], None),             # flat, but far below round 1: converged, not stalled
+    ([2.3, 2.0, 2.3, 2.3, 2.3, 2.3], 6),                 # back at round 1's level and flat: stalled since round 3
+])
+def test_stall_alarm_fires_on_a_flat_loss_at_round_1s_level(losses, fires):
+    from flower_strategies.core.rounds import stall_alarm
+
+    fired = [r for r in range(1, len(losses) + 1) if stall_alarm(_history(losses[:r]))]
+    assert (fired[0] if fired else None) == fires
+    if fires:
+        assert "stayed at round 1's level" in str(stall_alarm(_history(losses[:fires])))
+    assert stall_alarm(_history([2.3, 2.3, float("nan"), 2.3])) is None  # a round without a usable loss: no verdict

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,9 +80,11 @@ def test_names_must_name_run_config_keys_and_strategy_keys():
     msg = error_of(APP, names={"learning_rate": "client-lr"})
     assert "names maps 'learning_rate' to 'client-lr', but the run-config has no key 'learning_rate'; did you mean " \
            "'learning-rate'?" in msg
+    assert f"(the run-config's keys: {', '.join(sorted(APP))})" in msg  # the keys that exist
     msg = error_of(APP, names={"learning-rate": "client_lr"})
-    assert "names maps 'learning-rate' to 'client_lr', which is not a strategy key; did you mean 'client-lr'?" in msg
-    assert "fraction-train" not in msg
+    assert "names maps 'learning-rate' to 'client_lr', which is not a strategy key; did you mean 'client-lr'? (the " \
+           "strategy keys: aggregator, batch-size, byzantine-fraction, client-lr," in msg
+    assert "fraction-train" in msg and "min-train-nodes" in msg
 
 
 def test_the_apps_unknown_key_error_lists_close_matches_not_every_key():
@@ -140,3 +143,26 @@ def test_the_optimizer_of_the_model_itself_is_accepted_after_moving_it():
     _step(model, opt)
     reply = rnd.reply(model, opt, num_examples=4)
     assert R.MODEL in reply.array_records and reply[R.METRICS][R.NUM_STEPS] == 1.0
+
+
+def test_a_run_config_line_is_checked_against_the_apps_declared_keys(capsys):
+    """``python -m flower_strategies.config --check``: what Flower would refuse with ``[code: 15] Invalid run
+    configuration.`` (keys the app does not declare), each with its close matches, before ``flwr run``."""
+    from flower_strategies.config import check_run_config, main
+
+    app = Path(__file__).resolve().parent.parent / "examples" / "pytorch_app"
+    assert check_run_config("learning-rate=0.2 method='fedadam' local-epochs=2", app) == []
+    problems = check_run_config("lerning-rate=0.2 clinet-lr=0.1 fedlada.amend-weight=0.1", app)
+    head = f"is not declared in {app / 'pyproject.toml'} [tool.flwr.app.config], so Flower refuses the run " \
+           "('[code: 15] Invalid run configuration.'); "
+    assert problems == [
+        f"'lerning-rate' {head}did you mean 'learning-rate'?",
+        f"'clinet-lr' {head}did you mean 'client-lr'? ('client-lr': fedadapt's, not declared by your app: add it to "
+        "[tool.flwr.app.config] (python -m flower_strategies.config fedlada prints the lines))",
+        f"'fedlada.amend-weight' {head}it is a fedadapt key your app does not declare: add it to "
+        "[tool.flwr.app.config] (python -m flower_strategies.config fedlada prints the lines)",
+    ]
+    assert main(["--check", "clinet-lr=0.1", "--app", str(app)]) == 2
+    assert "error: 'clinet-lr' is not declared" in capsys.readouterr().err
+    assert main(["--check", "learning-rate=0.2", "--app", str(app)]) == 0
+    assert "ok:" in capsys.readouterr().out

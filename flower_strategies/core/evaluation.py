@@ -11,8 +11,35 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 
+from flwr.serverapp import Grid
+
 from . import records as R
+from .hparams import StrategyConfig
+from .rejections import client_error_text
 from .rounds import mean_reply_metrics
+
+
+class ClientEvaluation:
+    """Client-side evaluation (off by default: ``fraction-evaluate = 0``), a base of
+    :class:`~.strategy.FedAdaptStrategy`: the round's evaluate messages to a sample of nodes, and the example-weighted
+    means of their metrics."""
+
+    settings: StrategyConfig
+    min_evaluate_nodes: int
+
+    def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
+        raise NotImplementedError  # the strategy's sampler (FedAdaptStrategy.sample)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if self.settings.fraction_evaluate <= 0.0:
+            return []
+        node_ids = self.sample(grid, self.settings.fraction_evaluate, self.min_evaluate_nodes)
+        return evaluate_messages(server_round, arrays, config, node_ids)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Example-weighted means of the clients' evaluation metrics (:func:`aggregate_evaluation`)."""
+        return aggregate_evaluation(server_round, replies)
 
 
 def evaluate_messages(server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -59,11 +86,11 @@ def evaluate_metrics(content: RecordDict) -> MetricRecord | None:
 
 
 def failure_summary(failed: Iterable[Message], width: int = 300) -> list[str]:
-    """One line per distinct error reason of ``failed`` replies: how many, from which nodes, the reason (its first
-    ``width`` characters)."""
+    """One line per distinct error reason of ``failed`` replies: how many, from which nodes, the reason (the user's
+    exception first, :func:`.rejections.client_error_text`; its first ``width`` characters)."""
     by_reason: dict[str, list[int]] = {}
     for m in failed:
-        reason = " ".join(str(m.error.reason).split())
+        reason = client_error_text(m.error.reason)
         by_reason.setdefault(reason[:width] + ("…" if len(reason) > width else ""), []).append(m.metadata.src_node_id)
     return [f"{len(nodes)} failure{'s' if len(nodes) > 1 else ''} from node{'s' if len(nodes) > 1 else ''} "
             f"{', '.join(map(str, nodes[:8]))}{', …' if len(nodes) > 8 else ''}: {reason}"

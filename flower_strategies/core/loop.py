@@ -90,6 +90,7 @@ def run_rounds(
     round_config: Callable[[int], Mapping[str, Any]] | None = None,
     on_train_replies: Callable[[int, list[Message]], None] | None = None,
     poll_interval: float = 0.0,
+    flower_log: bool = False,
 ) -> Result:
     """Rounds ``start_round … num_rounds`` (``start_round > 1``: ``initial_arrays`` are the global arrays after
     round ``start_round − 1`` and the strategy's state was restored with ``load_state_dict``).
@@ -97,18 +98,24 @@ def run_rounds(
     ``train_config`` / ``evaluate_config``: what Flower's ``start`` sends every round (empty when ``None``);
     ``round_config(round)``: extra entries of the round's train ConfigRecord (the app's, beside the strategy's);
     ``on_train_replies(round, replies)`` sees the train replies before the strategy aggregates them;
-    ``poll_interval``: seconds between polls for replies (:func:`exchange`).  Raises
+    ``poll_interval``: seconds between polls for replies (:func:`exchange`); ``flower_log``: log what Flower's
+    ``Strategy.start`` logs, in its format (the run's settings, each round's aggregated client evaluate metrics and
+    central ``evaluate_fn`` MetricRecord, the final results: :func:`log_start`, :func:`log_result`).  Raises
     :class:`~flower_strategies.core.policy.RunFailed` as :func:`~flower_strategies.core.policy.check_strategy` decides
     (after a round's ``evaluate_fn``, before its ``on_round_end``; and after the last round)."""
     if start_round < 1:
         raise ValueError(f"start_round must be >= 1, got {start_round}")
     strategy.num_rounds = int(num_rounds)
-    log(INFO, "Starting %s strategy at round %d of %d", type(strategy).__name__, start_round, num_rounds)
+    flog: Callable[..., None] = log if flower_log else _quiet  # the lines only Flower's start logs
+    log_start(type(strategy).__name__, (start_round, num_rounds), initial_arrays, train_config, evaluate_config,
+              flower_log)
     strategy.summary()
+    flog(INFO, "")
     result = Result()
     t_start = time.time()
     if evaluate_fn and start_round == 1:
         res = evaluate_fn(0, initial_arrays)
+        flog(INFO, "Initial global evaluation results: %s", res)
         if res is not None:
             result.evaluate_metrics_serverapp[0] = res
     arrays = initial_arrays
@@ -131,14 +138,50 @@ def run_rounds(
                                 poll_interval)
         agg_eval = strategy.aggregate_evaluate(current_round, eval_replies)
         if agg_eval is not None:
+            flog(INFO, "\t└──> Aggregated MetricRecord: %s", agg_eval)
             result.evaluate_metrics_clientapp[current_round] = agg_eval
         if evaluate_fn:
+            flog(INFO, "Global evaluation")
             res = evaluate_fn(current_round, arrays)
+            flog(INFO, "\t└──> MetricRecord: %s", res)
             if res is not None:
                 result.evaluate_metrics_serverapp[current_round] = res
         check_strategy(strategy)  # RunFailed: every client failed, or max-idle-rounds rounds updated nothing
         if on_round_end is not None:
             on_round_end(current_round, arrays)
     check_strategy(strategy, final=True)  # RunFailed: no round of the run updated the model
+    flog(INFO, "")
     log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+    log_result(result, flog)
     return result
+
+
+def _quiet(*_: Any) -> None:
+    """A ``log`` that logs nothing."""
+
+
+def log_start(name: str, rounds: tuple[int, int], arrays: ArrayRecord, train_config: ConfigRecord | None,
+              evaluate_config: ConfigRecord | None, flower_log: bool = True) -> None:
+    """The head of Flower's ``Strategy.start`` log (``flower_log``): rounds, the model's size, the two configs; else
+    one line naming the first and last of ``rounds`` (``(start_round, num_rounds)``)."""
+    start_round, num_rounds = rounds
+    if not flower_log:
+        log(INFO, "Starting %s strategy at round %d of %d", name, start_round, num_rounds)
+        return
+    log(INFO, "Starting %s strategy:", name)
+    log(INFO, "\t├── Number of rounds: %d", num_rounds)
+    log(INFO, "\t├── ArrayRecord (%.2f MB)", sum(len(a.data) for a in arrays.values()) / (1024**2))
+    for kind, config in (("train", train_config), ("evaluate", evaluate_config)):
+        shown = ", ".join(f"'{k}': {'<bytes>' if isinstance(v, bytes) else v}" for k, v in (config or {}).items())
+        log(INFO, "\t├── ConfigRecord (%s): %s", kind, f"{{{shown}}}" if config else "(empty!)")
+
+
+def log_result(result: Result, say: Callable[..., None] = log) -> None:
+    """The tail of Flower's ``Strategy.start`` log: the :class:`Result` (its arrays' size and every round's
+    metrics), line by line, through ``say``."""
+    say(INFO, "")
+    say(INFO, "Final results:")
+    say(INFO, "")
+    for line in str(result).splitlines():
+        say(INFO, "\t%s", line)
+    say(INFO, "")

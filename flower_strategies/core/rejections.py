@@ -8,10 +8,53 @@ the metrics file and the failure messages show: ``"node <id>: <detail>"``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Flower's error reason for an exception in a ClientApp: ``<class 'ValueError'>:<'message'>``.
+_FLOWER_REASON = re.compile(r"<class '([^']+)'>:<'(.*)'>", re.S)
+#: A traceback's exception line: ``ValueError: message`` (a dotted name that ends as exception names do).
+_RAISED = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault))(?:: (.*))?")
+_EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]*)(?:: (.*))?")
+#: A chained traceback's separator: the exception line before it is the cause (the user's).
+_CAUSE = "The above exception was the direct cause of the following exception:"
+#: What Flower's ClientAppException puts before the user's message (its Ray actor re-raises every exception so).
+_WRAPPED = re.compile(r"Exception ClientAppException occurred\. Message: (.*)")
+
+
+def client_error_text(reason: str | None) -> str:
+    """A client's error reason, the user's exception first: ``"ValueError: message"``, then the transport that
+    carried it (``[via RayTaskError(ClientAppException)]``); the transport's repr, pid, address and traceback frames
+    are dropped, so that a reason cut to a line's width keeps the user's words.
+
+    Flower reports an exception in a ClientApp as ``<class 'T'>:<'str(exception)'>``; under its Ray simulation
+    backend ``T`` is ``ray.exceptions.RayTaskError(ClientAppException)`` and the string is Ray's: the actor's repr
+    and the traceback, whose first exception line is the user's (the ClientAppException after it carries only its
+    message).  Any other reason is returned with its whitespace collapsed."""
+    text = _ANSI.sub("", str(reason or "")).strip()
+    found = _FLOWER_REASON.fullmatch(text)
+    if found is None:
+        return " ".join(text.split())
+    carrier, message = found.group(1).rsplit(".", 1)[-1], found.group(2)
+    cause = _EXCEPTION_LINE.fullmatch(message.split(_CAUSE)[0].rstrip().rsplit("\n", 1)[-1].strip()) \
+        if _CAUSE in message else None
+    raised = [cause] if cause else [
+        m for line in message.splitlines()
+        if (m := _RAISED.fullmatch(line.rstrip())) and not m.group(1).endswith("ClientAppException")]
+    wrapped = _WRAPPED.search(message)
+    if raised:  # a traceback (Ray's): its first exception line, the one that caused the wrapping, is the user's
+        user = f"{raised[0].group(1).rsplit('.', 1)[-1]}: {raised[0].group(2) or ''}"
+    elif wrapped:  # only the message survived the wrapping
+        user = wrapped.group(1)
+    else:
+        user = f"{carrier}: {message}"
+    user = " ".join(user.split())
+    return user if user.startswith(f"{carrier}:") else f"{user} [via {carrier}]"
 
 
 class Kind(str, Enum):

@@ -132,3 +132,50 @@ def root_update_from(model: torch.nn.Module, loader: Iterable[Any], loss_fn: Cal
         return {name: {k: np.asarray(v.numpy()) for k, v in record.items()}
                 for name, record in R.of_type(reply, ArrayRecord)}
     return update
+
+
+class RootUpdateSlot:
+    """The strategy's :attr:`root_update` (a base of :class:`~.strategy.FedAdaptStrategy`): the contract of the
+    callable, and a setter that refuses anything that cannot be called."""
+
+    _root_update: RootUpdate | None = None
+
+
+    @property
+    def root_update(self) -> RootUpdate | None:
+        """The server's own training round on its trusted root set, which ``defence = "robust"`` (``aggregator =
+        fltrust-gate`` / ``fltrust``) compares every reply with; ``None`` until set (such a run then stops before
+        round 1 with a :class:`ConfigError`).  The fedadapt ServerApp sets it from the task (``server_app/root.py``);
+        in your own app: ``strategy.root_update = flower_strategies.root_update_from(Net(), root_loader, loss_fn)``.
+
+        Contract of a callable of your own, ``root_update(content)``:
+
+        * **receives** the round's train content, exactly what every sampled client receives: the global model
+          x_t under ``"arrays"`` (an ArrayRecord), the method's downlink records (e.g. FedLADA's ``"v-hat"``), and
+          the ``"config"`` ConfigRecord (the round's learning rate, epochs/steps, batch size, method);
+        * **starts from that model**: load ``content["arrays"]`` into the model before training, every round (a
+          model object kept from the last round, with its optimizer's momentum, is not the round's start; the
+          clients' replies then point elsewhere and are all rejected);
+        * **trains like a client**: the method's client half (:func:`.client.train_reply` / :class:`ClientRound`
+          with ``rnd.optimizer(model)``), with the clients' loss and the round's settings, on the server's trusted
+          examples (a small clean sample of the clients' distribution; keep it and its batch order secret);
+        * **returns** the reply's array records, ``{record name: named arrays}`` — at least the first record of
+          :meth:`uplink_specs` (for most methods ``"arrays"``: the **trained model**, not the difference x − x_t),
+          each with the layout the clients send (the global model's keys, shapes and dtypes; ``keys="params"``
+          records the trainable keys).  A ``RecordDict`` (``train_reply``'s reply itself), ArrayRecords, NumPy
+          arrays or tensors are all accepted (:func:`.rootset.root_records`; a wrong layout is a ConfigError
+          stating this contract);
+        * **keeps** across rounds the method's client state a client would keep (``train_reply(..., state=...)``
+          with one ``RecordDict`` for the whole run: SCAFFOLD's control variate, Fed-LAMB's momentum), and nothing
+          else.
+
+        A root update that gets this wrong rejects every honest reply: a run whose first round rejects every reply
+        for its trust fails at once, saying what to check (:func:`.policy.check_progress`)."""
+        return self._root_update
+
+    @root_update.setter
+    def root_update(self, fn: RootUpdate | None) -> None:
+        if fn is not None and not callable(fn):
+            raise TypeError(f"root_update must be a callable (round's train content → reply records), got "
+                            f"{type(fn).__name__}")
+        self._root_update = fn

@@ -35,6 +35,13 @@ LOSS_RISE_RATIO = 1.5
 #: :func:`loss_alarm`: a round's mean train loss above this multiple of the lowest mean of an earlier round.
 LOSS_GROWTH_RATIO = 10.0
 
+#: :func:`stall_alarm`: how many rounds in a row the mean train loss must stay flat.
+STALL_ROUNDS = 4
+#: :func:`stall_alarm`: "flat": those rounds' mean train losses within this fraction of round 1's loss of each other.
+STALL_TOLERANCE = 0.002
+#: :func:`stall_alarm`: "at round 1's level": less than this fraction below round 1's mean train loss.
+STALL_DROP = 0.05
+
 #: Server state: named arrays (``{key: ndarray}``) or JSON-able scalars/lists, by name.
 ServerState = dict[str, Any]
 
@@ -173,6 +180,13 @@ def loss_alarm(reply_metrics: Sequence[Mapping[str, Any]], round_mean: Mapping[s
     return None
 
 
+def _lrs(client_lr: float, server_lr: Any, method: str) -> str:
+    lrs = f"client lr {client_lr:g} (run-config client-lr, or your app's name for it)"
+    if isinstance(server_lr, (int, float)):
+        lrs += f", server lr {server_lr:g} ({method}.server-lr)"
+    return lrs
+
+
 def warn_divergence(server_round: int, why: str | None, nonfinite: Sequence[Rejection], client_lr: float,
                     server_lr: Any, method: str) -> None:
     """A warning naming the learning rates when the clients' training loss explodes (``why``: :func:`loss_alarm`)
@@ -183,11 +197,41 @@ def warn_divergence(server_round: int, why: str | None, nonfinite: Sequence[Reje
         why = f"{len(nonfinite)} replies were rejected for non-finite values ({nonfinite[0]})"
     if why is None:
         return
-    lrs = f"client lr {client_lr:g} (run-config client-lr, or your app's name for it)"
-    if isinstance(server_lr, (int, float)):
-        lrs += f", server lr {server_lr:g} ({method}.server-lr)"
     log(WARNING, "Round %d: training is diverging: %s. The learning rate is likely too high: %s; try it ÷10 "
-        "(docs/plugin.md: client-lr factors)", server_round, why, lrs)
+        "(docs/plugin.md: client-lr factors)", server_round, why, _lrs(client_lr, server_lr, method))
+
+
+def warn_stall(server_round: int, why: str | None, client_lr: float, server_lr: Any, method: str) -> bool:
+    """A warning naming the learning rates when the clients' train loss stays flat at round 1's level (``why``:
+    :func:`stall_alarm`): a run that goes on would otherwise "complete" at its initial accuracy, or at one predicted
+    class.  Whether it warned."""
+    if why is None:
+        return False
+    log(WARNING, "Round %d: training is not progressing: %s. A learning rate far too low does this, and so does one "
+        "so high that the model collapsed to one class: %s; try it ×3 and ÷3 (docs/plugin.md: client-lr factors)",
+        server_round, why, _lrs(client_lr, server_lr, method))
+    return True
+
+
+def stall_alarm(history: Sequence[RoundLog]) -> str | None:
+    """Why the run looks stalled, or ``None`` (the rule, docs/plugin.md): the last :data:`STALL_ROUNDS` rounds after
+    round 1 all have a finite mean ``train-loss``, lie within :data:`STALL_TOLERANCE` × round 1's of each other
+    (flat) and less than :data:`STALL_DROP` below round 1's (at its level).  A learning rate far too low does this,
+    and so does one that collapsed the model to predicting one class (its loss drops a little in round 2, then stays
+    at the class prior's entropy); stock FedAvg on the quickstart shape, slow as it is there, moves more, and so do
+    slow starts that go on to learn (SCAFFOLD's loss sits flat for 3 rounds: hence 4).  Checked on the 470 method
+    runs and 212 stock runs of docs/results/plugin-factors.md: it warned 19 method runs, none of which ended within
+    0.05 of stock FedAvg, and no stock run."""
+    if len(history) < STALL_ROUNDS + 1:
+        return None
+    losses = [h.train_metrics.get(R.TRAIN_LOSS) for h in (history[0], *history[-STALL_ROUNDS:])]
+    if not all(_finite_number(v) and float(cast(float, v)) > 0 for v in losses):
+        return None
+    first, later = float(cast(float, losses[0])), [float(cast(float, v)) for v in losses[1:]]
+    if max(later) - min(later) > STALL_TOLERANCE * first or min(later) < (1.0 - STALL_DROP) * first:
+        return None
+    return (f"the clients' mean train loss has stayed at round 1's level ({first:.4g}) for the last {STALL_ROUNDS} "
+            f"rounds ({', '.join(f'{v:.4g}' for v in later)}: within {STALL_TOLERANCE:.1%} of it of each other)")
 
 
 def nonfinite_state(state: Mapping[str, Any]) -> str | None:

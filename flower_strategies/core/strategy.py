@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from . import records as R
 from .binding import ReplyBinder
-from .evaluation import aggregate_evaluation, evaluate_messages
+from .evaluation import ClientEvaluation
 from .hparams import ConfigError, HParams, StrategyConfig
 from .local import LocalOptimizer, SGDOptimizer, has_client_half
 from .loop import run_rounds
@@ -34,18 +34,18 @@ from .policy import RunFailed
 from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
 from .rejections import Kind
 from .references import centre_reference, check_sample_size, root_reference
-from .rootset import RootUpdate
+from .rootset import RootUpdateSlot
 from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
-                     warn_divergence, weighted_mean)
+                     stall_alarm, warn_divergence, warn_stall, weighted_mean)
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
-from .strategy_settings import SETTINGS, point_to_settings, strategy_settings
+from .strategy_settings import SETTINGS, client_settings_line, point_to_settings, strategy_settings
 from .validation import RecordSpec
 
 __all__ = ["ClientHalfMissing", "FedAdaptStrategy", "RecordSpec", "RoundInputs", "RoundLog", "ServerState",
            "cast_like", "weighted_mean"]
 
-class FedAdaptStrategy(Strategy):
+class FedAdaptStrategy(RootUpdateSlot, ClientEvaluation, Strategy):
     """Base class of all fedadapt strategies (Message API, ``flwr.serverapp.strategy``).
 
     ``FedLADA(FedLADA.make_hparams(amend_weight=0.05), client_lr=0.01, fraction_train=0.5, seed=0)``
@@ -89,47 +89,11 @@ class FedAdaptStrategy(Strategy):
     #: Hyper-parameter defaults of this class (and its registry name) that differ from :attr:`hparams_class`'s
     #: declaration, by field name: an alias class's (``FedAdam``: ``{"server_opt": "adam", "server_lr": 0.01}``).
     hparam_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
-    _root_update: RootUpdate | None = None
-
-    @property
-    def root_update(self) -> RootUpdate | None:
-        """The server's own training round on its trusted root set, which ``defence = "robust"`` (``aggregator =
-        fltrust-gate`` / ``fltrust``) compares every reply with; ``None`` until set (such a run then stops before
-        round 1 with a :class:`ConfigError`).  The fedadapt ServerApp sets it from the task (``server_app/root.py``);
-        in your own app: ``strategy.root_update = flower_strategies.root_update_from(Net(), root_loader, loss_fn)``.
-
-        Contract of a callable of your own, ``root_update(content)``:
-
-        * **receives** the round's train content, exactly what every sampled client receives: the global model
-          x_t under ``"arrays"`` (an ArrayRecord), the method's downlink records (e.g. FedLADA's ``"v-hat"``), and
-          the ``"config"`` ConfigRecord (the round's learning rate, epochs/steps, batch size, method);
-        * **starts from that model**: load ``content["arrays"]`` into the model before training, every round (a
-          model object kept from the last round, with its optimizer's momentum, is not the round's start; the
-          clients' replies then point elsewhere and are all rejected);
-        * **trains like a client**: the method's client half (:func:`.client.train_reply` / :class:`ClientRound`
-          with ``rnd.optimizer(model)``), with the clients' loss and the round's settings, on the server's trusted
-          examples (a small clean sample of the clients' distribution; keep it and its batch order secret);
-        * **returns** the reply's array records, ``{record name: named arrays}`` — at least the first record of
-          :meth:`uplink_specs` (for most methods ``"arrays"``: the **trained model**, not the difference x − x_t),
-          each with the layout the clients send (the global model's keys, shapes and dtypes; ``keys="params"``
-          records the trainable keys).  A ``RecordDict`` (``train_reply``'s reply itself), ArrayRecords, NumPy
-          arrays or tensors are all accepted (:func:`.rootset.root_records`; a wrong layout is a ConfigError
-          stating this contract);
-        * **keeps** across rounds the method's client state a client would keep (``train_reply(..., state=...)``
-          with one ``RecordDict`` for the whole run: SCAFFOLD's control variate, Fed-LAMB's momentum), and nothing
-          else.
-
-        A root update that gets this wrong rejects every honest reply: a run whose first round rejects every reply
-        for its trust fails at once, saying what to check (:func:`.policy.check_progress`)."""
-        return self._root_update
-
-    @root_update.setter
-    def root_update(self, fn: RootUpdate | None) -> None:
-        if fn is not None and not callable(fn):
-            raise TypeError(f"root_update must be a callable (round's train content → reply records), got "
-                            f"{type(fn).__name__}")
-        self._root_update = fn
-
+    #: Whether the clients are the app's own ClientApp, whose loop decides its optimizer, batch size and epochs
+    #: (:meth:`client_settings`): a library user's app (the default, and :meth:`start`); fedadapt's ServerApp, which
+    #: runs fedadapt's ClientApp, sets it False.
+    apps_clients: bool = True
+    _stall_warned: bool = False
     @property
     def averages_models(self) -> bool:
         """Whether the new model is the (weighted) mean of the replies' models and nothing else is uploaded or kept
@@ -252,17 +216,20 @@ class FedAdaptStrategy(Strategy):
         log(INFO, "\t├──> %s (%s) settings:", type(self).__name__, self.method)
         for line in self.log_settings():
             log(INFO, "\t│\t├── %s", line)
-        log(INFO, "\t│\t└── client-lr %s | local-steps %s | local-epochs %s | batch-size %s | weighting %s | seed %s",
-            s.client_lr, s.local_steps, s.local_epochs, s.batch_size, self.weighting, s.seed)
+        log(INFO, "\t│\t└── %s | weighting %s | seed %s", client_settings_line(s, self.apps_clients), self.weighting,
+            s.seed)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """Flower's ``Strategy.start`` (same arguments, same loop), run by fedadapt's one round loop
-        (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and raised)."""
+        """Flower's ``Strategy.start`` (same arguments, same loop, the same log lines: each round's aggregated
+        client evaluate metrics and central ``evaluate_fn`` MetricRecord, the final results), run by fedadapt's one
+        round loop (:func:`.loop.run_rounds`), which fails a run that trains nothing (:mod:`.policy`; logged and
+        raised)."""
+        self.apps_clients = True
         try:
             return run_rounds(self, grid, initial_arrays, num_rounds, timeout, evaluate_fn,
-                              train_config=train_config, evaluate_config=evaluate_config)
+                              train_config=train_config, evaluate_config=evaluate_config, flower_log=True)
         except RunFailed as err:
             log(ERROR, "fedadapt: run FAILED: %s", err)
             raise
@@ -340,6 +307,9 @@ class FedAdaptStrategy(Strategy):
             metrics_out.update(round_log.round_metrics)
             round_log.updated = new_arrays is not None
         self.rounds.close(round_log, metrics_out)
+        if not self._stall_warned:  # once per run
+            self._stall_warned = warn_stall(server_round, stall_alarm(self.history), self.client_lr_at(server_round),
+                                            getattr(self.hparams, "server_lr", None), self.method)
         return new_arrays, MetricRecord(metrics_out)
 
     def _update(
@@ -371,18 +341,6 @@ class FedAdaptStrategy(Strategy):
         for part in (self.sampler, self.rounds, self.binder):
             part.load_state_dict(state)
         self.server_state = None if state["server_state"] is None else dict(state["server_state"])
-
-    # ------------------------------------------------------------------ client-side evaluation (off by default)
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        if self.settings.fraction_evaluate <= 0.0:
-            return []
-        node_ids = self.sample(grid, self.settings.fraction_evaluate, self.min_evaluate_nodes)
-        return evaluate_messages(server_round, arrays, config, node_ids)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Example-weighted means of the clients' evaluation metrics (:func:`.evaluation.aggregate_evaluation`)."""
-        return aggregate_evaluation(server_round, replies)
 
 
 # A setting's name on a strategy is an AttributeError pointing to .settings; ``weighting`` is a real property (the

@@ -54,3 +54,17 @@ def point_to_settings(cls: type, names: Iterable[str]) -> None:
     """Make each of ``names`` on ``cls`` an :class:`InSettings`."""
     for name in names:
         setattr(cls, name, InSettings(name))
+
+
+def client_settings_line(s: StrategyConfig, apps_clients: bool) -> str:
+    """The client-side settings as a strategy's summary shows them.  fedadapt's ServerApp runs fedadapt's ClientApp,
+    which trains as they say; in a user's app (``apps_clients``: :meth:`~.strategy.FedAdaptStrategy.start`, another
+    strategy's, a user's ServerApp) the app's own ClientApp decides its optimizer, batch size and loop: only the lr
+    it is sent (``rnd.lr``) and the batches ``rnd.loader`` yields come from here."""
+    if not apps_clients:
+        return (f"client-lr {s.client_lr} | local-steps {s.local_steps} | local-epochs {s.local_epochs} | "
+                f"batch-size {s.batch_size}")
+    plan = (f"local-steps {s.local_steps} batches" if s.local_steps else
+            f"local-epochs {s.local_epochs} × ⌈n / batch-size {s.batch_size}⌉ batches")
+    return (f"client-side (the app decides): client-lr {s.client_lr} sent as rnd.lr; rnd.loader yields {plan} "
+            f"of the app's loader; the clients' num-steps and train-loss follow in each round's MetricRecord")

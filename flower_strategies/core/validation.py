@@ -19,7 +19,7 @@ from flwr.common.constant import ErrorCode
 
 from . import records as R
 from .ops import NamedArrays, all_finite, update_norms
-from .rejections import Kind, Rejection
+from .rejections import Kind, Rejection, client_error_text
 
 #: ``{key: (shape, dtype)}`` a record must match exactly.
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -100,7 +100,7 @@ def parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[Rejection
 def _parse_reply(msg: Message, expected: Mapping[str, Layout]) -> tuple[Rejection | None, dict[str, NamedArrays]]:
     if msg.has_error():
         kind = Kind.MOD_REFUSED if msg.error.code == ErrorCode.MOD_FAILED_PRECONDITION else Kind.CLIENT_ERROR
-        return Rejection(None, kind, f"client error: {msg.error.reason}"), {}
+        return Rejection(None, kind, f"client error: {client_error_text(msg.error.reason)}"), {}
     content = msg.content
     metrics = R.get(content, R.METRICS, MetricRecord)
     if metrics is None:

@@ -1,7 +1,7 @@
 """The user's own model, data loaders and training loop (nothing from fedadapt here): the shape of Flower's
 quickstart-pytorch — its CNN (two conv + pool layers, three linear layers), DataLoaders yielding flwr-datasets'
 ``{"img": ..., "label": ...}`` batches, SGD with momentum 0.9, a loop that divides its summed loss by
-``len(trainloader)`` — on scikit-learn's 8×8 digits instead of CIFAR-10."""
+``epochs * len(trainloader)`` — on scikit-learn's 8×8 digits instead of CIFAR-10."""
 
 import numpy as np
 import torch
@@ -63,7 +63,8 @@ def load_data(partition_id: int, num_partitions: int, batch_size: int):
 
 
 def train(net, trainloader, epochs, lr, device, optimizer=None):
-    """Train with SGD + momentum; return the summed batch loss divided by len(trainloader), as the quickstart does."""
+    """Train with SGD + momentum; return the summed batch loss divided by epochs * len(trainloader), as the
+    quickstart does."""
     net.to(device)
     criterion = nn.CrossEntropyLoss().to(device)
     optimizer = optimizer or torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
@@ -76,7 +77,7 @@ def train(net, trainloader, epochs, lr, device, optimizer=None):
             loss.backward()
             optimizer.step()
             running_loss += loss.item()
-    return running_loss / len(trainloader)
+    return running_loss / (epochs * len(trainloader))
 
 
 def test(net, testloader, device):

@@ -406,10 +406,12 @@ def check_bound(optimizer: LocalOptimizer, model: nn.Module) -> None:
 
 class RoundLoader:
     """:attr:`ClientRound.loader`: the first pass yields the round's batches (:meth:`ClientRound.batches`), later
-    passes nothing; ``len()`` is the number of batches the round iterates (its planned steps: ``local-steps``, else
-    ``local-epochs``·⌈n/``batch-size``⌉; 1 in a full-batch round), so a loop that divides its summed loss by
-    ``len(trainloader)`` reports the mean loss per step; ``.dataset`` and ``.batch_size`` are the wrapped loader's,
-    :attr:`wrapped` is that loader itself."""
+    passes nothing; ``len()`` is the number of batches the round iterates (its planned steps K: ``local-steps``, else
+    ``local-epochs``·⌈n/``batch-size``⌉; 1 in a full-batch round) divided by the passes the app's loop has made over
+    it (rounded; K until a second pass starts).  So both ways a loop divides its summed loss report the mean loss
+    per step: Flower quickstart-pytorch's ``running_loss / (epochs * len(trainloader))`` after its ``epochs``
+    passes (exact when ``epochs`` divides K), and ``running_loss / len(trainloader)`` after one pass.
+    ``.dataset`` and ``.batch_size`` are the wrapped loader's, :attr:`wrapped` is that loader itself."""
 
     def __init__(self, rnd: ClientRound, loader: Iterable[Any]) -> None:
         self._round, self._loader, self._passes = rnd, loader, 0
@@ -446,4 +448,5 @@ class RoundLoader:
         if not isinstance(self._loader, TensorPartition) and getattr(self._loader, "dataset", None) is None:
             raise TypeError("len(ClientRound.loader) counts the round's planned steps from len(loader.dataset), and "
                             "this loader has no .dataset")
-        return self._round.num_steps(num_examples_of(self._loader))
+        planned = self._round.num_steps(num_examples_of(self._loader))
+        return max(1, round(planned / max(self._passes, 1)))
