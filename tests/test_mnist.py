@@ -155,7 +155,7 @@ def test_root_set_comes_from_the_training_split(prepared):
 
     root, want, _ = prepared
     fed = parse({"task": "mnist-cnn", "data-dir": str(root / "data"), "root-set-size": 20})
-    x, _ = load_root_set(fed)
+    x, _ = load_root_set(fed, secret=12345)
     train = T.mnist_split("train", str(root / "data"))[0]
     assert len(x) == 20
     assert all(bool((train == row).all(dim=(1, 2, 3)).any()) for row in x)  # every root example is a training image

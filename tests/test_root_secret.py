@@ -11,6 +11,8 @@ replica (cosine 1): the key is for experiments only.
 
 from __future__ import annotations
 
+import re
+
 import logging
 
 import numpy as np
@@ -136,7 +138,10 @@ def test_the_secret_is_never_written_but_to_the_checkpoint_and_a_resume_continue
     assert_same_run(tmp_path / "straight", tmp_path / "ck", 4)
     captured = capfd.readouterr()
     text = captured.out + captured.err + caplog.text
-    assert "round 4" in text.lower() and "fltrust-gate" in text
+    # the run's own lines were captured (its progress lines are printed; Flower's log lines reach capfd only when
+    # no earlier test of the worker re-routed the "flwr" logger), and the run was a robust one
+    assert re.search(r"round\s+4/4", text.lower())
+    assert "fltrust-gate" in (tmp_path / "ck" / "summary.json").read_text()
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "checkpoint.npz"]
     assert written and len(text) > 0
     for s in (SECRET, OTHER):

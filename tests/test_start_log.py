@@ -94,8 +94,9 @@ def test_start_logs_flowers_lines(caplog):
 
 
 def test_the_settings_line_says_the_apps_clients_decide(caplog):
-    """Under ``start`` (a user's ServerApp, the user's ClientApp) the summary does not show fedadapt's client
-    defaults as if they applied; fedadapt's own round loop (its ServerApp with its ClientApp) shows the values."""
+    """Under ``start`` or any loop of a user's (a user's ServerApp, the user's ClientApp) the summary does not show
+    fedadapt's client defaults as if they applied; fedadapt's ServerApp (its ClientApp trains as the settings say)
+    shows the values."""
     from flower_strategies.core.loop import run_rounds
 
     def settings_line(run) -> str:
@@ -112,6 +113,21 @@ def test_the_settings_line_says_the_apps_clients_decide(caplog):
                     "local-epochs 5 × ⌈n / batch-size 16⌉ batches of the app's loader; the clients' num-steps and "
                     "train-loss follow in each round's MetricRecord | weighting examples | seed 0")
     assert "| local-epochs 5 | batch-size 16" not in apps
-    own = settings_line(lambda s, g, a: run_rounds(s, g, a, 1, 60.0, train_config=ConfigRecord({"lr": 0.5})))
+    # a library user's own loop over the same strategy: still the app's clients (the default)
+    assert settings_line(lambda s, g, a: run_rounds(s, g, a, 1, 60.0, train_config=ConfigRecord({"lr": 0.5}))) == apps
+
+    def fedadapts_app(s, g, a):  # fedadapt's ServerApp (server_app.app.build) runs fedadapt's ClientApp
+        s.apps_clients = False
+        run_rounds(s, g, a, 1, 60.0, train_config=ConfigRecord({"lr": 0.5}))
+
+    own = settings_line(fedadapts_app)
     assert own == ("\t│\t└── client-lr 0.5 | local-steps 0 | local-epochs 5 | batch-size 16 | weighting examples | "
                    "seed 0")
+
+
+def test_fedadapts_serverapp_marks_its_clients_as_its_own():
+    from server_app.app import build
+
+    _, _, strategy = build({"method": "fedavg", "num-server-rounds": 1})
+    assert strategy.apps_clients is False  # its summary shows client-lr / epochs / batch size as applied
+    assert fs.FedAvg().apps_clients is True  # a library user's strategy: the app's clients decide
