@@ -263,6 +263,20 @@ def test_labels_keep_only_those_entries_and_the_claims_between_them():
     assert [e.label for e in kept.entries_for("mnist-mlp-dir0.3")] == ["fedavg"]
 
 
+def test_set_keys_go_to_their_methods_entries_only():
+    from simulations.reproduce.cli import parse_keys, with_keys
+
+    keys = parse_keys(["fedlamb.layers=module", "test-max-examples=500", "fedlamb.weight-decay=0.01", "learning-curve=false"])
+    assert keys == {"fedlamb.layers": "module", "test-max-examples": 500, "fedlamb.weight-decay": 0.01, "learning-curve": False}
+    p = with_keys(R.papers()["004-mnist"], keys)
+    by = {e.label: e.overrides for e in p.entries}
+    assert by["fed-lamb"]["fedlamb.layers"] == "module" and by["fed-lamb"]["fedlamb.weight-decay"] == 0.01
+    assert "fedlamb.layers" not in by["fed-ams"] and by["fed-ams"]["test-max-examples"] == 500  # fedams's entry: the generic keys
+    assert with_keys(R.papers()["001"], {}) == R.papers()["001"]
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_keys(["fedlamb.layers"])
+
+
 def test_the_mnist_cnn_settings_run_in_process():
     table = R.settings()
     assert {s.engine for n, s in table.items() if s.task == "mnist-cnn"} == {"inprocess"}

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tomllib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import __doc__ as DOC
-from .catalogue import Paper, papers, registered, settings
+from .catalogue import Entry, Paper, papers, registered, settings
 from .report import markdown_table, rewrite, write_outputs, write_summary
 from .runner import Progress, run_grid
 from .sweep import PARAMS, overrides_from_sweep, sweep, sweep_for
@@ -23,10 +25,11 @@ DEFAULT_OUT = Path("outputs") / "reproduce"
 def reproduce(keys: Sequence[str], *, quick: bool, seeds: int, rounds: int | None, out: Path,
               lrs_from: Sequence[Path] | None = None, command: str = "",
               only_settings: Sequence[str] | None = None, jobs: int = 1,
-              labels: Sequence[str] = ()) -> dict[str, dict[str, Path]]:
+              labels: Sequence[str] = (), keys_set: Mapping[str, Any] | None = None) -> dict[str, dict[str, Path]]:
     """Run the papers ``keys`` on their settings (quick: the first only); write every output; return the files.
-    ``labels``: only these entries (every entry when empty)."""
-    table = {k: only_labels(p, labels) for k, p in papers().items()}
+    ``labels``: only these entries (every entry when empty); ``keys_set``: run-config keys set on the entries
+    (:func:`with_keys`)."""
+    table = {k: with_keys(only_labels(p, labels), keys_set or {}) for k, p in papers().items()}
     plan: list[tuple[Paper, str]] = [
         (table[k], s) for k in keys for s in (table[k].settings[:1] if quick else table[k].settings)
         if not only_settings or s in only_settings
@@ -59,6 +62,34 @@ def only_labels(paper: Paper, labels: Sequence[str]) -> Paper:
                                setting_entries={s: keep(v) for s, v in paper.setting_entries.items()})
 
 
+def with_keys(paper: Paper, keys: Mapping[str, Any]) -> Paper:
+    """``paper`` with run-config ``keys`` set on its entries: a method's own key (``fedlamb.layers``) on the entries
+    of that method only, any other key on every entry (over the entry's own value)."""
+    if not keys:
+        return paper
+
+    def entry(e: Entry) -> Entry:
+        mine = {k: v for k, v in keys.items() if "." not in k or k.partition(".")[0] == e.method}
+        return Entry(e.label, {**e.overrides, **mine})
+
+    return dataclasses.replace(paper, entries=tuple(map(entry, paper.entries)), setting_entries={
+        s: tuple(map(entry, v)) for s, v in paper.setting_entries.items()})
+
+
+def parse_keys(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["fedlamb.layers=module", "seed=3"]`` → run-config values (TOML values; a bare word is a string)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set takes KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value.strip()
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m simulations.reproduce", description=DOC.splitlines()[0])
     ap.add_argument("what", help="paper key (000..004), 'all', 'sweep', 'theory' or 'report' (re-tabulate --out)")
@@ -75,6 +106,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--param", default="both", choices=PARAMS,
                     help="sweep: which learning rates to sweep "
                          "(default both: client × server for server-tuned methods)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a run-config key set on every entry (a method's own key: on that method's entries); "
+                         "repeatable, e.g. --set fedlamb.layers=module")
     ap.add_argument("--labels", default="",
                     help="comma-separated entry labels: run (or sweep) only these entries of the paper")
     ap.add_argument("--thin", type=int, default=0,
@@ -132,7 +166,7 @@ def cmd_run(args: argparse.Namespace, ap: argparse.ArgumentParser, command: str)
         ap.error(f"no selected paper has setting(s) {args.setting!r}")
     reproduce(keys, quick=args.quick, seeds=args.seeds or (2 if args.quick else 3), rounds=args.rounds, out=args.out,
               lrs_from=args.lrs_from, command=command, only_settings=only, jobs=args.jobs,
-              labels=[x for x in args.labels.split(",") if x])
+              labels=[x for x in args.labels.split(",") if x], keys_set=parse_keys(args.set))
     return 0
 
 

@@ -113,8 +113,8 @@ def plan(paper: Paper, setting: str, grid: Sequence[float] | None, param: str, t
             continue
         own = paper.sweep_grids.get(e.label)
         if own:
-            values = {k: tuple(grid) if grid and k == "client-lr" else thinned(v, thin) for k, v in own.items()}
-            plans.append(Plan(e, tuple(values), tuple(values.values())))
+            chosen = {k: tuple(grid) if grid and k == "client-lr" else thinned(v, thin) for k, v in own.items()}
+            plans.append(Plan(e, tuple(chosen), tuple(chosen.values())))
             continue
         cg = (tuple(grid) if grid else thinned(sweep_grid(e), thin)) if param in ("client", "both") else ()
         sg = server_grid(paper, setting, e) if param in ("server", "both") else None
