@@ -118,6 +118,8 @@ RUN: dict[str, str] = {
         "test_reproduce_commands",
     "python -m simulations.reproduce report --out outputs/reproduce": "test_reproduce_commands",
     "python -m simulations.reproduce theory": "test_reproduce_commands",
+    "python -m simulations.reproduce 004-mnist --setting mnist-mlp-iid --labels fed-lamb,fed-ams --seeds 1 --rounds 2":
+        "test_mnist_reproduce_command",
     "python -m simulations.tools.surrogate_plot outputs/surrogate_fixed_point.png": "test_surrogate_plot_command",
     "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0": "test_environment_exports",
     """export FLWR_HOME="$PWD/.flwr" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0""":
@@ -433,6 +435,33 @@ def test_reproduce_commands(tmp_path, monkeypatch):
     monkeypatch.setattr(T, "load", lambda name: spec)
     assert R.main([*argv(theory), "--out", "outputs/theory"]) == 0
     assert (tmp_path / "outputs" / "theory" / "theory" / "fixed_point_bias.png").is_file()
+
+
+MNIST_DIR = ROOT / ".cache" / "fedadapt"
+
+
+@pytest.mark.skipif(not (MNIST_DIR / "mnist" / "train-images.npy").is_file(),
+                    reason="real MNIST not prepared: python -m app_common.mnist prepare (.ci/run does)")
+def test_mnist_reproduce_command(tmp_path, monkeypatch):
+    """docs/reproduce.md's MNIST command on the real prepared data, 1 round, 4 clients (2 active: each trains on half
+    of the 60,000 images, paper 004's per-round allocation): its claims table is written."""
+    import dataclasses
+
+    from simulations import reproduce as R
+    from simulations.reproduce import catalogue as C
+    from simulations.reproduce import cli
+
+    (command,) = [c for c in RUN if RUN[c] == "test_mnist_reproduce_command"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".cache").symlink_to(MNIST_DIR.parent)  # the prepared data where the command looks: ./.cache/fedadapt
+    table = {k: dataclasses.replace(p, num_nodes=4) for k, p in C.papers().items()}
+    monkeypatch.setattr(cli, "papers", lambda: table)
+    words = shlex.split(command)[3:]
+    words[words.index("--rounds") + 1] = "1"
+    assert R.main([*words, "--out", "out"]) == 0
+    result = json.loads((tmp_path / "out" / "004-mnist" / "mnist-mlp-iid" / "results.json").read_text())
+    assert {r["label"] for r in result["results"] if r["status"] == "ok"} == {"fed-lamb", "fed-ams"}
+    assert all(r["final_test_accuracy"] > 0.5 for r in result["results"])  # one round of real MNIST learns
 
 
 # --- the documentation site ----------------------------------------------------------------------------------------
