@@ -17,6 +17,7 @@ Records are addressed by name, never by position.
 
 from __future__ import annotations
 
+import inspect
 import io
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -442,13 +443,13 @@ def _write_message_id(metadata: Metadata, message_id: str) -> None:
     metadata.__dict__["_message_id"] = message_id
 
 
+#: The fields Metadata's constructor takes in this Flower (1.23 has no ``src_task_id`` / ``dst_task_id``).
+_METADATA_FIELDS = tuple(n for n in inspect.signature(Metadata.__init__).parameters if n not in ("self", "message_id"))
+
+
 def _construct_message_id(metadata: Metadata, message_id: str) -> None:
     """Public twin of :func:`_write_message_id`: the constructor again, every other field kept."""
-    md = metadata
-    Metadata.__init__(md, run_id=md.run_id, message_id=message_id, src_node_id=md.src_node_id,
-                      dst_node_id=md.dst_node_id, reply_to_message_id=md.reply_to_message_id, group_id=md.group_id,
-                      created_at=md.created_at, ttl=md.ttl, message_type=md.message_type, src_task_id=md.src_task_id,
-                      dst_task_id=md.dst_task_id)
+    Metadata.__init__(metadata, message_id=message_id, **{n: getattr(metadata, n) for n in _METADATA_FIELDS})
 
 
 def _message_id_path() -> tuple[bool, str | None]:
