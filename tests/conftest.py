@@ -95,6 +95,7 @@ SLOW_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/test_legacy.py::", None),
     ("tests/test_docs_commands.py::", None),  # the docs' commands in-process, mkdocs, the reproduction commands
     ("tests/test_partitions.py::", None),  # 1,000 partitions of the digits, in-process
+    ("tests/test_plugin.py::test_every_method_at_its_published_factor", None),  # the example app in-process
 )
 
 
