@@ -380,3 +380,28 @@ class DictLoader:
 
     def __len__(self) -> int:
         return -(-len(self.x) // self.batch)
+
+
+class ScreenedRound:
+    """A round's screen and aggregate steps as the strategy runs them (``ReplyScreen.run``, then
+    ``ReplyScreen.aggregate``): the :class:`~flower_strategies.core.screen.Screened` fields, plus ``aggregates``."""
+
+    def __init__(self, screen, server_round: int, replies) -> None:
+        self.screened = screen.run(server_round, replies)
+        self.aggregates = screen.aggregate(self.screened)
+
+    def __getattr__(self, name: str):
+        return getattr(self.screened, name)
+
+
+class RoundScreen:
+    """A :class:`~flower_strategies.core.screen.ReplyScreen` whose ``run`` also takes the aggregate step."""
+
+    def __init__(self, screen) -> None:
+        self.screen = screen
+
+    def run(self, server_round: int, replies) -> ScreenedRound:
+        return ScreenedRound(self.screen, server_round, replies)
+
+    def __getattr__(self, name: str):
+        return getattr(self.screen, name)

@@ -112,11 +112,14 @@ def train_request(node: int = 1) -> Message:
 
 
 def check(binder: ReplyBinder, current, replies, max_reply_bytes=0, sent=()):
-    """One round of ``binder.run`` with FedAvg's screen: ``(the replies kept, the rejections)``."""
+    """One round of the binder's checks, FedAvg's screen and the binder's memory, as ``aggregate_train`` runs them:
+    ``(the replies kept, the rejections)``."""
     binder.expect(sent)
-    screen = ReplyScreen(current, (RecordSpec(R.MODEL, "mean", "model"),), list(current))
-    screened = binder.run(1, replies, screen, max_reply_bytes)
-    return [msg for msg, _ in screened.kept], [str(r) for r in screened.rejections]
+    specs = (RecordSpec(R.MODEL, "mean", "model"),)
+    bound = binder.check(1, replies, current, specs, list(current), max_reply_bytes)
+    screened = ReplyScreen(current, specs, list(current)).run(1, bound.passed)
+    binder.remember(bound, [r.msg for r in screened.kept])
+    return [r.msg for r in screened.kept], [str(r) for r in bound.rejections + screened.rejections]
 
 
 def test_identical_bytes_are_a_replay_only_when_the_global_model_changed():

@@ -32,7 +32,7 @@ from flower_strategies.core.rejections import Kind
 from flower_strategies.core.robust import byzantine_count, krum_scores
 from flower_strategies.core.screen import ReplyScreen, ScreenPolicy
 from flower_strategies.core.validation import RecordSpec
-from tests.helpers import reply
+from tests.helpers import RoundScreen, reply
 
 SHAPES = {"fc.weight": (4, 3), "fc.bias": (4,), "out.weight": (2, 4)}
 MODEL = (RecordSpec(R.MODEL, "mean", "model"),)
@@ -62,7 +62,7 @@ def messages(items, weights):
 
 def fedadapt(aggregator: str, fraction: float, items, weights):
     policy = ScreenPolicy(aggregator=aggregator, byzantine_fraction=fraction)
-    out = ReplyScreen(current(), MODEL, list(SHAPES), policy).run(1, messages(items, weights))
+    out = RoundScreen(ReplyScreen(current(), MODEL, list(SHAPES), policy)).run(1, messages(items, weights))
     return out, out.aggregates.get(R.MODEL)
 
 

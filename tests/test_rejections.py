@@ -41,11 +41,12 @@ def bound(round_trip):
     binder = ReplyBinder()
     old = {"w": np.full(4, 0.5, np.float32)}
     binder.expect([])
-    binder.run(1, [reply_to(train_request(), old)], ReplyScreen(CURRENT, MODEL, ["w"]), 0)
+    first = binder.check(1, [reply_to(train_request(), old)], CURRENT, MODEL, ["w"], 0)
+    kept = ReplyScreen(CURRENT, MODEL, ["w"]).run(1, first.passed).kept
+    binder.remember(first, [r.msg for r in kept])
     sent, replies, cap = round_trip(old)
     binder.expect(sent)
-    screen = ReplyScreen({"w": np.ones(4, np.float32)}, MODEL, ["w"])
-    return binder.run(2, replies, screen, cap).rejections
+    return binder.check(2, replies, {"w": np.ones(4, np.float32)}, MODEL, ["w"], cap).rejections
 
 
 def _stale(_):

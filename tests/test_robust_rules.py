@@ -13,7 +13,7 @@ from flower_strategies.core.robust import bucket_means, centered_clip, fltrust_a
 from flower_strategies.core.screen import ReplyScreen, ScreenPolicy
 from flower_strategies.core.validation import RecordSpec
 from flower_strategies.core.loop import own_loop_config
-from tests.helpers import reply
+from tests.helpers import RoundScreen, reply
 
 CURRENT = {"w": np.zeros(2, np.float64), "n": np.array(3, np.int64)}
 MODEL = (RecordSpec(R.MODEL, "mean", "model"),)
@@ -74,9 +74,10 @@ def model_reply(src, update, n=10, stat=None):
 def test_screen_fltrust_weights_by_trust_and_rescales_onto_the_root_update():
     root = {R.MODEL: {"w": np.array([3.0, 4.0]), "n": np.array(3, np.int64)}}
     replies = [model_reply(1, [1.0, 0.0], n=10), model_reply(2, [0.0, 2.0], n=1e12), model_reply(3, [-50.0, 0.0])]
-    out = ReplyScreen(CURRENT, MODEL, ["w"], ScreenPolicy(aggregator="fltrust"), root=root).run(1, replies)
+    out = RoundScreen(ReplyScreen(CURRENT, MODEL, ["w"], ScreenPolicy(aggregator="fltrust"), root=root)).run(1,
+                                                                                                            replies)
     np.testing.assert_allclose(out.aggregates[R.MODEL]["w"], [3 / 1.4, 4 / 1.4], rtol=1e-15)  # n_k ignored
-    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2]
+    assert [r.node for r in out.kept] == [1, 2]
     assert [str(r) for r in out.rejections] == [
         "node 3: record 'arrays' update has FLTrust trust 0 (its cosine with the server's root-set update is <= 0)"]
 
@@ -86,10 +87,12 @@ def test_screen_fltrust_gate_rejects_only_and_trust_weights_cover_client_half_re
     specs = (*MODEL, STAT)
     replies = [model_reply(1, [1.0, 0.0], n=10, stat=[1.0, 1.0]), model_reply(2, [0.0, 2.0], n=30, stat=[3.0, 3.0]),
                model_reply(3, [-1.0, 0.0], n=10, stat=[1e6, 1e6])]
-    gate = ReplyScreen(CURRENT, specs, ["w"], ScreenPolicy(aggregator="fltrust-gate"), root=root).run(1, replies)
+    gate = RoundScreen(ReplyScreen(CURRENT, specs, ["w"], ScreenPolicy(aggregator="fltrust-gate"),
+                                   root=root)).run(1, replies)
     np.testing.assert_allclose(gate.aggregates[R.MODEL]["w"], [10 / 40, 60 / 40], rtol=1e-15)  # n_k weights
     np.testing.assert_allclose(gate.aggregates["stat"]["w"], [100 / 40] * 2, rtol=1e-15)  # node 3's left out too
-    full = ReplyScreen(CURRENT, specs, ["w"], ScreenPolicy(aggregator="fltrust"), root=root).run(1, replies)
+    full = RoundScreen(ReplyScreen(CURRENT, specs, ["w"], ScreenPolicy(aggregator="fltrust"),
+                                   root=root)).run(1, replies)
     np.testing.assert_allclose(full.aggregates["stat"]["w"], [(0.6 * 1 + 0.8 * 3) / 1.4] * 2, rtol=1e-15)
     assert len(gate.rejections) == len(full.rejections) == 1
 

@@ -11,7 +11,7 @@ from flower_strategies.core import records as R
 from flower_strategies.core.rejections import Kind
 from flower_strategies.core.screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
 from flower_strategies.core.validation import RecordSpec
-from tests.helpers import error_reply, reply
+from tests.helpers import RoundScreen, error_reply, reply
 
 CURRENT = {"w": np.zeros(4, np.float32), "n": np.array(3, np.int64)}
 MODEL = (RecordSpec(R.MODEL, "mean", "model"),)
@@ -22,13 +22,13 @@ def model_reply(src, value, n=10, **kw):
 
 
 def screen(policy=ScreenPolicy(), specs=MODEL, **kw):
-    return ReplyScreen(CURRENT, specs, ["w"], policy, method="fedavg", **kw)
+    return RoundScreen(ReplyScreen(CURRENT, specs, ["w"], policy, method="fedavg", **kw))
 
 
 def test_mean_of_valid_replies_and_structural_rejections():
     bad_shape = reply(5, {R.MODEL: {"w": np.zeros(3, np.float32), "n": np.array(1, np.int64)}})
     out = screen().run(1, [model_reply(1, 1.0, n=10), error_reply(4), bad_shape, model_reply(2, 4.0, n=30)])
-    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2]
+    assert [r.node for r in out.kept] == [1, 2]
     assert out.weights == [10.0, 30.0]
     np.testing.assert_array_equal(out.aggregates[R.MODEL]["w"], np.full(4, (10 * 1.0 + 30 * 4.0) / 40, np.float32))
     assert out.aggregates[R.MODEL]["n"].dtype == np.int64
@@ -94,7 +94,7 @@ def test_norm_screens_refold_exactly_as_if_the_rejected_never_came():
     huge = model_reply(9, 1e30)
     out = screen(ScreenPolicy(update_norm_ratio=100.0)).run(2, [*honest[:2], nan, huge, *honest[2:]])
     clean = screen().run(2, honest)
-    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
+    assert [r.node for r in out.kept] == [1, 2, 3, 4]
     assert out.aggregates[R.MODEL]["w"].tobytes() == clean.aggregates[R.MODEL]["w"].tobytes()  # bit for bit
     assert [r.kind for r in out.rejections] == [Kind.NONFINITE, Kind.NORM_RATIO]
     assert "NaN/Inf" in str(out.rejections[0]) and "update-norm-ratio 100" in str(out.rejections[1])
@@ -102,9 +102,9 @@ def test_norm_screens_refold_exactly_as_if_the_rejected_never_came():
 
 def test_max_update_norm_measures_the_update_not_the_model():
     current_far = dict(CURRENT, w=np.full(4, 50.0, np.float32))
-    s = ReplyScreen(current_far, MODEL, ["w"], ScreenPolicy(max_update_norm=5.0, update_norm_ratio=0))
+    s = RoundScreen(ReplyScreen(current_far, MODEL, ["w"], ScreenPolicy(max_update_norm=5.0, update_norm_ratio=0)))
     out = s.run(1, [model_reply(1, 51.0), model_reply(2, 40.0)])  # ‖1‖·2 = 2 ok; ‖10‖·2 = 20 > 5
-    assert [m.metadata.src_node_id for m, _ in out.kept] == [1]
+    assert [r.node for r in out.kept] == [1]
     assert out.rejections[0].kind is Kind.MAX_NORM and "update norm 20 exceeds max-update-norm 5" in str(
         out.rejections[0])
 
@@ -152,12 +152,12 @@ def test_update_clip_scales_only_replies_above_ratio_times_the_median_and_is_cou
     the global model), the others are untouched and the aggregate is the mean of the clipped replies."""
     current = dict(CURRENT, w=np.full(4, 1.0, np.float32))
     values = [1.1, 1.2, 1.3, 6.0]
-    out = ReplyScreen(current, MODEL, ["w"], ScreenPolicy(update_clip_ratio=1.0)).run(
+    out = RoundScreen(ReplyScreen(current, MODEL, ["w"], ScreenPolicy(update_clip_ratio=1.0))).run(
         1, [model_reply(i + 1, v) for i, v in enumerate(values)])
     assert out.updates_clipped == 2 and not out.rejections
     clipped = [1.1, 1.2, 1.2, 1.2]  # 1 + 0.2·sign(update): scaled onto the median norm
     np.testing.assert_allclose(out.aggregates[R.MODEL]["w"], np.full(4, np.mean(clipped)), rtol=1e-6)
-    off = ReplyScreen(current, MODEL, ["w"], ScreenPolicy(update_clip_ratio=0)).run(
+    off = RoundScreen(ReplyScreen(current, MODEL, ["w"], ScreenPolicy(update_clip_ratio=0))).run(
         1, [model_reply(i + 1, v) for i, v in enumerate(values)])
     assert off.updates_clipped == 0
     np.testing.assert_allclose(off.aggregates[R.MODEL]["w"], np.full(4, np.mean(values)), rtol=1e-6)
@@ -189,10 +189,10 @@ def test_krum_and_multi_krum_keep_the_replies_closest_to_their_neighbours():
     assert krum_scores(vectors, 1) == pytest.approx([sum(b) for b in brute], rel=1e-12)
     replies = [model_reply(i + 1, v) for i, v in enumerate(values)]
     krum = screen(ScreenPolicy(aggregator="krum", update_norm_ratio=0)).run(1, replies)
-    assert [m.metadata.src_node_id for m, _ in krum.kept] == [1]  # 1.0: nearest to 1.1 and 0.9
+    assert [r.node for r in krum.kept] == [1]  # 1.0: nearest to 1.1 and 0.9
     np.testing.assert_array_equal(krum.aggregates[R.MODEL]["w"], np.full(4, 1.0, np.float32))
     multi = screen(ScreenPolicy(aggregator="multi-krum", update_norm_ratio=0)).run(1, replies)
-    assert [m.metadata.src_node_id for m, _ in multi.kept] == [1, 2, 3, 4]
+    assert [r.node for r in multi.kept] == [1, 2, 3, 4]
     assert len(multi.rejections) == 1 and "node 5: left out by aggregator multi-krum" in str(multi.rejections[0])
     np.testing.assert_allclose(multi.aggregates[R.MODEL]["w"], np.full(4, 1.075), rtol=1e-6)
 
@@ -215,7 +215,7 @@ def test_a_reply_rejected_for_its_norm_counts_against_the_tolerated_byzantine_on
     others with t = 0 (needs 3) instead of refusing the round."""
     replies = [model_reply(i, 1.0 + 0.1 * i) for i in range(1, 5)] + [model_reply(5, 1e6)]
     out = screen(ScreenPolicy(aggregator="multi-krum", byzantine_fraction=0.2)).run(1, replies)
-    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
+    assert [r.node for r in out.kept] == [1, 2, 3, 4]
     assert len(out.rejections) == 1 and out.rejections[0].kind is Kind.NORM_RATIO
 
 
@@ -263,7 +263,7 @@ def test_direction_screen_rejects_a_sign_flipped_update_with_its_reason(scale):
     replies = [vector_reply(i + 1, w) for i, w in enumerate(HONEST_W)] + [flipped]
     out = screen(ScreenPolicy(update_cosine_floor=0.0)).run(3, replies)
     clean = screen().run(3, replies[:4])
-    assert [m.metadata.src_node_id for m, _ in out.kept] == [1, 2, 3, 4]
+    assert [r.node for r in out.kept] == [1, 2, 3, 4]
     assert len(out.rejections) == 1
     text = str(out.rejections[0])
     assert out.rejections[0].kind is Kind.DIRECTION

@@ -21,8 +21,8 @@ comes after), in this order, and rejects with a reason that starts with the chec
    reply the screen rejected is not remembered: sent again, it is rejected again for its own reason (e.g. NaN/Inf),
    not as a replay.
 
-:meth:`ReplyBinder.run` is the whole step: the checks, then the round's :class:`.screen.ReplyScreen`, then the kept
-replies remembered.
+:meth:`ReplyBinder.check` is the round's first step; after the screen, :meth:`ReplyBinder.remember` keeps the digests
+of the replies it kept.
 
 A replayed reply with some bytes changed is not recognised: no check on content can tell it from a slow honest
 client's update; it is left to the screen's norm bounds and robust aggregation (docs/robustness.md).
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import WARNING
 from typing import Any
 
@@ -42,7 +43,6 @@ from flwr.common import log
 from .ops import NamedArrays
 from .records import content_nbytes, payload
 from .rejections import Kind, Rejection
-from .screen import ReplyScreen, Screened
 from .validation import RecordSpec, layout
 
 #: A derived ``max-reply-bytes`` is this many times the bytes of the method's declared uplink records …
@@ -83,7 +83,8 @@ _STACK_BYTES = 1 << 24
 
 def _absorb(h: Any, data: Any) -> None:
     """Feed ``h`` a fingerprint of the bytes ``data``: their length, the bytes past the last whole 64-bit word, and
-    per block of words their sum and their sum weighted by fixed odd multipliers (both mod 2**64).
+    per block of words their sum and their sum weighted by fixed odd multipliers (both mod 2**64; the weighted one
+    as NumPy's integer dot product, which wraps as the element-wise products did).
 
     Equal bytes give equal fingerprints, which is all a replay check needs; two different honest replies agree only
     by chance (≈ 2**-64 per block).  No collision resistance against a chosen input is needed: a client that alters
@@ -124,8 +125,7 @@ def _fingerprints(datas: Sequence[Any]) -> list[bytes]:
                                   for i in part]
             joined = b"".join(rows_of)
             mat = np.frombuffer(joined, np.uint64).reshape(len(part), words)
-            sums = np.stack((mat.sum(axis=1, dtype=np.uint64),
-                             (mat * _WEIGHTS[:words]).sum(axis=1, dtype=np.uint64)), axis=1).tobytes()
+            sums = np.stack((mat.sum(axis=1, dtype=np.uint64), mat @ _WEIGHTS[:words]), axis=1).tobytes()
             for j, i in enumerate(part):
                 out[i] += sums[16 * j:16 * j + 16]
     return out
@@ -134,12 +134,10 @@ def _fingerprints(datas: Sequence[Any]) -> list[bytes]:
 def _block_sums(words: np.ndarray) -> bytes:
     """Per block of :data:`_BLOCK` words: their sum and weighted sum mod 2**64 (a buffer of several blocks)."""
     sums = np.empty(2 * -(-words.size // _BLOCK), np.uint64)
-    scratch = np.empty(min(_BLOCK, words.size), np.uint64)
     for j, start in enumerate(range(0, words.size, _BLOCK)):
         block = words[start:start + _BLOCK]
         sums[2 * j] = block.sum(dtype=np.uint64)
-        np.multiply(block, _WEIGHTS[:block.size], out=scratch[:block.size])
-        sums[2 * j + 1] = scratch[:block.size].sum(dtype=np.uint64)
+        sums[2 * j + 1] = np.dot(block, _WEIGHTS[:block.size])  # NumPy's integer dot: one pass, mod 2**64
     return sums.tobytes()
 
 
@@ -180,6 +178,17 @@ def model_digest(arrays: NamedArrays) -> bytes:
     return h.digest()
 
 
+@dataclass(frozen=True)
+class Bound:
+    """What :meth:`ReplyBinder.check` decided: the replies that pass (in order), the rejections, each passing
+    reply's digest (by ``id``) and the digest of the global model they answer."""
+
+    passed: list[Message]
+    rejections: list[Rejection]
+    digests: Mapping[int, bytes]
+    model: bytes
+
+
 class ReplyBinder:
     """The binding checks of a run (module docstring); the digests of earlier replies are checkpointed
     (:meth:`state_dict`)."""
@@ -194,23 +203,18 @@ class ReplyBinder:
         self._sent = list(messages)
         return self._sent
 
-    def run(self, server_round: int, replies: Sequence[Message], screen: ReplyScreen,
-            max_reply_bytes: int) -> Screened:
-        """``screen.run`` on the replies that pass the checks, with the checks' rejections first; the digests of the
-        replies the screen kept join :attr:`seen` (after the round: two nodes' identical replies in one round are no
-        replay)."""
-        model = model_digest(screen.current)
-        cap = reply_cap(max_reply_bytes, screen.current, screen.specs, screen.trainable)
-        passed, rejections, digests = self.check(server_round, replies, model, cap)
-        screened = screen.run(server_round, passed)
-        screened.rejections[:0] = rejections
-        self.seen.update({digests[id(msg)]: model for msg, _ in screened.kept})
-        return screened
+    def remember(self, bound: Bound, kept: Iterable[Message]) -> None:
+        """The digests of the replies the screen ``kept`` (of those ``bound`` passed) join :attr:`seen` (after the
+        round: two nodes' identical replies in one round are no replay)."""
+        self.seen.update({bound.digests[id(msg)]: bound.model for msg in kept})
 
-    def check(self, server_round: int, replies: Sequence[Message], model: bytes,
-              cap: int) -> tuple[list[Message], list[Rejection], dict[int, bytes]]:
-        """``(the replies that pass, the rejections, {id(reply): its digest})`` for the global model of digest
-        ``model`` and the size bound ``cap``; client errors pass through (the screen counts them)."""
+    def check(self, server_round: int, replies: Sequence[Message], current: NamedArrays, specs: Sequence[RecordSpec],
+              trainable: Sequence[str], max_reply_bytes: int) -> Bound:
+        """The checks (module docstring) of this round's replies to the global arrays ``current``, whose uplink the
+        method declares as ``specs`` (the size bound, :func:`reply_cap`); client errors pass (the screen counts
+        them); each rejection is logged."""
+        model = model_digest(current)
+        cap = reply_cap(max_reply_bytes, current, specs, trainable)
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
         self._sent = []
         reasons = {id(msg): self._reason(msg, sent, cap) for msg in replies if not msg.has_error()}
@@ -234,7 +238,7 @@ class ReplyBinder:
             rejections.append(reason.at(msg.metadata.src_node_id))
             log(WARNING, "Round %d: rejected reply from node %s: %s", server_round, msg.metadata.src_node_id,
                 reason.detail)
-        return kept, rejections, digests
+        return Bound(kept, rejections, digests, model)
 
     @staticmethod
     def _reason(msg: Message, sent: Mapping[str, int], cap: int) -> Rejection | None:

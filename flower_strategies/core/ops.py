@@ -32,6 +32,11 @@ def is_float(arr: np.ndarray) -> bool:
 _IS_FLOAT: dict[np.dtype, bool] = {}
 
 
+#: Elements per chunk of :func:`norms_and_fold`: a chunk of every item stays in the core's cache between the norm
+#: and the fold that read it (16 Ki–64 Ki float32 measured equally fast, 256 Ki 25 % slower, whole arrays 40 %).
+CHUNK = 1 << 16
+
+
 def fold(items: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float] | None, rule: str) -> NamedArrays:
     """Aggregate ``items`` (named arrays with identical keys) with ``rule``, reply by reply in item order:
     ``acc = w_0·a_0; acc += w_i·a_i`` (``max``: ``acc = max(acc, a_i)``), then ``acc / Σ w_i`` for the means.  The
@@ -42,31 +47,8 @@ def fold(items: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float] | N
     ``max``    elementwise ``max_i a_i``
     ``sum``    ``Σ a_i``
     """
-    if rule not in AGGREGATION_RULES:
-        raise ValueError(f"unknown aggregation rule {rule!r}; valid: {', '.join(AGGREGATION_RULES)}")
-    if not items:
-        raise ValueError("no arrays were folded into the aggregate")
-    ws = [float(w) for w in weights] if rule == "wmean" and weights is not None else [1.0] * len(items)
-    if len(ws) != len(items) or not all(w > 0 for w in ws):
-        raise ValueError(f"wmean needs one positive weight per item, got {list(ws)}")
-    out: NamedArrays = {}
-    for key, first in items[0].items():
-        acc = np.asarray(_as_float(first) * ws[0])  # (0-d arrays: an array, not a NumPy scalar)
-        for item, w in zip(items[1:], ws[1:], strict=True):
-            a = _as_float(item[key])
-            if rule == "max":
-                np.maximum(acc, a, out=acc)
-            else:
-                acc += a if w == 1.0 else a * w
-        if rule in ("wmean", "umean"):
-            acc /= sum(ws)
-        out[key] = acc.astype(np.asarray(first).dtype, copy=False)
-    return out
-
-
-def _as_float(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a)
-    return a if is_float(a) else a.astype(np.float64)
+    sums = norms_and_fold(items, None, weights, rule, measure=False)[1]
+    return finish_fold(sums, items[0] if items else {}, weights, rule, len(items))
 
 
 def update_norms(items: Sequence[Mapping[str, np.ndarray]],
@@ -74,17 +56,97 @@ def update_norms(items: Sequence[Mapping[str, np.ndarray]],
     """Every item's L2 norm over its floating arrays: ``‖a_i − reference‖`` for the keys ``reference`` has, ``‖a_i‖``
     for the others, the sum of squares in each array's dtype — screening, not math: NaN/Inf values, or a sum of
     squares that overflows, give a non-finite norm.  Integer arrays are not measured."""
-    out = []
+    return norms_and_fold(items, reference, None, None)[0]
+
+
+def fold_weights(weights: Sequence[float] | None, rule: str, n: int) -> list[float]:
+    """The weight each of ``n`` items gets in :func:`fold` under ``rule`` (checked: one positive weight per item)."""
+    if rule not in AGGREGATION_RULES:
+        raise ValueError(f"unknown aggregation rule {rule!r}; valid: {', '.join(AGGREGATION_RULES)}")
+    if not n:
+        raise ValueError("no arrays were folded into the aggregate")
+    ws = [float(w) for w in weights] if rule == "wmean" and weights is not None else [1.0] * n
+    if len(ws) != n or not all(w > 0 for w in ws):
+        raise ValueError(f"wmean needs one positive weight per item, got {list(ws)}")
+    return ws
+
+
+def norms_and_fold(items: Sequence[Mapping[str, np.ndarray]], reference: Mapping[str, np.ndarray] | None,
+                   weights: Sequence[float] | None, rule: str | None, *,
+                   measure: bool = True) -> tuple[list[float], NamedArrays | None]:
+    """``(norms, sums)``, reading each array of each item once: every item's norm (:func:`update_norms`; ``[]``
+    with ``measure=False``) and, with a ``rule`` of :func:`fold`, the fold's sums before a mean's division
+    (:func:`finish_fold` completes them).  Array by array and, within an array, :data:`CHUNK` elements at a time for
+    every item, so that the norm and the fold read a chunk while it is in cache; one scratch chunk, and the sums are
+    the only arrays allocated."""
+    ws = fold_weights(weights, rule, len(items)) if rule is not None else []
+    squares = [0.0] * len(items) if measure else []
+    sums: NamedArrays | None = {} if rule is not None else None
+    if not items:
+        return squares, sums
+    scratch: dict[np.dtype, np.ndarray] = {}
     with np.errstate(over="ignore", invalid="ignore"):
-        for item in items:
-            sq = 0.0
-            for key, a in item.items():
-                a = np.asarray(a)
-                if is_float(a):
-                    d = (a - reference[key] if reference is not None and key in reference else a).reshape(-1)
-                    sq += float(np.dot(d, d))
-            out.append(math.sqrt(sq))
+        for key, first in items[0].items():
+            first = np.asarray(first)
+            if not is_float(first):  # integer arrays: not measured; folded in float64
+                if sums is not None:
+                    sums[key] = _fold_whole([_as_float(item[key]) for item in items], ws, rule)
+                continue
+            flat = [np.asarray(item[key]).reshape(-1) for item in items]
+            ref = np.asarray(reference[key]).reshape(-1) if reference is not None and key in reference else None
+            acc = np.empty(first.size, first.dtype) if sums is not None else None
+            tmp = scratch.setdefault(first.dtype, np.empty(CHUNK, first.dtype))
+            for start in range(0, first.size, CHUNK):
+                stop = min(start + CHUNK, first.size)
+                t = tmp[: stop - start]
+                for i, arr in enumerate(flat):
+                    a = arr[start:stop]
+                    if measure:
+                        d = a if ref is None else np.subtract(a, ref[start:stop], out=t)
+                        squares[i] += float(np.dot(d, d))
+                    if acc is not None:
+                        _fold_into(acc[start:stop], a, ws[i], rule, i == 0, t)
+            if sums is not None and acc is not None:
+                sums[key] = acc.reshape(first.shape)
+    return [math.sqrt(s) for s in squares], sums
+
+
+def _fold_into(acc: np.ndarray, a: np.ndarray, w: float, rule: str | None, first: bool, tmp: np.ndarray) -> None:
+    """One item's step of the fold, in place: ``acc = w·a`` (the first), ``acc = max(acc, a)``, ``acc += w·a``."""
+    if first:
+        np.multiply(a, w, out=acc)
+    elif rule == "max":
+        np.maximum(acc, a, out=acc)
+    elif w == 1.0:
+        np.add(acc, a, out=acc)
+    else:
+        np.add(acc, np.multiply(a, w, out=tmp), out=acc)
+
+
+def _fold_whole(arrays: Sequence[np.ndarray], ws: Sequence[float], rule: str | None) -> np.ndarray:
+    acc = np.asarray(arrays[0] * ws[0])  # (0-d arrays: an array, not a NumPy scalar)
+    for a, w in zip(arrays[1:], ws[1:], strict=True):
+        _fold_into(acc, a, w, rule, False, np.empty_like(acc))
+    return acc
+
+
+def finish_fold(sums: NamedArrays | None, like: Mapping[str, np.ndarray], weights: Sequence[float] | None,
+                rule: str, n: int) -> NamedArrays:
+    """The aggregate from :func:`norms_and_fold`'s ``sums`` of ``n`` items like ``like`` (divided in place for the
+    means; integer arrays cast back to their dtype)."""
+    total = sum(fold_weights(weights, rule, n))
+    assert sums is not None
+    out: NamedArrays = {}
+    for key, acc in sums.items():
+        if rule in ("wmean", "umean"):
+            acc /= total
+        out[key] = acc.astype(np.asarray(like[key]).dtype, copy=False)
     return out
+
+
+def _as_float(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    return a if is_float(a) else a.astype(np.float64)
 
 
 def safe_divide(num: np.ndarray, den: np.ndarray) -> np.ndarray:

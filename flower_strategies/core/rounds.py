@@ -63,6 +63,17 @@ class RoundLog:
     #: The method's own per-round values returned by ``server_update`` (e.g. decayed learning rates).
     round_metrics: dict[str, float] = field(default_factory=dict)
 
+    def add_replies(self, rejections: Sequence[Rejection], reply_metrics: Sequence[Mapping[str, Any]],
+                    weights_clipped: int, updates_clipped: int) -> dict[str, Any]:
+        """Note the round's rejections and the replies it uses (``reply_metrics``: one per kept reply); the round's
+        MetricRecord entries so far (the replies' mean metrics and the counters)."""
+        self.rejections += rejections
+        self.replies_rejected += len(rejections)
+        self.replies_used = len(reply_metrics)
+        return {**mean_reply_metrics(reply_metrics), "replies-used": self.replies_used,
+                "replies-rejected": self.replies_rejected, "weights-clipped": weights_clipped,
+                "updates-clipped": updates_clipped}
+
 
 @dataclass(frozen=True)
 class RoundInputs:

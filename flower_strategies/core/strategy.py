@@ -35,7 +35,7 @@ from .privacy import PrivacyPolicy, refuse_flower_dp, released_rounds
 from .rejections import Kind
 from .references import centre_reference, check_sample_size, root_reference
 from .rootset import RootUpdateSlot
-from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm, mean_reply_metrics,
+from .rounds import (RoundBook, RoundInputs, RoundLog, ServerState, ServerUpdate, loss_alarm,
                      stall_alarm, warn_divergence, warn_stall, weighted_mean)
 from .sampler import NodeSampler
 from .screen import ClientHalfMissing, ReplyScreen, ScreenPolicy
@@ -265,44 +265,46 @@ class FedAdaptStrategy(RootUpdateSlot, ClientEvaluation, Strategy):
         self.centre, self._previous = centre_reference(self.settings.aggregator, self.current, self._previous)
         return content
 
-    def reply_screen(self, aggregate: bool = True) -> ReplyScreen:
-        """This round's :class:`.ReplyScreen` (``aggregate=False``: the kept replies are left for native DP)."""
+    def reply_screen(self, provisional: bool = True) -> ReplyScreen:
+        """This round's :class:`.ReplyScreen` (``provisional=False``: no fold while measuring; native DP aggregates)."""
         assert self.current is not None
         policy = ScreenPolicy.from_settings(self.settings, self.weighting)
         return ReplyScreen(self.current, self.uplink_specs(), self.trainable(self.current), policy, self.method,
                            self.needs_client_half, root=self.root, centre=self.centre, seed=self.settings.seed,
-                           aggregate=aggregate, sent=self.sent)
+                           provisional=provisional, sent=self.sent)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """One straight round: check (:class:`.ReplyBinder`) → screen (:attr:`.ReplyScreen.STAGES`) → aggregate
+        (plain, or native DP's) → the method's update and the commit (:meth:`_update`)."""
         round_log = self.rounds.pop_open_log(server_round)
         replies = self.sampler.receive(server_round, replies)  # in node order, less the never-answered
         round_log.bytes_up = sum(R.arrays_nbytes(m.content) for m in replies if not m.has_error())
         privacy = PrivacyPolicy.from_settings(self.settings)  # once a round
-        screen = self.reply_screen(aggregate=not privacy.enabled)
-        screened = self.binder.run(server_round, replies, screen, self.settings.max_reply_bytes)
-        dp_metrics: dict[str, float] = {}
+        screen = self.reply_screen(provisional=not privacy.enabled)
+        bound = self.binder.check(server_round, replies, screen.current, screen.specs, screen.trainable,
+                                  self.settings.max_reply_bytes)
+        screened = screen.run(server_round, bound.passed)
         if privacy.enabled and screened.kept:  # native DP: clipped, noised aggregates
-            screened.aggregates, dp_metrics = privacy.privatize(
-                self.method, screen.specs, [parsed for _, parsed in screened.kept], screen.current, round_log.sampled,
-                max(self.sampler.population, round_log.sampled), released_rounds(self.history))
-        round_log.rejections += screened.rejections
-        round_log.replies_rejected += len(screened.rejections)
+            aggregates, dp_metrics = privacy.privatize(
+                self.method, screen.specs, [reply.records for reply in screened.kept], screen.current,
+                round_log.sampled, max(self.sampler.population, round_log.sampled), released_rounds(self.history))
+        else:
+            aggregates, dp_metrics = screen.aggregate(screened), {}
+        self.binder.remember(bound, [reply.msg for reply in screened.kept])
         reply_metrics, clipped = screened.reply_metrics()
-        round_log.replies_used = len(reply_metrics)
-        metrics_out: dict[str, Any] = {**mean_reply_metrics(reply_metrics), "replies-used": round_log.replies_used,
-                                       "replies-rejected": round_log.replies_rejected, "weights-clipped": clipped,
-                                       "updates-clipped": screened.updates_clipped}
+        metrics_out = round_log.add_replies(bound.rejections + screened.rejections, reply_metrics, clipped,
+                                            screened.updates_clipped)
         warn_divergence(server_round, loss_alarm(reply_metrics, metrics_out, self.rounds.lowest_train_loss()),
-                        [r for r in screened.rejections if r.kind is Kind.NONFINITE], self.client_lr_at(server_round),
+                        [r for r in round_log.rejections if r.kind is Kind.NONFINITE], self.client_lr_at(server_round),
                         getattr(self.hparams, "server_lr", None), self.method)
         new_arrays: ArrayRecord | None = None
         if round_log.replies_used < self.settings.min_replies:
             log(WARNING, "Round %d: %d valid replies < min-replies %d; keeping the previous model",
                 server_round, round_log.replies_used, self.settings.min_replies)
         else:
-            new_arrays, round_metrics = self._update(server_round, screened.aggregates, reply_metrics)
+            new_arrays, round_metrics = self._update(server_round, aggregates, reply_metrics)
             round_log.round_metrics = {**round_metrics, **(dp_metrics if new_arrays is not None else {})}
             metrics_out.update(round_log.round_metrics)
             round_log.updated = new_arrays is not None

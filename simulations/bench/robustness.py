@@ -545,25 +545,27 @@ def flower_rule(strategy: Strategy) -> Iterator[None]:
     strategy) on the replies its screen kept: one ``Message`` per reply holding its model as the only ArrayRecord and
     its weight (the reported ``num-examples`` under ``defence = "off"``) as the only MetricRecord.  When Flower
     returns no arrays (Bulyan with too few replies) the model stays, as in Flower's own loop.  A bench-side patch of
-    :meth:`ReplyScreen._aggregate`: the ServerApp builds its strategy from the run-config, so no instance can be
-    passed to it, and a library hook would be API for the bench alone."""
-    own = ReplyScreen._aggregate
+    :meth:`ReplyScreen.aggregate_record`: the ServerApp builds its strategy from the run-config, so no instance can
+    be passed to it, and a library hook would be API for the bench alone."""
+    own = ReplyScreen.aggregate_record
 
     def aggregate(screen: ReplyScreen, server_round: int, spec: RecordSpec, kept: Sequence[Any],
                   weights: Sequence[float], trust: Sequence[float] | None, trim: int) -> dict[str, np.ndarray]:
         if spec.name != R.MODEL:
             return own(screen, server_round, spec, kept, weights, trust, trim)
         replies = [Message(RecordDict({"arrays": ArrayRecord({k: Array(np.ascontiguousarray(v))
-                                                              for k, v in parsed[spec.name].items()}),
+                                                              for k, v in reply.records[spec.name].items()}),
                                        "metrics": MetricRecord({R.NUM_EXAMPLES: float(w)})}),
-                           dst_node_id=msg.metadata.src_node_id, message_type="train")
-                   for (msg, parsed), w in zip(kept, weights, strict=True)]
+                           dst_node_id=reply.node, message_type="train")
+                   for reply, w in zip(kept, weights, strict=True)]
         arrays, _ = strategy.aggregate_train(server_round, replies)
         if arrays is None:
             return {k: np.array(v) for k, v in screen.current.items()}
         return {k: v.numpy() for k, v in arrays.items()}
 
-    with mock.patch.object(ReplyScreen, "_aggregate", aggregate):
+    # no provisional fold: every round's model record goes through the patched aggregate
+    with mock.patch.object(ReplyScreen, "aggregate_record", aggregate), \
+            mock.patch.object(ReplyScreen, "folds_while_measuring", lambda screen: False):
         yield
 
 

@@ -1,4 +1,4 @@
-"""Side-by-side cost of ``ReplyBinder.run`` (binding checks + screen) vs ``ReplyScreen.run`` alone: same process,
+"""Side-by-side cost of ``ReplyBinder.check`` + ``ReplyScreen.run`` vs ``ReplyScreen.run`` alone: same process,
 same 20 FedAvg replies of a 10 MB float32 model, 3 trials.
 
     PYTHONPATH=. python docs/results/reply_binding/cost.py
@@ -37,7 +37,8 @@ for _ in range(3):
     t0 = time.perf_counter()
     strategy.reply_screen().run(1, replies)
     t1 = time.perf_counter()
-    ReplyBinder().run(1, replies, strategy.reply_screen(), 0)
+    screen = strategy.reply_screen()
+    screen.run(1, ReplyBinder().check(1, replies, screen.current, screen.specs, screen.trainable, 0).passed)
     t2 = time.perf_counter()
     screen_s, bind_s = t1 - t0, t2 - t1
     print(f"{N} replies x {sum(v.nbytes for v in current.values()) / 1e6:.0f} MB: screen alone {screen_s:.3f} s, "
