@@ -120,3 +120,33 @@ def test_the_model_digest_is_its_definition():
     assert binding.model_digest(arrays) == h.digest()
     changed = dict(arrays, b=arrays["b"] + 1)
     assert binding.model_digest(changed) != h.digest()
+
+
+@pytest.mark.parametrize("kind", ["sgd", "sgdm", "adagrad", "adam", "yogi"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_server_step_in_the_rounds_own_buffers_gives_the_same_bits(kind, dtype):
+    """``pseudo_gradient(in_place=True)`` and ``ServerOptimizer.step(reuse_grad=True)`` (FedOpt's round) write into
+    the aggregate's buffers: the same values, bit for bit, as new arrays, and neither the model nor the state moves."""
+    from flower_strategies.core.ops import pseudo_gradient
+    from flower_strategies.core.server_opt import ServerOptimizer
+
+    rng = np.random.default_rng(7)
+    x = {"w": rng.normal(size=(5, 3)).astype(dtype), "b": rng.normal(size=3).astype(dtype)}
+    mean = {k: (v + rng.normal(scale=0.1, size=v.shape)).astype(dtype) for k, v in x.items()}
+    opt = ServerOptimizer(kind, lr=0.3, beta1=0.9, beta2=0.99, tau=1e-3)
+    state = opt.init(x)
+    state = opt.step(x, pseudo_gradient(x, mean, list(x)), state, step=1, server_round=1)[1]  # a non-trivial state
+    before = {name: {k: v.copy() for k, v in arrays.items()} for name, arrays in state.items()}
+    x_bits = {k: v.tobytes() for k, v in x.items()}
+    plain, plain_state = opt.step(x, pseudo_gradient(x, mean, list(x)), state, step=2, server_round=2)
+    buffers = {k: v.copy() for k, v in mean.items()}
+    grad = pseudo_gradient(x, buffers, list(x), in_place=True)
+    assert all(grad[k] is buffers[k] for k in x)
+    new, new_state = opt.step(x, grad, state, step=2, server_round=2, reuse_grad=True)
+    assert all(new[k] is buffers[k] for k in x)  # the round's buffers hold x_{t+1}
+    assert {k: v.tobytes() for k, v in new.items()} == {k: v.tobytes() for k, v in plain.items()}
+    assert {n: {k: v.tobytes() for k, v in a.items()} for n, a in new_state.items()} == \
+        {n: {k: v.tobytes() for k, v in a.items()} for n, a in plain_state.items()}
+    assert {k: v.tobytes() for k, v in x.items()} == x_bits
+    assert {n: {k: v.tobytes() for k, v in a.items()} for n, a in state.items()} == \
+        {n: {k: v.tobytes() for k, v in a.items()} for n, a in before.items()}

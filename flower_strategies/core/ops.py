@@ -213,9 +213,12 @@ def state_like(arrays: Mapping[str, np.ndarray], keys: Iterable[str], fill: floa
     return {k: np.full(np.shape(arrays[k]), fill, dtype=dtype_of(arrays[k])) for k in keys}
 
 
-def pseudo_gradient(current: Mapping[str, np.ndarray], mean: NamedArrays, keys: Iterable[str]) -> NamedArrays:
-    """``D̄ = x_t − mean_i x_i`` over ``keys`` in the parameters' dtype (float64 runs: the float64 difference)."""
-    return {k: np.subtract(current[k], mean[k], dtype=np.asarray(current[k]).dtype) for k in keys}
+def pseudo_gradient(current: Mapping[str, np.ndarray], mean: NamedArrays, keys: Iterable[str],
+                    in_place: bool = False) -> NamedArrays:
+    """``D̄ = x_t − mean_i x_i`` over ``keys`` in the parameters' dtype (float64 runs: the float64 difference);
+    ``in_place=True``: written into ``mean``'s own arrays where they can take it (the round's buffers)."""
+    return {k: np.subtract(current[k], mean[k], dtype=np.asarray(current[k]).dtype,
+                           out=mean[k] if in_place and writable_like(mean[k], current[k]) else None) for k in keys}
 
 
 def averaging_step(

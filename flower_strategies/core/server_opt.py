@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import NamedArrays, dtype_of
+from .ops import NamedArrays, dtype_of, writable_like
 
 from ..optimizers.baselines import BIAS_CORRECTIONS, SERVER_OPTIMIZERS  # the names hyper-parameters validate
 
@@ -92,9 +92,12 @@ class ServerOptimizer:
         *,
         step: int,
         server_round: int,
+        reuse_grad: bool = False,
     ) -> tuple[NamedArrays, OptimizerState]:
         """Return ``(new_params, new_state)`` in new arrays (inputs untouched; the strategy base commits them only
-        when every value is finite)."""
+        when every value is finite).  ``reuse_grad=True``: the new parameters are written into ``pseudo_grad``'s
+        arrays where they can take them (buffers the caller owns: the round's aggregate), the same operations in
+        the same order, so the same bits."""
         lr_s = float(self.effective_lr(step, server_round))
         b1, b2, tau = self.beta1, self.beta2, self.tau
         new_params: NamedArrays = {}
@@ -117,5 +120,6 @@ class ServerOptimizer:
                         v = v_old - d2 * (1.0 - b2) * np.sign(v_old - d2)
                     new_state["v_t"][k] = v
                     upd = m / (np.sqrt(v) + tau)
-                new_params[k] = np.asarray(x) - upd * lr_s
+                out = d if reuse_grad and writable_like(d, x) else None
+                new_params[k] = np.subtract(x, np.multiply(upd, lr_s, out=out), out=out)
         return new_params, new_state

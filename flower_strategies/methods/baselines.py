@@ -80,9 +80,10 @@ class FedOpt(FedAdaptStrategy):
     ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates["arrays"]
         params = {k: current[k] for k in inputs.trainable}
-        pseudo_grad = pseudo_gradient(current, mean, inputs.trainable)  # (model dtype)
+        # D̄, then x_{t+1}, in the round's own mean buffers (no model copy beyond the aggregate and the new state)
+        pseudo_grad = pseudo_gradient(current, mean, inputs.trainable, in_place=True)  # (model dtype)
         new_params, new_state = self.opt.step(
-            params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round,
+            params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round, reuse_grad=True,
         )
         return self.merge_buffers(new_params, current, mean), dict(new_state), {}
 
