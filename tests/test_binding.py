@@ -184,7 +184,7 @@ def test_an_oversized_reply_is_refused_before_its_payload_is_read():
         fs.FedAvg(max_reply_bytes=-1)
 
 
-# empty, tail only, one word, one row + tail, several fingerprint rows + tail
+# empty, tail only, one word, words + tail, several fingerprint blocks + tail
 @pytest.mark.parametrize("size", [0, 7, 8, 4096 * 8 + 3, (1 << 18) * 8 * 2 + 5])
 def test_the_reply_digest_is_equal_for_equal_bytes_and_changes_with_any_bit(size):
     rng = np.random.default_rng(size)
@@ -200,38 +200,40 @@ def test_the_reply_digest_is_equal_for_equal_bytes_and_changes_with_any_bit(size
             flipped = data.copy()
             flipped[pos] ^= np.uint8(1 << bit)
             assert digest(flipped) != digest(data), (pos, bit)
-    if size >= 8 * 4096 + 8:  # a word moved to another row: seen (within a row it is not; the definition's limit)
+    if size >= 16:  # two words swapped: a plain sum would not see it
         swapped = data.copy()
-        far = slice(8 * 4096, 8 * 4096 + 8)
-        swapped[:8], swapped[far] = data[far], data[:8].copy()
-        assert (digest(swapped) == digest(data)) == bool((data[:8] == data[far]).all())
+        swapped[:8], swapped[8:16] = data[8:16], data[:8].copy()
+        assert (digest(swapped) == digest(data)) == bool((data[:8] == data[8:16]).all())
 
 
-@pytest.mark.parametrize("size", [0, 7, 8, 4096 * 8, 4096 * 8 + 3, (1 << 18) * 8, (1 << 18) * 8 + 8])
-def test_the_fingerprint_is_its_definition_row_by_row(size):
-    """Digests are checkpointed: the fingerprint (one-row fast path included) stays exactly the documented one —
-    length, the tail past the last whole word, then the sum mod 2**64 of each row of 2**12 words."""
+@pytest.mark.parametrize("size", [0, 7, 8, 4096 * 8 + 3, (1 << 18) * 8, (1 << 18) * 8 + 8])
+def test_the_fingerprint_is_its_definition_block_by_block(size):
+    """Digests are checkpointed: the fingerprint (one-block fast path included) stays exactly the documented one —
+    length, the tail past the last whole word, then per block of 2**18 words their sum and weighted sum mod 2**64."""
     import hashlib
+    import operator
 
-    from flower_strategies.core.binding import _ROW, _absorb
+    from flower_strategies.core.binding import _BLOCK, _WEIGHTS, _absorb
 
-    assert _ROW == 4096
     data = np.random.default_rng(size).integers(0, 256, size=size, dtype=np.uint8).tobytes()
     ours, ref = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
     _absorb(ours, data)
     whole = size - size % 8
     ref.update(size.to_bytes(8, "little") + data[whole:])
-    words = np.frombuffer(data[:whole], "<u8").tolist()  # Python ints: exact sums
-    for start in range(0, len(words), _ROW):
-        ref.update((sum(words[start:start + _ROW]) % 2**64).to_bytes(8, "little"))
+    words = np.frombuffer(data[:whole], "<u8").tolist()  # Python ints: exact products and sums
+    for start in range(0, len(words), _BLOCK):
+        block = words[start:start + _BLOCK]
+        weighted = sum(map(operator.mul, block, _WEIGHTS[: len(block)].tolist()))
+        ref.update((sum(block) % 2**64).to_bytes(8, "little") + (weighted % 2**64).to_bytes(8, "little"))
     assert ours.digest() == ref.digest()
 
 
 def _reference_digest(content: RecordDict) -> bytes:
     """The documented reply digest, array by array, with Python integers (no fingerprint code of the module)."""
     import hashlib
+    import operator
 
-    from flower_strategies.core.binding import _ROW
+    from flower_strategies.core.binding import _BLOCK, _WEIGHTS
 
     h = hashlib.blake2b(digest_size=16)
     for name, rec in sorted((n, r) for n, r in content.items() if isinstance(r, ArrayRecord)):
@@ -242,14 +244,16 @@ def _reference_digest(content: RecordDict) -> bytes:
             whole = len(data) - len(data) % 8
             h.update(len(data).to_bytes(8, "little") + data[whole:])
             words = np.frombuffer(data[:whole], "<u8").tolist()
-            for start in range(0, len(words), _ROW):
-                h.update((sum(words[start:start + _ROW]) % 2**64).to_bytes(8, "little"))
+            for start in range(0, len(words), _BLOCK):
+                block = words[start:start + _BLOCK]
+                weighted = sum(map(operator.mul, block, _WEIGHTS[: len(block)].tolist()))
+                h.update((sum(block) % 2**64).to_bytes(8, "little") + (weighted % 2**64).to_bytes(8, "little"))
     return h.digest()
 
 
 def test_a_rounds_digests_computed_together_are_each_replys_own(monkeypatch):
     """``reply_digests`` stacks equal-length arrays of many replies (in matrices of at most ``_STACK_BYTES``): each
-    digest is still its reply's documented one — for equal and unequal lengths, tails, several rows, empty and
+    digest is still its reply's documented one — for equal and unequal lengths, tails, several blocks, empty and
     malformed payloads, and replies with several records."""
     from flower_strategies.core import binding
 
@@ -266,7 +270,7 @@ def test_a_rounds_digests_computed_together_are_each_replys_own(monkeypatch):
     for i in range(8):
         model = {"w": arr(256), "b": arr(40 + i % 3), "t": arr(3)}  # stacked; some lengths shared, tails
         if i == 2:
-            model["big"] = arr((1 << 18) * 8 + 24)  # more than one row
+            model["big"] = arr((1 << 18) * 8 + 24)  # more than one block
         if i == 5:
             model["e"] = arr(0)
             model["odd"] = arr(8, data="not bytes")  # a malformed payload counts as empty

@@ -122,31 +122,52 @@ def test_the_model_digest_is_its_definition():
     assert binding.model_digest(changed) != h.digest()
 
 
+def _bits(arrays):
+    return {k: (_bits(v) if isinstance(v, dict) else v.tobytes()) for k, v in arrays.items()}
+
+
 @pytest.mark.parametrize("kind", ["sgd", "sgdm", "adagrad", "adam", "yogi"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_server_step_in_the_rounds_own_buffers_gives_the_same_bits(kind, dtype):
-    """``pseudo_gradient(in_place=True)`` and ``ServerOptimizer.step(reuse_grad=True)`` (FedOpt's round) write into
-    the aggregate's buffers: the same values, bit for bit, as new arrays, and neither the model nor the state moves."""
+    """FedOpt's round writes D̄ and x_{t+1} into the aggregate's buffers and updates the state in place
+    (``pseudo_gradient(in_place=True)``, ``ServerOptimizer.step(in_place=True)``): the same values, bit for bit, as
+    the step into new arrays, across chunk boundaries; the model is not touched.  A step whose new values would not
+    all be finite leaves the state as it was (new arrays, which the commit refuses)."""
     from flower_strategies.core.ops import pseudo_gradient
-    from flower_strategies.core.server_opt import ServerOptimizer
+    from flower_strategies.core.server_opt import CHUNK, ServerOptimizer
 
     rng = np.random.default_rng(7)
-    x = {"w": rng.normal(size=(5, 3)).astype(dtype), "b": rng.normal(size=3).astype(dtype)}
+    x = {"w": rng.normal(size=(2, CHUNK + 5)).astype(dtype), "b": rng.normal(size=3).astype(dtype)}
     mean = {k: (v + rng.normal(scale=0.1, size=v.shape)).astype(dtype) for k, v in x.items()}
     opt = ServerOptimizer(kind, lr=0.3, beta1=0.9, beta2=0.99, tau=1e-3)
-    state = opt.init(x)
-    state = opt.step(x, pseudo_gradient(x, mean, list(x)), state, step=1, server_round=1)[1]  # a non-trivial state
-    before = {name: {k: v.copy() for k, v in arrays.items()} for name, arrays in state.items()}
-    x_bits = {k: v.tobytes() for k, v in x.items()}
-    plain, plain_state = opt.step(x, pseudo_gradient(x, mean, list(x)), state, step=2, server_round=2)
+    state = opt.step(x, pseudo_gradient(x, mean, list(x)), opt.init(x), step=1, server_round=1)[1]  # non-trivial
+    x_bits = _bits(x)
+    copy = {n: {k: v.copy() for k, v in a.items()} for n, a in state.items()}
+    plain, plain_state = opt.step(x, pseudo_gradient(x, mean, list(x)), copy, step=2, server_round=2)
+    assert _bits(copy) == _bits(state)  # by default nothing of the input moves
     buffers = {k: v.copy() for k, v in mean.items()}
     grad = pseudo_gradient(x, buffers, list(x), in_place=True)
     assert all(grad[k] is buffers[k] for k in x)
-    new, new_state = opt.step(x, grad, state, step=2, server_round=2, reuse_grad=True)
-    assert all(new[k] is buffers[k] for k in x)  # the round's buffers hold x_{t+1}
-    assert {k: v.tobytes() for k, v in new.items()} == {k: v.tobytes() for k, v in plain.items()}
-    assert {n: {k: v.tobytes() for k, v in a.items()} for n, a in new_state.items()} == \
-        {n: {k: v.tobytes() for k, v in a.items()} for n, a in plain_state.items()}
-    assert {k: v.tobytes() for k, v in x.items()} == x_bits
-    assert {n: {k: v.tobytes() for k, v in a.items()} for n, a in state.items()} == \
-        {n: {k: v.tobytes() for k, v in a.items()} for n, a in before.items()}
+    new, new_state = opt.step(x, grad, state, step=2, server_round=2, in_place=True)
+    assert all(new[k] is buffers[k] for k in x) and new_state is state  # the round's buffers and the state's own
+    assert _bits(new) == _bits(plain) and _bits(new_state) == _bits(plain_state)
+    assert _bits(x) == x_bits
+    # the textbook expressions, whole arrays (the module docstring's float64 claim)
+    d = {k: x[k] - mean[k] for k in x}
+    if kind == "sgd":
+        want = {k: x[k] - d[k] * 0.3 for k in x}
+        assert _bits(new) == _bits(want)
+
+    huge = {k: np.full_like(v, 1e30 if dtype == np.float32 else 1e300) for k, v in x.items()}
+    copy = {n: {k: v.copy() for k, v in a.items()} for n, a in state.items()}
+    plain, plain_state = opt.step(x, pseudo_gradient(x, huge, list(x)), copy, step=3, server_round=3)
+    values = [*plain.values(), *(v for arrays in plain_state.values() for v in arrays.values())]
+    finite = all(np.isfinite(a).all() for a in values)
+    assert finite == (kind in ("sgd", "sgdm"))  # D̄² overflows for the adaptive three
+    before = _bits(state)
+    out, out_state = opt.step(x, pseudo_gradient(x, huge, list(x), in_place=True), state, step=3, server_round=3,
+                              in_place=True)
+    assert _bits(out) == _bits(plain) and _bits(out_state) == _bits(plain_state)
+    assert (out_state is state) == finite  # not finite: new arrays, the state as it was
+    if not finite:
+        assert _bits(state) == before

@@ -28,12 +28,12 @@ those of the textbook float64 expressions above.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import NamedArrays, dtype_of, writable_like
+from .ops import CHUNK, NamedArrays, dtype_of, writable_like
 
 from ..optimizers.baselines import BIAS_CORRECTIONS, SERVER_OPTIMIZERS  # the names hyper-parameters validate
 
@@ -92,34 +92,74 @@ class ServerOptimizer:
         *,
         step: int,
         server_round: int,
-        reuse_grad: bool = False,
+        in_place: bool = False,
     ) -> tuple[NamedArrays, OptimizerState]:
-        """Return ``(new_params, new_state)`` in new arrays (inputs untouched; the strategy base commits them only
-        when every value is finite).  ``reuse_grad=True``: the new parameters are written into ``pseudo_grad``'s
-        arrays where they can take them (buffers the caller owns: the round's aggregate), the same operations in
-        the same order, so the same bits."""
+        """Return ``(new_params, new_state)``, by default in new arrays (inputs untouched; the strategy base commits
+        them only when every value is finite).
+
+        ``in_place=True`` (FedOpt's round, which owns ``pseudo_grad``'s arrays: the round's aggregate): when a dry run
+        shows every new value finite, the state's arrays are updated in place and the new parameters written into
+        ``pseudo_grad``'s arrays, so the round needs no model copy beyond its aggregate; otherwise new arrays, as by
+        default (and the commit refuses them).  Every path runs the same operations in the same order
+        (:meth:`_update`, chunk by chunk: the same bits)."""
         lr_s = float(self.effective_lr(step, server_round))
-        b1, b2, tau = self.beta1, self.beta2, self.tau
-        new_params: NamedArrays = {}
-        new_state: OptimizerState = {name: {} for name in state}
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            for k, x in params.items():
-                d = np.asarray(pseudo_grad[k], dtype_of(x))
-                if self.kind == "sgd":
-                    upd = d
-                elif self.kind == "sgdm":
-                    upd = new_state["m_t"][k] = state["m_t"][k] * b1 + d
-                else:
-                    m = new_state["m_t"][k] = state["m_t"][k] * b1 + d * (1.0 - b1)
-                    v_old, d2 = state["v_t"][k], d * d
-                    if self.kind == "adagrad":
-                        v = v_old + d2
-                    elif self.kind == "adam":
-                        v = v_old * b2 + d2 * (1.0 - b2)
-                    else:  # yogi
-                        v = v_old - d2 * (1.0 - b2) * np.sign(v_old - d2)
-                    new_state["v_t"][k] = v
-                    upd = m / (np.sqrt(v) + tau)
-                out = d if reuse_grad and writable_like(d, x) else None
-                new_params[k] = np.subtract(x, np.multiply(upd, lr_s, out=out), out=out)
+        names = [name for name in ("m_t", "v_t") if name in state]
+        grads = {k: np.asarray(pseudo_grad[k], dtype_of(x)) for k, x in params.items()}
+        owned = in_place and all(writable_like(grads[k], x) and all(writable_like(state[n][k], x) for n in names)
+                                 for k, x in params.items())
+        if owned and self._finite_dry_run(params, grads, state, lr_s):
+            new_params, new_state = grads, state
+        else:
+            new_params = {k: np.empty_like(d) for k, d in grads.items()}
+            new_state = {n: {k: np.empty_like(a) for k, a in state[n].items()} for n in names}
+        for k, x in params.items():
+            outs = (new_params[k], *(new_state[n][k] for n in names))
+            for part in _chunks(np.asarray(x), grads[k], *(state[n][k] for n in names), *outs):
+                self._update(list(part[:2 + len(names)]), list(part[2 + len(names):]), lr_s)
         return new_params, new_state
+
+    def _finite_dry_run(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
+                        state: OptimizerState, lr_s: float) -> bool:
+        """Whether every new value would be finite (the update run chunk by chunk into scratch, nothing written)."""
+        names = [name for name in ("m_t", "v_t") if name in state]
+        for k, x in params.items():
+            scratch = [np.empty(min(CHUNK, np.size(x)), dtype_of(x)) for _ in range(1 + len(names))]
+            for part in _chunks(np.asarray(x), grads[k], *(state[n][k] for n in names)):
+                outs = [b[: part[0].size] for b in scratch]
+                self._update(list(part), outs, lr_s)
+                if not all(np.isfinite(o).all() for o in outs):
+                    return False
+        return True
+
+    def _update(self, inputs: list[np.ndarray], outs: list[np.ndarray], lr_s: float) -> None:
+        """One chunk: ``inputs`` = (x, D̄[, m[, v]]) → ``outs`` = (x', [m', [v']]), flat arrays of one dtype; an
+        output may be its input's own array (m' into m) or D̄'s (x' into D̄).  One scratch chunk."""
+        x, d, *old = inputs
+        ox, *new = outs
+        b1, b2, tau = self.beta1, self.beta2, self.tau
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if self.kind == "sgd":
+                np.multiply(d, lr_s, out=ox)  # (d may be ox: read before written, element by element)
+            elif self.kind == "sgdm":
+                upd = np.add(np.multiply(old[0], b1, out=new[0]), d, out=new[0])
+                np.multiply(upd, lr_s, out=ox)
+            else:
+                m = np.add(np.multiply(old[0], b1, out=new[0]), d * (1.0 - b1), out=new[0])
+                d2 = d * d
+                if self.kind == "adagrad":
+                    v = np.add(old[1], d2, out=new[1])
+                elif self.kind == "adam":
+                    v = np.add(np.multiply(old[1], b2, out=new[1]), np.multiply(d2, 1.0 - b2, out=d2), out=new[1])
+                else:  # yogi: v − (1−β2)·D̄²·sign(v − D̄²), the sign of the old v
+                    sign = np.sign(old[1] - d2)
+                    v = np.subtract(old[1], np.multiply(np.multiply(d2, 1.0 - b2, out=d2), sign, out=d2),
+                                    out=new[1])
+                np.multiply(np.divide(m, np.add(np.sqrt(v), tau), out=d2), lr_s, out=ox)
+            np.subtract(x, ox, out=ox)
+
+
+def _chunks(*arrays: np.ndarray) -> Iterator[tuple[np.ndarray, ...]]:
+    """The flat views of ``arrays`` (one shape), :data:`.ops.CHUNK` elements at a time."""
+    flats = [a.reshape(-1) for a in arrays]
+    for start in range(0, flats[0].size if flats else 0, CHUNK):
+        yield tuple(f[start:start + CHUNK] for f in flats)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..core.local import SGDOptimizer
-from ..core.ops import NamedArrays, pseudo_gradient
+from ..core.ops import NamedArrays, all_finite, pseudo_gradient
 from ..core.server_opt import ServerOptimizer
 from ..core.strategy import FedAdaptStrategy, RoundInputs, ServerState
 from ..optimizers.baselines import (
@@ -80,10 +80,13 @@ class FedOpt(FedAdaptStrategy):
     ) -> tuple[NamedArrays, ServerState, dict[str, float]]:
         current, mean = inputs.current, inputs.aggregates["arrays"]
         params = {k: current[k] for k in inputs.trainable}
-        # D̄, then x_{t+1}, in the round's own mean buffers (no model copy beyond the aggregate and the new state)
+        # D̄, then x_{t+1}, in the round's own mean buffers, and the state updated in place when every new value is
+        # finite (ServerOptimizer.step): the round needs no model copy beyond its aggregate
         pseudo_grad = pseudo_gradient(current, mean, inputs.trainable, in_place=True)  # (model dtype)
+        buffers_finite = all_finite({k: v for k, v in mean.items() if k not in pseudo_grad}) is None
         new_params, new_state = self.opt.step(
-            params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round, reuse_grad=True,
+            params, pseudo_grad, state, step=inputs.num_updates + 1, server_round=inputs.server_round,
+            in_place=buffers_finite,
         )
         return self.merge_buffers(new_params, current, mean), dict(new_state), {}
 
