@@ -206,14 +206,46 @@ def test_the_reply_digest_is_equal_for_equal_bytes_and_changes_with_any_bit(size
         assert (digest(swapped) == digest(data)) == bool((data[:8] == data[8:16]).all())
 
 
-@pytest.mark.parametrize("size", [0, 7, 8, 4096 * 8 + 3, (1 << 18) * 8, (1 << 18) * 8 + 8])
-def test_the_fingerprint_is_its_definition_block_by_block(size):
-    """Digests are checkpointed: the fingerprint (one-block fast path included) stays exactly the documented one —
-    length, the tail past the last whole word, then per block of 2**18 words their sum and weighted sum mod 2**64."""
-    import hashlib
+def test_changes_that_cancel_in_a_sum_are_seen_unless_a_lane_period_apart():
+    """One word one up and another one down (a near-replay's nudges, sparse updates of one ulp): seen anywhere in a
+    block, except exactly 2**14 words (128 KiB) apart, the documented limit of the lanes."""
+    words = np.random.default_rng(1).integers(1, 2**62, size=(1 << 18) + 100, dtype=np.uint64)
+
+    def digest(w: np.ndarray) -> bytes:
+        arr = Array(dtype="uint64", shape=(w.size,), stype="numpy.ndarray", data=w.tobytes())
+        return reply_digest(RecordDict({R.MODEL: ArrayRecord({"w": arr})}))
+
+    base = digest(words)
+    for a, b in ((0, 1), (5, 4096), (7, (1 << 14) + 8), (3, (1 << 18) + 2), (10, (1 << 14) + 10)):
+        nudged = words.copy()
+        nudged[a] += np.uint64(1)
+        nudged[b] -= np.uint64(1)
+        assert (digest(nudged) == base) == ((b - a) % (1 << 14) == 0 and b < (1 << 18)), (a, b)
+
+
+def _reference_block(words: list[int]) -> bytes:
+    """One block of the documented fingerprint in Python integers: the lanes (words added by position mod 2**14),
+    then their sum and their sum weighted by the fixed multipliers, mod 2**64."""
     import operator
 
-    from flower_strategies.core.binding import _BLOCK, _WEIGHTS, _absorb
+    from flower_strategies.core.binding import _LANES, _WEIGHTS
+
+    lanes = [0] * min(len(words), _LANES)
+    for at, word in enumerate(words):
+        lanes[at % _LANES] += word
+    weighted = sum(map(operator.mul, lanes, _WEIGHTS[: len(lanes)].tolist()))
+    return (sum(lanes) % 2**64).to_bytes(8, "little") + (weighted % 2**64).to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("size", [0, 7, 8, 4096 * 8 + 3, (1 << 14) * 8, (1 << 14) * 8 + 24, (1 << 18) * 8,
+                                  (1 << 18) * 8 + 8, (1 << 18) * 8 * 2 + (1 << 14) * 8 + 16])
+def test_the_fingerprint_is_its_definition_block_by_block(size):
+    """Digests are checkpointed: the fingerprint (one-block and stacked paths included) stays exactly the documented
+    one — length, the tail past the last whole word, then per block of 2**18 words the sum and the weighted sum of
+    its 2**14 lanes."""
+    import hashlib
+
+    from flower_strategies.core.binding import _BLOCK, _absorb
 
     data = np.random.default_rng(size).integers(0, 256, size=size, dtype=np.uint8).tobytes()
     ours, ref = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
@@ -222,18 +254,15 @@ def test_the_fingerprint_is_its_definition_block_by_block(size):
     ref.update(size.to_bytes(8, "little") + data[whole:])
     words = np.frombuffer(data[:whole], "<u8").tolist()  # Python ints: exact products and sums
     for start in range(0, len(words), _BLOCK):
-        block = words[start:start + _BLOCK]
-        weighted = sum(map(operator.mul, block, _WEIGHTS[: len(block)].tolist()))
-        ref.update((sum(block) % 2**64).to_bytes(8, "little") + (weighted % 2**64).to_bytes(8, "little"))
+        ref.update(_reference_block(words[start:start + _BLOCK]))
     assert ours.digest() == ref.digest()
 
 
 def _reference_digest(content: RecordDict) -> bytes:
     """The documented reply digest, array by array, with Python integers (no fingerprint code of the module)."""
     import hashlib
-    import operator
 
-    from flower_strategies.core.binding import _BLOCK, _WEIGHTS
+    from flower_strategies.core.binding import _BLOCK
 
     h = hashlib.blake2b(digest_size=16)
     for name, rec in sorted((n, r) for n, r in content.items() if isinstance(r, ArrayRecord)):
@@ -245,9 +274,7 @@ def _reference_digest(content: RecordDict) -> bytes:
             h.update(len(data).to_bytes(8, "little") + data[whole:])
             words = np.frombuffer(data[:whole], "<u8").tolist()
             for start in range(0, len(words), _BLOCK):
-                block = words[start:start + _BLOCK]
-                weighted = sum(map(operator.mul, block, _WEIGHTS[: len(block)].tolist()))
-                h.update((sum(block) % 2**64).to_bytes(8, "little") + (weighted % 2**64).to_bytes(8, "little"))
+                h.update(_reference_block(words[start:start + _BLOCK]))
     return h.digest()
 
 

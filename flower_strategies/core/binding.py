@@ -71,40 +71,43 @@ def reply_cap(max_reply_bytes: int, current: NamedArrays, specs: Sequence[Record
     return REPLY_BYTES_FACTOR * expected_reply_bytes(current, specs, trainable) + REPLY_BYTES_SLACK
 
 
-#: Fingerprint block (64-bit words) and its per-position odd multipliers (fixed: digests are checkpointed).
+#: Fingerprint block (64-bit words), its lanes, and the lanes' odd multipliers (fixed: digests are checkpointed).
 _BLOCK = 1 << 18
+_LANES = 1 << 14
 _WEIGHTS = np.random.default_rng(0x5EED).integers(0, 2**62, size=_BLOCK, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
 
-#: The bulk fingerprint (:func:`_fingerprints`) stacks equal-length one-block buffers into matrices of at most this
-#: many bytes.
+#: The bulk fingerprint (:func:`_fingerprints`) stacks equal-length buffers of at most :data:`_LANES` words into
+#: matrices of at most this many bytes.
 _STACK_BYTES = 1 << 24
 
 
 def _absorb(h: Any, data: Any) -> None:
     """Feed ``h`` a fingerprint of the bytes ``data``: their length, the bytes past the last whole 64-bit word, and
-    per block of words their sum and their sum weighted by fixed odd multipliers (both mod 2**64; the weighted one
-    as NumPy's integer dot product, which wraps as the element-wise products did).
+    per block of :data:`_BLOCK` words its lanes' sum and their sum weighted by fixed odd multipliers (mod 2**64),
+    where lane j is the sum of the block's words at positions ≡ j (mod :data:`_LANES`).  A buffer of at most
+    :data:`_LANES` words is its own lanes: the sum and the position-weighted sum of its words.
 
     Equal bytes give equal fingerprints, which is all a replay check needs; two different honest replies agree only
-    by chance (≈ 2**-64 per block).  No collision resistance against a chosen input is needed: a client that alters
-    the bytes of an old reply is not recognised anyway (module docstring).  Several times faster than SHA-256 (a
-    sum-and-multiply pass, ≈ 4–5 GB/s on the project's machines, against SHA-256's 1.5 GB/s with SHA extensions).
-    The weighted sum stays although plain sums alone read at ≈ 9 GB/s: without it two changes that cancel in a sum
-    (one value one ulp up, another one ulp down) give equal fingerprints, which sparse honest updates can produce
-    and the near-replay attack did (measured 2026-11-29: its replies were then called byte-identical)."""
+    by chance (≈ 2**-64 per block).  Changes that cancel in a plain sum (one value one ulp up, another one ulp down:
+    sparse honest updates can do that, and the near-replay attack does) are seen unless their positions in a block
+    are a multiple of 128 KiB apart.  No collision resistance against a chosen input is needed: a client that alters
+    the bytes of an old reply is not recognised anyway (module docstring).  One addition per word and one
+    multiplication per lane of each block: 4–5 GB/s on the project's development machine, about twice the
+    per-word weighted sums this replaced (2026-11-29; digests of arrays of more than 128 KiB changed then), against
+    SHA-256's 1.5 GB/s with SHA extensions."""
     h.update(_fingerprints([data])[0])
 
 
 def _fingerprints(datas: Sequence[Any]) -> list[bytes]:
     """The bytes :func:`_absorb` feeds the hash, for every buffer of ``datas``.  A round's replies carry many small
-    arrays of equal lengths (one per reply and tensor): those that fit in one block are stacked, up to
+    arrays of equal lengths (one per reply and tensor): those of at most :data:`_LANES` words are stacked, up to
     :data:`_STACK_BYTES` at a time, and summed row by row in one NumPy operation per matrix instead of one per
     array (integer sums mod 2**64: the same values in any order).  A ``bytes`` payload (every Flower Array's) is
     read as it is; any other buffer through a NumPy view of its bytes."""
     raws: dict[int, np.ndarray] = {}  # the buffers that are not bytes, as uint8 views
     out: list[bytes] = []
-    stacks: dict[int, list[int]] = {}  # whole words (1 … one block) → positions in datas
+    stacks: dict[int, list[int]] = {}  # whole words (1 … _LANES) → positions in datas
     for i, data in enumerate(datas):
         if type(data) is bytes:
             size = len(data)
@@ -115,7 +118,7 @@ def _fingerprints(datas: Sequence[Any]) -> list[bytes]:
             tail = raw[size - size % 8:].tobytes()
         out.append(size.to_bytes(8, "little") + tail)
         words = size // 8
-        if words > _BLOCK:
+        if words > _LANES:
             raw = raws[i] if i in raws else np.frombuffer(data, np.uint8)
             out[i] += _block_sums(raw[: 8 * words].view(np.uint64))
         elif words:
@@ -135,13 +138,24 @@ def _fingerprints(datas: Sequence[Any]) -> list[bytes]:
 
 
 def _block_sums(words: np.ndarray) -> bytes:
-    """Per block of :data:`_BLOCK` words: their sum and weighted sum mod 2**64 (a buffer of several blocks)."""
+    """Per block of :data:`_BLOCK` words: its lanes' sum and weighted sum mod 2**64 (:func:`_absorb`)."""
     sums = np.empty(2 * -(-words.size // _BLOCK), np.uint64)
     for j, start in enumerate(range(0, words.size, _BLOCK)):
-        block = words[start:start + _BLOCK]
-        sums[2 * j] = block.sum(dtype=np.uint64)
-        sums[2 * j + 1] = np.dot(block, _WEIGHTS[:block.size])  # NumPy's integer dot: one pass, mod 2**64
+        lanes = _lanes(words[start:start + _BLOCK])
+        sums[2 * j] = lanes.sum(dtype=np.uint64)
+        sums[2 * j + 1] = np.dot(lanes, _WEIGHTS[:lanes.size])  # NumPy's integer dot: one pass, mod 2**64
     return sums.tobytes()
+
+
+def _lanes(block: np.ndarray) -> np.ndarray:
+    """The block's words added into :data:`_LANES` lanes by position (mod 2**64); a block of fewer words is its own
+    lanes."""
+    rows, rest = divmod(block.size, _LANES)
+    if not rows:
+        return block
+    lanes = block[: rows * _LANES].reshape(rows, _LANES).sum(axis=0, dtype=np.uint64)
+    lanes[:rest] += block[rows * _LANES:]
+    return lanes
 
 
 def reply_digest(content: RecordDict) -> bytes:
