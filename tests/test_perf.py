@@ -96,7 +96,7 @@ def test_bench_aggregation_runs(capsys: pytest.CaptureFixture[str], monkeypatch:
     children = children_in_process(monkeypatch, bench_aggregation)
     assert bench_aggregation.main(["--replies", "3", "--size", "tiny", "--methods", "fedavg"]) == 0
     out = capsys.readouterr().out
-    for label in ("floor", "floor-view", "fedavg", "ratios vs targets"):
+    for label in ("floor", "floor-view", "fedavg", "/floor", "targets (issue 49)", "flwr FedAvg/ours"):
         assert label in out
     assert len(children) == 8 and not children[0].endswith("(in-process)"), children
 
