@@ -21,7 +21,8 @@ glibc's mmap threshold pinned so freed blocks go back to the OS).  The memory ch
 Rows:
 
 * ``floor``  — deserialise every reply once (``Array.numpy()``, Flower's own deserialisation) and sum the floating
-  arrays in place into one float32 accumulator: the least any aggregation of serialised replies must do;
+  arrays in place into one float32 accumulator per array (every ArrayRecord: a method row's own floor covers its
+  whole uplink): the least any aggregation of serialised replies must do;
 * ``floor-view`` (information) — the same with zero-copy read-only views of the payloads instead of copies;
 * ``fedadapt <method>`` and ``flwr <Strategy>`` for the pairs FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi (each
   with its own defaults), and fedadapt-only rows for one method of each other family (fedlada, scaffold,
@@ -148,16 +149,18 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
     arrays = initial
 
     def fold_floor(msgs, view: bool):
-        acc: dict[str, np.ndarray] = {}
+        """Every ArrayRecord of every reply deserialised once and its floating arrays summed in place."""
+        acc: dict[tuple[str, str], np.ndarray] = {}
         for m in msgs:
-            for k, a in m.content[R.MODEL].items():
-                arr = R.view(a) if view else a.numpy()
-                if arr.dtype.kind != "f":
-                    continue
-                if k in acc:
-                    np.add(acc[k], arr, out=acc[k])
-                else:
-                    acc[k] = arr.copy() if view else arr
+            for name, record in m.content.array_records.items():
+                for k, a in record.items():
+                    arr = R.view(a) if view else a.numpy()
+                    if arr.dtype.kind != "f":
+                        continue
+                    if (name, k) in acc:
+                        np.add(acc[name, k], arr, out=acc[name, k])
+                    else:
+                        acc[name, k] = arr.copy() if view else arr
         return acc
 
     def aggregate(server_round: int, measured, floor=None):
