@@ -467,7 +467,8 @@ class ReplyScreen:
                                            screened.weights, self.policy.rule(spec), len(kept))
                     for spec in self.specs}
         trim = self.byzantine_left(Kept(screened.server_round, screened.received, tuple(kept)))
-        trust = [float(r.trust) for r in kept] if all(r.trust is not None for r in kept) else None
+        trusts = [r.trust for r in kept if r.trust is not None]  # FLTrust's weights (every kept reply has one)
+        trust = trusts if len(trusts) == len(kept) else None
         return {spec.name: self.aggregate_record(screened.server_round, spec, kept, screened.weights, trust, trim)
                 for spec in self.specs}
 

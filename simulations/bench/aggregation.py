@@ -124,7 +124,7 @@ def child(kind: str, name: str, n: int, size: str, mode: str = "time") -> dict:
             for s in specs:
                 arrays = replies.arrays(i, None if s.keys == "model" else trainable, model=s.name == R.MODEL, r=r)
                 if s.at_least is not None:  # a running max (FedLADA's v̂): the one sent, raised by |noise|
-                    arrays = {k: sent[s.at_least][k].numpy() + v for k, v in arrays.items()}
+                    arrays = {k: sent.array_records[s.at_least][k].numpy() + v for k, v in arrays.items()}
                 recs[s.name] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
             recs[R.METRICS] = MetricRecord({R.NUM_EXAMPLES: 100 + i, R.NUM_STEPS: 10})
             recs[R.REPLY_INFO] = ConfigRecord({R.METHOD: name})
